@@ -1,0 +1,91 @@
+"""Admission decisions: an AdmissionReview ``request`` and the policies in, a Response out.
+
+These are the handlers the HTTP layer dispatches to and the functions ``check`` reuses;
+they do no I/O, so every rule is testable with plain dicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from webhook import review
+from webhook.field import Violation
+from webhook.mutate import pod_patch
+from webhook.podspecs import group_of
+from webhook.policy import PolicySet
+from webhook.review import Response
+from webhook.rules import violations
+
+Handler = Callable[[Mapping[str, Any], PolicySet], Response]
+
+CHECKED_OPERATIONS = ("CREATE", "UPDATE")
+
+
+def _kind(request: Mapping[str, Any], obj: Mapping[str, Any]) -> tuple[str, str]:
+    kind = request.get("kind")
+    if isinstance(kind, Mapping) and isinstance(kind.get("kind"), str):
+        return str(kind.get("group") or ""), kind["kind"]
+    return group_of(obj.get("apiVersion")), str(obj.get("kind") or "")
+
+
+def _namespace(request: Mapping[str, Any], obj: Mapping[str, Any]) -> str:
+    namespace = request.get("namespace")
+    if isinstance(namespace, str) and namespace:
+        return namespace
+    metadata = obj.get("metadata")
+    value = metadata.get("namespace") if isinstance(metadata, Mapping) else None
+    return value if isinstance(value, str) else ""
+
+
+def object_name(request: Mapping[str, Any], obj: Mapping[str, Any]) -> str:
+    """The name users know the object by; pods from a generateName have none yet."""
+    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    for candidate in (request.get("name"), metadata.get("name")):
+        if isinstance(candidate, str) and candidate:
+            return candidate
+    generate = metadata.get("generateName")
+    return f"{generate}*" if isinstance(generate, str) and generate else "(unnamed)"
+
+
+def describe(found: list[Violation]) -> str:
+    """One message naming every violation by path, as the apiserver shows it to the user."""
+    count = f"{len(found)} GPU violation{'s' if len(found) != 1 else ''}"
+    return f"{count}: " + "; ".join(map(str, found))
+
+
+def decide(obj: Mapping[str, Any], group: str, kind: str, namespace: str, policies: PolicySet) -> Response:
+    """The validation decision for one object, shared by ``/validate`` and ``gpu-webhook check``."""
+    policy = policies.for_namespace(namespace)
+    found = violations(obj, group, kind, policy)
+    if not found:
+        return review.allowed()
+    if policy.enforcement == "warn":
+        return review.allowed(warnings=[str(v) for v in found], violations=tuple(found))
+    return review.denied(describe(found), violations=tuple(found))
+
+
+def validate(request: Mapping[str, Any], policies: PolicySet) -> Response:
+    if request.get("operation") not in CHECKED_OPERATIONS:
+        return review.allowed()
+    obj = request.get("object")
+    if not isinstance(obj, Mapping):
+        return review.denied("request.object must be an object on CREATE and UPDATE")
+    group, kind = _kind(request, obj)
+    return decide(obj, group, kind, _namespace(request, obj), policies)
+
+
+def mutate(request: Mapping[str, Any], policies: PolicySet) -> Response:
+    """Patches new Pods only; never denies, since invalid objects are ``/validate``'s to refuse."""
+    obj = request.get("object")
+    if request.get("operation") != "CREATE" or not isinstance(obj, Mapping):
+        return review.allowed()
+    if _kind(request, obj) != ("", "Pod"):
+        return review.allowed()
+    ops = pod_patch(obj, policies.for_namespace(_namespace(request, obj)))
+    return review.patched(ops) if ops else review.allowed()
+
+
+def allow_all(request: Mapping[str, Any], policies: PolicySet) -> Response:
+    """The no-op floor the benchmark measures beside the real handlers."""
+    return review.allowed()

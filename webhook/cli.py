@@ -1,0 +1,139 @@
+"""``gpu-webhook``: serve, certs and check."""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+
+from webhook import __version__, certs, check
+from webhook.policy import PolicyError, load_policy
+
+EXIT_USAGE = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpu-webhook", description="Kubernetes admission webhook for GPU resources.")
+    parser.add_argument("--version", action="version", version=f"gpu-webhook {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="serve /validate and /mutate over TLS")
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    serve.add_argument("--port", type=int, default=8443, help="port to listen on (default 8443)")
+    serve.add_argument("--cert-file", help="PEM serving certificate (watched; reloaded when it changes)")
+    serve.add_argument("--key-file", help="PEM private key of the serving certificate")
+    serve.add_argument(
+        "--self-signed", action="store_true", help="generate a throw-away CA and certificate for localhost"
+    )
+    serve.add_argument("--client-ca", help="require client certificates signed by this CA (PEM)")
+    serve.add_argument("--policy", help="policy YAML file (watched; default: built-in defaults)")
+    serve.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    serve.add_argument("--threads", type=int, default=8, help="threads per worker (default 8)")
+    serve.add_argument(
+        "--max-body-bytes", type=int, default=7 * 1024 * 1024, help="larger bodies get 413 (default 7 MiB)"
+    )
+    serve.add_argument(
+        "--drain-seconds", type=float, default=3.0, help="after SIGTERM, fail /readyz this long before stopping"
+    )
+
+    gen = commands.add_parser("certs", help="write a CA and a serving certificate for the webhook Service")
+    gen.add_argument("--service", required=True, help="Service name")
+    gen.add_argument("--namespace", required=True, help="Service namespace")
+    gen.add_argument("--host", action="append", default=[], help="extra SAN (DNS name or IP); repeatable")
+    gen.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
+    gen.add_argument("--out-dir", required=True, help="directory for ca.crt, tls.crt, tls.key")
+
+    lint = commands.add_parser("check", help="lint manifests offline with the webhook's rules")
+    lint.add_argument("--policy", help="policy YAML file (default: built-in defaults)")
+    lint.add_argument("--namespace", default="default", help="namespace for objects that name none (default: default)")
+    lint.add_argument("paths", nargs="+", metavar="PATH", help="YAML or JSON manifest files; - for stdin")
+    return parser
+
+
+def _policy_or_exit(path: str | None) -> None:
+    try:
+        load_policy(path)
+    except PolicyError as exc:
+        print(f"gpu-webhook: {exc}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def _temp_dir(prefix: str) -> str:
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.self_signed == bool(args.cert_file or args.key_file):
+        parser.error("serve needs either --self-signed or both --cert-file and --key-file")
+    if not args.self_signed and not (args.cert_file and args.key_file):
+        parser.error("--cert-file and --key-file go together")
+    if args.workers < 1 or args.threads < 1:
+        parser.error("--workers and --threads must be at least 1")
+    _policy_or_exit(args.policy)
+    cert_file, key_file = args.cert_file, args.key_file
+    if args.self_signed:
+        paths = certs.write(certs.generate(["localhost", "127.0.0.1", "::1"], days=7), _temp_dir("gpu-webhook-tls-"))
+        cert_file, key_file = str(paths["cert"]), str(paths["key"])
+        print(f"self-signed CA: {paths['ca']}", flush=True)
+        print(f"try: curl --cacert {paths['ca']} https://localhost:{args.port}/healthz", flush=True)
+    # Workers share counters through files; this must be set before prometheus_client is imported.
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", _temp_dir("gpu-webhook-metrics-"))
+    from webhook.server import ServeConfig, serve
+
+    config = ServeConfig(
+        cert_file=cert_file,
+        key_file=key_file,
+        host=args.host,
+        port=args.port,
+        policy_file=args.policy,
+        client_ca=args.client_ca,
+        workers=args.workers,
+        threads=args.threads,
+        max_body=args.max_body_bytes,
+        drain_seconds=args.drain_seconds,
+    )
+    try:
+        serve(config)
+    except (OSError, ValueError) as exc:
+        print(f"gpu-webhook: cannot serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
+
+
+def _certs(args: argparse.Namespace) -> int:
+    if args.days < 1:
+        print("gpu-webhook: --days must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    hosts = certs.service_names(args.service, args.namespace) + args.host
+    paths = certs.write(certs.generate(hosts, days=args.days), args.out_dir)
+    for path in paths.values():
+        print(path)
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    try:
+        policies = load_policy(args.policy)
+    except PolicyError as exc:
+        print(f"gpu-webhook: {exc}", file=sys.stderr)
+        return check.EXIT_UNREADABLE
+    return check.run(args.paths, policies, args.namespace)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args, parser)
+    if args.command == "certs":
+        return _certs(args)
+    return _check(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

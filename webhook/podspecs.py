@@ -1,0 +1,105 @@
+"""Find every pod spec inside an object, with the field path a user would write.
+
+Built-in workload kinds are looked up by table (fast, and the path is exact). Any other
+kind, custom resources included, is walked: a mapping whose ``containers`` is a list of
+mappings is a pod spec. Built-in validation never looks inside custom resources, so this
+walk is what lets a PyTorchJob or RayCluster template be checked at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from webhook.field import ROOT, FieldPath
+
+# (API group, kind) -> keys from the object to its pod template (a mapping holding metadata and spec).
+_TEMPLATE_KEYS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("", "Pod"): (),
+    ("", "PodTemplate"): ("template",),
+    ("", "ReplicationController"): ("spec", "template"),
+    ("apps", "Deployment"): ("spec", "template"),
+    ("apps", "ReplicaSet"): ("spec", "template"),
+    ("apps", "StatefulSet"): ("spec", "template"),
+    ("apps", "DaemonSet"): ("spec", "template"),
+    ("batch", "Job"): ("spec", "template"),
+    ("batch", "CronJob"): ("spec", "jobTemplate", "spec", "template"),
+}
+
+_MAX_DEPTH = 64  # deeper than any real manifest; a bound so hostile input cannot recurse without end
+
+
+@dataclass(frozen=True, slots=True)
+class PodSpecRef:
+    """A pod spec found in an object, its path, and the metadata that travels with it."""
+
+    path: FieldPath
+    spec: Mapping[str, Any]
+    metadata_path: FieldPath
+    metadata: Mapping[str, Any]
+
+
+def group_of(api_version: object) -> str:
+    """``apps/v1`` -> ``apps``; ``v1`` -> the core group ``""``."""
+    if not isinstance(api_version, str) or "/" not in api_version:
+        return ""
+    return api_version.split("/", 1)[0]
+
+
+def is_builtin(group: str, kind: str) -> bool:
+    return (group, kind) in _TEMPLATE_KEYS
+
+
+def find_pod_specs(obj: Mapping[str, Any], group: str, kind: str) -> Iterator[PodSpecRef]:
+    keys = _TEMPLATE_KEYS.get((group, kind))
+    if keys is None:
+        yield from _walk(obj, ROOT, 0)
+        return
+    template: object = obj
+    path = ROOT
+    for key in keys:
+        if not isinstance(template, Mapping):
+            return
+        template = template.get(key)
+        path = path.child(key)
+    if isinstance(template, Mapping) and isinstance(template.get("spec"), Mapping):
+        yield _ref(template, path)
+
+
+def _ref(template: Mapping[str, Any], path: FieldPath) -> PodSpecRef:
+    metadata = template.get("metadata")
+    return PodSpecRef(
+        path=path.child("spec"),
+        spec=template["spec"],
+        metadata_path=path.child("metadata"),
+        metadata=metadata if isinstance(metadata, Mapping) else {},
+    )
+
+
+def _is_pod_spec(value: Mapping[str, Any]) -> bool:
+    containers = value.get("containers")
+    return isinstance(containers, list) and bool(containers) and all(isinstance(c, Mapping) for c in containers)
+
+
+def _walk(node: object, path: FieldPath, depth: int) -> Iterator[PodSpecRef]:
+    """Yield pod specs under ``node``; a spec found is not searched further (pods do not nest)."""
+    if depth > _MAX_DEPTH:
+        return
+    if isinstance(node, Mapping):
+        spec = node.get("spec")
+        if isinstance(spec, Mapping) and _is_pod_spec(spec):
+            # The usual template shape {metadata, spec}: the metadata carries the annotations.
+            yield _ref(node, path)
+        elif _is_pod_spec(node):
+            yield PodSpecRef(path=path, spec=node, metadata_path=path.child("metadata"), metadata={})
+            return
+        for key, value in node.items():
+            if key == "spec" and value is spec and isinstance(spec, Mapping) and _is_pod_spec(spec):
+                continue
+            if isinstance(value, (Mapping, list)) and isinstance(key, str):
+                yield from _walk(value, path.child(key), depth + 1)
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            if isinstance(item, (Mapping, list)):
+                yield from _walk(item, path.index(i), depth + 1)

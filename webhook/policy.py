@@ -1,0 +1,210 @@
+"""The policy file: its schema, its defaults, and the effective policy for a namespace.
+
+Loading and validation live here and nowhere else; the server, the CLI and the tests all
+call :func:`load_policy` or :func:`parse_policy`. A policy is refused as a whole, with
+every bad key named, so a typo never half-applies.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+DEFAULTS: dict[str, Any] = {
+    "resources": ["nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/*", "nvidia.com/mig-*"],
+    "accelerator": {
+        "nodeLabel": "accelerator",
+        "annotation": "gpu-webhook/accelerator",
+        "allowed": [],
+        "default": "",
+    },
+    "limits": {"perContainer": 0, "perPod": 0},
+    "tolerations": False,
+    "enforcement": "deny",
+    "namespaces": {},
+}
+
+_ENFORCEMENT = {"enum": ["deny", "warn"]}
+_COUNT = {"type": "integer", "minimum": 0}
+_STRINGS = {"type": "array", "items": {"type": "string", "minLength": 1}}
+_LIMITS = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"perContainer": _COUNT, "perPod": _COUNT},
+}
+
+SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "gpu-webhook policy",
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "resources": {**_STRINGS, "minItems": 1},
+        "accelerator": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "nodeLabel": {"type": "string", "minLength": 1},
+                "annotation": {"type": "string", "minLength": 1},
+                "allowed": _STRINGS,
+                "default": {"type": "string"},
+            },
+        },
+        "limits": _LIMITS,
+        "tolerations": {"type": "boolean"},
+        "enforcement": _ENFORCEMENT,
+        "namespaces": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "accelerator": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {"allowed": _STRINGS, "default": {"type": "string"}},
+                    },
+                    "limits": _LIMITS,
+                    "tolerations": {"type": "boolean"},
+                    "enforcement": _ENFORCEMENT,
+                },
+            },
+        },
+    },
+}
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be used; ``problems`` names each bad key."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: invalid policy: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The policy in force for one namespace, every override applied."""
+
+    resources: tuple[str, ...]
+    node_label: str
+    annotation: str
+    allowed: tuple[str, ...]
+    default: str
+    per_container: int
+    per_pod: int
+    tolerations: bool
+    enforcement: str
+    _gpu_names: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
+
+    def is_gpu(self, resource_name: str) -> bool:
+        # Resource names repeat across every request, so the glob match is memoised.
+        known = self._gpu_names.get(resource_name)
+        if known is None:
+            known = any(fnmatch.fnmatchcase(resource_name, p) for p in self.resources)
+            if len(self._gpu_names) < 4096:
+                self._gpu_names[resource_name] = known
+        return known
+
+    def accelerator_allowed(self, value: str) -> bool:
+        return not self.allowed or value in self.allowed
+
+
+@dataclass(frozen=True)
+class PolicySet:
+    """The global policy and its per-namespace overlays, resolved once at load."""
+
+    default: Policy
+    by_namespace: Mapping[str, Policy]
+    document: Mapping[str, Any]
+
+    def for_namespace(self, namespace: str | None) -> Policy:
+        return self.by_namespace.get(namespace or "", self.default)
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _schema_problems(document: object) -> list[str]:
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    problems = []
+    for error in sorted(validator.iter_errors(document), key=lambda e: list(map(str, e.path))):
+        where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+        if error.validator == "additionalProperties":
+            known = set(error.schema.get("properties", {}))
+            unknown = sorted(set(error.instance) - known)
+            problems.append(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}")
+        else:
+            problems.append(f"{where}: {error.message}")
+    return problems
+
+
+def _policy(document: Mapping[str, Any]) -> Policy:
+    accelerator = document["accelerator"]
+    return Policy(
+        resources=tuple(document["resources"]),
+        node_label=accelerator["nodeLabel"],
+        annotation=accelerator["annotation"],
+        allowed=tuple(accelerator["allowed"]),
+        default=accelerator["default"],
+        per_container=document["limits"]["perContainer"],
+        per_pod=document["limits"]["perPod"],
+        tolerations=document["tolerations"],
+        enforcement=document["enforcement"],
+    )
+
+
+def build_policy(document: object, source: str = "policy") -> PolicySet:
+    """Validate a decoded policy document (``None`` means all defaults) and resolve it."""
+    if document is None:
+        document = {}
+    problems = _schema_problems(document)
+    if problems:
+        raise PolicyError(source, problems)
+    assert isinstance(document, Mapping)
+    merged = _merge(DEFAULTS, document)
+    overlays = merged.pop("namespaces")
+    default = _policy(merged)
+    by_namespace = {ns: _policy(_merge(merged, overlay)) for ns, overlay in overlays.items()}
+    for where, policy in [("accelerator", default)] + [
+        (f"namespaces.{ns}.accelerator", p) for ns, p in by_namespace.items()
+    ]:
+        if policy.default and not policy.accelerator_allowed(policy.default):
+            problems.append(f"{where}.default: {policy.default!r} is not in the allowed list {list(policy.allowed)}")
+    if problems:
+        raise PolicyError(source, problems)
+    return PolicySet(default=default, by_namespace=by_namespace, document={**merged, "namespaces": overlays})
+
+
+def parse_policy(text: str, source: str = "policy") -> PolicySet:
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PolicyError(source, [f"not valid YAML: {exc}"]) from None
+    return build_policy(document, source)
+
+
+def load_policy(path: str | Path | None) -> PolicySet:
+    """The policy in ``path``, or the defaults when no file is given."""
+    if path is None:
+        return build_policy(None, "default policy")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError(str(path), [f"cannot read: {exc}"]) from None
+    return parse_policy(text, str(path))

@@ -1,0 +1,104 @@
+"""AdmissionReview in and out, and the Response a handler returns.
+
+Like controller-runtime's ``admission.Response``: handlers build one with
+:func:`allowed`, :func:`denied`, :func:`patched` or :func:`errored`; only
+:func:`encode` turns it into the wire format, echoing the version it was asked in.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from webhook.field import Violation
+
+API_GROUP = "admission.k8s.io"
+VERSIONS = (f"{API_GROUP}/v1", f"{API_GROUP}/v1beta1")
+
+
+class BadReview(ValueError):
+    """The body is not an AdmissionReview we can answer: the HTTP layer turns this into a 400."""
+
+
+@dataclass(frozen=True)
+class Review:
+    api_version: str
+    request: Mapping[str, Any]
+
+    @property
+    def uid(self) -> str:
+        return self.request["uid"]
+
+
+@dataclass(frozen=True)
+class Response:
+    allowed: bool
+    code: int = 200
+    message: str = ""
+    warnings: tuple[str, ...] = ()
+    patch: tuple[Mapping[str, Any], ...] = field(default=())
+    # What the decision found, for logs and metrics; never sent (the message carries it).
+    violations: tuple[Violation, ...] = field(default=(), compare=False)
+
+    @property
+    def decision(self) -> str:
+        if not self.allowed:
+            return "denied" if self.code == 403 else "error"
+        if self.patch:
+            return "patched"
+        return "warned" if self.warnings else "allowed"
+
+
+def allowed(warnings: tuple[str, ...] | list[str] = (), violations: tuple[Violation, ...] = ()) -> Response:
+    return Response(allowed=True, warnings=tuple(warnings), violations=violations)
+
+
+def denied(message: str, violations: tuple[Violation, ...] = (), code: int = 403) -> Response:
+    return Response(allowed=False, code=code, message=message, violations=violations)
+
+
+def patched(ops: list[Mapping[str, Any]], warnings: tuple[str, ...] | list[str] = ()) -> Response:
+    return Response(allowed=True, patch=tuple(ops), warnings=tuple(warnings))
+
+
+def errored(message: str, code: int = 500) -> Response:
+    """A failure of ours, answered as a review so the apiserver applies its failurePolicy knowingly."""
+    return Response(allowed=False, code=code, message=message)
+
+
+def decode(body: bytes) -> Review:
+    try:
+        document = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise BadReview("body is not JSON") from None
+    if not isinstance(document, dict):
+        raise BadReview("body is not a JSON object")
+    api_version, kind = document.get("apiVersion"), document.get("kind")
+    if kind != "AdmissionReview" or api_version not in VERSIONS:
+        raise BadReview(f"expected kind AdmissionReview in {' or '.join(VERSIONS)}")
+    request = document.get("request")
+    if not isinstance(request, dict):
+        raise BadReview("AdmissionReview has no request")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise BadReview("request.uid is missing")
+    return Review(api_version=api_version, request=request)
+
+
+def encode(review: Review, response: Response) -> dict[str, Any]:
+    body: dict[str, Any] = {"uid": review.uid, "allowed": response.allowed}
+    if not response.allowed:
+        body["status"] = {
+            "code": response.code,
+            "message": response.message,
+            "reason": "Forbidden" if response.code == 403 else "InternalError",
+        }
+    if response.warnings:
+        body["warnings"] = list(response.warnings)
+    if response.patch:
+        body["patchType"] = "JSONPatch"
+        body["patch"] = base64.b64encode(json.dumps(list(response.patch)).encode()).decode()
+    return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": body}

@@ -1,0 +1,263 @@
+"""Validation rules: pure functions from an object to the list of its GPU violations.
+
+Each check has the shape ``check_x(thing, path, policy) -> list[Violation]``: it starts
+empty, extends, and returns everything it found, so one denial names every problem.
+Nothing here raises on odd input; odd shapes are violations of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from webhook import quantity
+from webhook.field import FieldPath, Violation
+from webhook.podspecs import PodSpecRef, find_pod_specs
+from webhook.policy import Policy
+from webhook.quantity import quoted
+
+CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+
+
+@dataclass
+class ContainerGPUs:
+    """What one container asks for, as the scheduler will count it (requests, defaulted from limits)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    sidecar: bool = False
+
+
+def container_label(container: Mapping[str, Any], path: FieldPath) -> str:
+    name = container.get("name")
+    return f"container {quoted(name)}" if isinstance(name, str) and name else f"container {path}"
+
+
+def _mapping_at(parent: Mapping[str, Any], key: str, path: FieldPath, out: list[Violation]) -> Mapping[str, Any]:
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        out.append(Violation(path.child(key), "structure", f"must be a mapping, not {type(value).__name__}"))
+        return {}
+    return value
+
+
+def gpu_entries(resources: Mapping[str, Any], policy: Policy) -> dict[str, Any]:
+    return {name: v for name, v in resources.items() if isinstance(name, str) and policy.is_gpu(name)}
+
+
+def check_container(
+    container: Mapping[str, Any], path: FieldPath, policy: Policy, gpus: ContainerGPUs
+) -> list[Violation]:
+    """Requests and limits of every GPU resource in one container; fills ``gpus`` with valid counts."""
+    out: list[Violation] = []
+    label = container_label(container, path)
+    resources_path = path.child("resources")
+    resources = _mapping_at(container, "resources", path, out)
+    limits = gpu_entries(_mapping_at(resources, "limits", resources_path, out), policy)
+    requests = gpu_entries(_mapping_at(resources, "requests", resources_path, out), policy)
+    limit_counts: dict[str, int] = {}
+    for name, raw in limits.items():
+        where = resources_path.child("limits").key(name)
+        try:
+            limit_counts[name] = quantity.gpu_count(raw)
+        except quantity.QuantityError as exc:
+            out.append(Violation(where, "invalid-quantity", f"{label}: {exc}"))
+    for name, raw in requests.items():
+        where = resources_path.child("requests").key(name)
+        count: int | None = None
+        try:
+            count = quantity.gpu_count(raw)
+        except quantity.QuantityError as exc:
+            out.append(Violation(where, "invalid-quantity", f"{label}: {exc}"))
+        if name not in limits:
+            out.append(
+                Violation(
+                    where,
+                    "requests-without-limits",
+                    f"{label}: {name} is requested without a limit, set it in limits (requests default to limits)",
+                )
+            )
+        elif count is not None and name in limit_counts and count != limit_counts[name]:
+            out.append(
+                Violation(
+                    where,
+                    "requests-differ",
+                    f"{label}: {name} requests ({quoted(raw)}) must equal limits ({quoted(limits[name])})",
+                )
+            )
+        if count is not None:
+            gpus.counts[name] = count
+    for name, count in limit_counts.items():
+        gpus.counts.setdefault(name, count)
+        if policy.per_container and count > policy.per_container:
+            out.append(
+                Violation(
+                    resources_path.child("limits").key(name),
+                    "per-container-limit",
+                    f"{label}: {count} {name} is over the limit of {policy.per_container} per container",
+                )
+            )
+    return out
+
+
+def pod_gpu_totals(app: Iterable[ContainerGPUs], init: Iterable[ContainerGPUs]) -> dict[str, int]:
+    """GPUs a pod holds at its peak, computed as the scheduler's resource helper does.
+
+    App containers and restartable (sidecar) init containers run together; a plain init
+    container runs alone beside the sidecars started before it; the pod needs the larger.
+    """
+    totals: dict[str, int] = {}
+    for c in app:
+        for name, n in c.counts.items():
+            totals[name] = totals.get(name, 0) + n
+    sidecars: dict[str, int] = {}
+    init_peak: dict[str, int] = {}
+    for c in init:
+        for name, n in c.counts.items():
+            if c.sidecar:
+                totals[name] = totals.get(name, 0) + n
+                sidecars[name] = sidecars.get(name, 0) + n
+                peak = sidecars[name]
+            else:
+                peak = n + sidecars.get(name, 0)
+            init_peak[name] = max(init_peak.get(name, 0), peak)
+    for name, peak in init_peak.items():
+        totals[name] = max(totals.get(name, 0), peak)
+    return totals
+
+
+@dataclass
+class PodGPUs:
+    """The GPU picture of one pod spec, shared by validation and mutation."""
+
+    app: list[ContainerGPUs] = field(default_factory=list)
+    init: list[ContainerGPUs] = field(default_factory=list)
+    ephemeral: list[ContainerGPUs] = field(default_factory=list)
+
+    @property
+    def uses_gpus(self) -> bool:
+        return any(c.counts for c in (*self.app, *self.init, *self.ephemeral))
+
+    def totals(self) -> dict[str, int]:
+        return pod_gpu_totals(self.app, self.init)
+
+
+def check_containers(spec: Mapping[str, Any], path: FieldPath, policy: Policy, gpus: PodGPUs) -> list[Violation]:
+    out: list[Violation] = []
+    if not isinstance(spec.get("containers"), list):
+        out.append(Violation(path.child("containers"), "structure", "must be a list of containers"))
+    for list_name, bucket in zip(CONTAINER_LISTS, (gpus.app, gpus.init, gpus.ephemeral), strict=True):
+        items = spec.get(list_name)
+        if items is None or (list_name == "containers" and not isinstance(items, list)):
+            continue
+        list_path = path.child(list_name)
+        if not isinstance(items, list):
+            out.append(Violation(list_path, "structure", "must be a list of containers"))
+            continue
+        for i, container in enumerate(items):
+            where = list_path.index(i)
+            if not isinstance(container, Mapping):
+                out.append(Violation(where, "structure", "must be a container mapping"))
+                continue
+            c = ContainerGPUs(sidecar=container.get("restartPolicy") == "Always")
+            out.extend(check_container(container, where, policy, c))
+            bucket.append(c)
+    for i, c in enumerate(gpus.ephemeral):
+        if c.counts:
+            out.append(
+                Violation(
+                    path.child("ephemeralContainers").index(i).child("resources"),
+                    "ephemeral-gpu",
+                    "ephemeral containers may not use GPUs",
+                )
+            )
+    return out
+
+
+def check_pod_level_resources(spec: Mapping[str, Any], path: FieldPath, policy: Policy) -> list[Violation]:
+    """Pod-level ``spec.resources`` accepts no extended resources; a GPU there is a mistake."""
+    out: list[Violation] = []
+    resources = _mapping_at(spec, "resources", path, out)
+    for kind in ("limits", "requests"):
+        for name in gpu_entries(_mapping_at(resources, kind, path.child("resources"), out), policy):
+            out.append(
+                Violation(
+                    path.child("resources").child(kind).key(name),
+                    "pod-level-gpu",
+                    f"{name} cannot be set in pod-level resources; set it on a container",
+                )
+            )
+    return out
+
+
+def check_pod_limit(totals: Mapping[str, int], path: FieldPath, policy: Policy) -> list[Violation]:
+    if not policy.per_pod:
+        return []
+    return [
+        Violation(path, "per-pod-limit", f"pod asks for {n} {name}, over the limit of {policy.per_pod} per pod")
+        for name, n in sorted(totals.items())
+        if n > policy.per_pod
+    ]
+
+
+def accelerator_of(ref: PodSpecRef, policy: Policy, out: list[Violation]) -> tuple[str | None, str | None]:
+    """(annotation value, nodeSelector value) of the pod's accelerator; odd shapes are reported."""
+    annotations = _mapping_at(ref.metadata, "annotations", ref.metadata_path, out)
+    node_selector = _mapping_at(ref.spec, "nodeSelector", ref.path, out)
+    annotated = annotations.get(policy.annotation)
+    selected = node_selector.get(policy.node_label)
+    if annotated is not None and not isinstance(annotated, str):
+        out.append(
+            Violation(ref.metadata_path.child("annotations").key(policy.annotation), "structure", "must be a string")
+        )
+        annotated = None
+    if selected is not None and not isinstance(selected, str):
+        out.append(Violation(ref.path.child("nodeSelector").key(policy.node_label), "structure", "must be a string"))
+        selected = None
+    return annotated, selected
+
+
+def check_accelerator(ref: PodSpecRef, policy: Policy) -> list[Violation]:
+    out: list[Violation] = []
+    annotated, selected = accelerator_of(ref, policy, out)
+    annotation_path = ref.metadata_path.child("annotations").key(policy.annotation)
+    selector_path = ref.path.child("nodeSelector").key(policy.node_label)
+    for where, value in ((annotation_path, annotated), (selector_path, selected)):
+        if value is not None and not policy.accelerator_allowed(value):
+            out.append(
+                Violation(
+                    where,
+                    "accelerator-not-allowed",
+                    f"accelerator {quoted(value)} is not allowed here (allowed: {', '.join(policy.allowed)})",
+                )
+            )
+    if annotated is not None and selected is not None and annotated != selected:
+        out.append(
+            Violation(
+                annotation_path,
+                "accelerator-conflict",
+                f"annotation {policy.annotation}={annotated} conflicts with "
+                f"nodeSelector {policy.node_label}={selected}",
+            )
+        )
+    return out
+
+
+def check_pod_spec(ref: PodSpecRef, policy: Policy) -> list[Violation]:
+    gpus = PodGPUs()
+    out = check_containers(ref.spec, ref.path, policy, gpus)
+    out.extend(check_pod_level_resources(ref.spec, ref.path, policy))
+    if gpus.uses_gpus:
+        out.extend(check_pod_limit(gpus.totals(), ref.path, policy))
+        out.extend(check_accelerator(ref, policy))
+    return out
+
+
+def violations(obj: Mapping[str, Any], group: str, kind: str, policy: Policy) -> list[Violation]:
+    """Every GPU violation in every pod spec of ``obj``."""
+    out: list[Violation] = []
+    for ref in find_pod_specs(obj, group, kind):
+        out.extend(check_pod_spec(ref, policy))
+    return out
