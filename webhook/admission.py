@@ -12,7 +12,7 @@ from typing import Any
 from webhook import review
 from webhook.field import Violation
 from webhook.mutate import pod_patch
-from webhook.podspecs import group_of
+from webhook.podspecs import as_mapping, group_of
 from webhook.policy import PolicySet
 from webhook.review import Response
 from webhook.rules import violations
@@ -33,14 +33,13 @@ def _namespace(request: Mapping[str, Any], obj: Mapping[str, Any]) -> str:
     namespace = request.get("namespace")
     if isinstance(namespace, str) and namespace:
         return namespace
-    metadata = obj.get("metadata")
-    value = metadata.get("namespace") if isinstance(metadata, Mapping) else None
+    value = as_mapping(obj.get("metadata")).get("namespace")
     return value if isinstance(value, str) else ""
 
 
 def object_name(request: Mapping[str, Any], obj: Mapping[str, Any]) -> str:
     """The name users know the object by; pods from a generateName have none yet."""
-    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    metadata = as_mapping(obj.get("metadata"))
     for candidate in (request.get("name"), metadata.get("name")):
         if isinstance(candidate, str) and candidate:
             return candidate

@@ -16,6 +16,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from webhook import admission, metrics, review
+from webhook.podspecs import as_mapping
 from webhook.policy import PolicySet
 
 DEFAULT_MAX_BODY = 7 * 1024 * 1024  # controller-runtime's cap: a 3 MiB object plus oldObject, with room
@@ -32,8 +33,8 @@ def _json(body: object, status: int = 200) -> Response:
 
 
 def _log_decision(endpoint: str, req: Mapping, answer: review.Response, ms: float) -> None:
-    obj = req.get("object") if isinstance(req.get("object"), Mapping) else {}
-    kind = req.get("kind") if isinstance(req.get("kind"), Mapping) else {}
+    obj = as_mapping(req.get("object"))
+    kind = as_mapping(req.get("kind"))
     # Paths and rules only: objects carry Secrets and env values, so bodies are never logged.
     log.info(
         json.dumps(
@@ -78,9 +79,8 @@ def create_app(
             answer = review.errored("internal error in gpu-webhook while evaluating the object")
         body = review.encode(parsed, answer)
         ms = (time.perf_counter() - started) * 1000
-        kind = parsed.request.get("kind")
-        kind_name = kind.get("kind", "") if isinstance(kind, Mapping) else ""
-        metrics.REQUESTS.labels(endpoint=endpoint, kind=str(kind_name), decision=answer.decision).inc()
+        kind_name = str(as_mapping(parsed.request.get("kind")).get("kind", ""))
+        metrics.REQUESTS.labels(endpoint=endpoint, kind=kind_name, decision=answer.decision).inc()
         metrics.LATENCY.labels(endpoint=endpoint).observe(ms / 1000)
         _log_decision(endpoint, parsed.request, answer, ms)
         return _json(body)

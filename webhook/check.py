@@ -14,7 +14,7 @@ from typing import Any, TextIO
 import yaml
 
 from webhook.admission import decide
-from webhook.podspecs import group_of
+from webhook.podspecs import as_mapping, group_of
 from webhook.policy import PolicySet
 
 EXIT_ADMITTED, EXIT_DENIED, EXIT_UNREADABLE = 0, 1, 2
@@ -46,7 +46,7 @@ def read_objects(path: str) -> list[Mapping[str, Any]]:
 
 
 def _identity(obj: Mapping[str, Any]) -> tuple[str, str]:
-    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    metadata = as_mapping(obj.get("metadata"))
     name = metadata.get("name") or metadata.get("generateName") or "(unnamed)"
     namespace = metadata.get("namespace")
     return str(name), namespace if isinstance(namespace, str) else ""

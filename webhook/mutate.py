@@ -19,7 +19,7 @@ from webhook.rules import CONTAINER_LISTS, gpu_entries
 
 
 def _containers(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
-    found = []
+    found: list[dict[str, Any]] = []
     for list_name in CONTAINER_LISTS[:2]:  # ephemeral containers may not hold GPUs at all
         items = spec.get(list_name)
         if isinstance(items, list):

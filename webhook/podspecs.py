@@ -40,6 +40,11 @@ class PodSpecRef:
     metadata: Mapping[str, Any]
 
 
+def as_mapping(value: object) -> Mapping[str, Any]:
+    """``value`` if it is a mapping, else empty: objects from the wire may have any shape."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def group_of(api_version: object) -> str:
     """``apps/v1`` -> ``apps``; ``v1`` -> the core group ``""``."""
     if not isinstance(api_version, str) or "/" not in api_version:
@@ -68,12 +73,11 @@ def find_pod_specs(obj: Mapping[str, Any], group: str, kind: str) -> Iterator[Po
 
 
 def _ref(template: Mapping[str, Any], path: FieldPath) -> PodSpecRef:
-    metadata = template.get("metadata")
     return PodSpecRef(
         path=path.child("spec"),
         spec=template["spec"],
         metadata_path=path.child("metadata"),
-        metadata=metadata if isinstance(metadata, Mapping) else {},
+        metadata=as_mapping(template.get("metadata")),
     )
 
 

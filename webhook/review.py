@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,7 +60,7 @@ def denied(message: str, violations: tuple[Violation, ...] = (), code: int = 403
     return Response(allowed=False, code=code, message=message, violations=violations)
 
 
-def patched(ops: list[Mapping[str, Any]], warnings: tuple[str, ...] | list[str] = ()) -> Response:
+def patched(ops: Sequence[Mapping[str, Any]], warnings: tuple[str, ...] | list[str] = ()) -> Response:
     return Response(allowed=True, patch=tuple(ops), warnings=tuple(warnings))
 
 

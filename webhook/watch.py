@@ -19,7 +19,7 @@ log = logging.getLogger("gpu_webhook")
 
 
 def _read_all(paths: Sequence[Path]) -> tuple[bytes | None, ...]:
-    contents = []
+    contents: list[bytes | None] = []
     for path in paths:
         try:
             contents.append(path.read_bytes())
