@@ -64,13 +64,11 @@ def inject_accelerator(pod: dict[str, Any], policy: Policy) -> None:
     if not value or not policy.accelerator_allowed(value):
         return
     selector = spec.get("nodeSelector")
-    if selector is None:
-        selector = spec["nodeSelector"] = {}
-    if not isinstance(selector, dict) or policy.node_label in selector:
+    if selector is not None and (not isinstance(selector, dict) or policy.node_label in selector):
         return
     if _affinity_names_label(spec, policy.node_label):
         return
-    selector[policy.node_label] = value
+    spec["nodeSelector"] = {**(selector or {}), policy.node_label: value}
 
 
 def _tolerated(tolerations: list[Any], key: str) -> bool:

@@ -1,0 +1,106 @@
+"""Builders for the objects the tests admit: small, explicit, and shaped like real manifests."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def seed_pod() -> dict[str, Any]:
+    """The cuda-vector-add pod from the Kubernetes "Schedule GPUs" guide."""
+    return yaml.safe_load((EXAMPLES / "cuda-vector-add.yaml").read_text())
+
+
+def container(name: str = "main", limits: dict | None = None, requests: dict | None = None, **extra: Any) -> dict:
+    c: dict[str, Any] = {"name": name, "image": "busybox"}
+    resources = {}
+    if limits is not None:
+        resources["limits"] = limits
+    if requests is not None:
+        resources["requests"] = requests
+    if resources:
+        c["resources"] = resources
+    c.update(extra)
+    return c
+
+
+def pod(*containers: dict, name: str = "p", annotations: dict | None = None, **spec: Any) -> dict:
+    metadata: dict[str, Any] = {"name": name}
+    if annotations is not None:
+        metadata["annotations"] = annotations
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {"containers": list(containers) or [container()], **spec},
+    }
+
+
+def workload(kind: str, pod_obj: dict, name: str = "w") -> dict:
+    """``pod_obj`` wrapped as the pod template of a built-in workload kind."""
+    template = {"metadata": copy.deepcopy(pod_obj["metadata"]), "spec": copy.deepcopy(pod_obj["spec"])}
+    api = {"Deployment": "apps/v1", "ReplicaSet": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1",
+           "Job": "batch/v1", "CronJob": "batch/v1", "ReplicationController": "v1", "PodTemplate": "v1"}[kind]
+    obj: dict[str, Any] = {"apiVersion": api, "kind": kind, "metadata": {"name": name}}
+    if kind == "PodTemplate":
+        obj["template"] = template
+    elif kind == "CronJob":
+        obj["spec"] = {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": template}}}
+    else:
+        obj["spec"] = {"template": template}
+    return obj
+
+
+def pytorch_job(master: dict, worker: dict, name: str = "train") -> dict:
+    """A Kubeflow PyTorchJob: pod templates under spec.pytorchReplicaSpecs.<role>.template."""
+    def replica(p: dict, n: int) -> dict:
+        return {"replicas": n, "template": {"metadata": p["metadata"], "spec": p["spec"]}}
+
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name},
+        "spec": {"pytorchReplicaSpecs": {"Master": replica(master, 1), "Worker": replica(worker, 2)}},
+    }
+
+
+def ray_cluster(head: dict, workers: list[dict], name: str = "ray") -> dict:
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": name},
+        "spec": {
+            "headGroupSpec": {"rayStartParams": {}, "template": {"spec": head["spec"]}},
+            "workerGroupSpecs": [
+                {"groupName": f"g{i}", "rayStartParams": {}, "template": {"spec": w["spec"]}}
+                for i, w in enumerate(workers)
+            ],
+        },
+    }
+
+
+def admission_request(obj: dict | None, operation: str = "CREATE", namespace: str = "default",
+                      uid: str = "705ab4f5-6393-11e8-b7cc-42010a800002") -> dict:
+    kind = obj.get("kind", "") if obj else "Pod"
+    api = obj.get("apiVersion", "v1") if obj else "v1"
+    group, _, version = api.rpartition("/")
+    return {
+        "uid": uid,
+        "kind": {"group": group, "version": version, "kind": kind},
+        "resource": {"group": group, "version": version, "resource": kind.lower() + "s"},
+        "namespace": namespace,
+        "operation": operation,
+        "userInfo": {"username": "tester"},
+        "object": obj,
+        "oldObject": None,
+        "dryRun": False,
+    }
+
+
+def admission_review(obj: dict | None, api_version: str = "admission.k8s.io/v1", **kw: Any) -> dict:
+    return {"apiVersion": api_version, "kind": "AdmissionReview", "request": admission_request(obj, **kw)}

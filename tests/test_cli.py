@@ -1,0 +1,123 @@
+"""The command line: `certs` writes what the apiserver verifies; `check` lints like the server decides."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+from cryptography import x509
+
+from tests.manifests import EXAMPLES, container, pod, pytorch_job, seed_pod, workload
+
+GPU = "nvidia.com/gpu"
+
+
+def gpu_webhook(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "webhook", *args], input=stdin, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_certs_writes_a_ca_and_a_serving_cert_with_every_service_name_as_a_san(tmp_path):
+    result = gpu_webhook("certs", "--service", "gpu-webhook", "--namespace", "gpu-system",
+                         "--host", "127.0.0.1", "--host", "webhook.example", "--days", "30", "--out-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())
+    cert = x509.load_pem_x509_certificate((tmp_path / "tls.crt").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == [
+        "gpu-webhook", "gpu-webhook.gpu-system", "gpu-webhook.gpu-system.svc",
+        "gpu-webhook.gpu-system.svc.cluster.local", "webhook.example",
+    ]
+    assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
+    cert.verify_directly_issued_by(ca)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
+    assert (cert.not_valid_after_utc - cert.not_valid_before_utc).days == 30
+    assert (tmp_path / "tls.key").stat().st_mode & 0o777 == 0o600
+
+
+def write_manifests(path, *objects):
+    path.write_text(yaml.safe_dump_all(list(objects)))
+    return str(path)
+
+
+def test_check_admits_the_seed_pod_with_exit_0():
+    result = gpu_webhook("check", str(EXAMPLES / "cuda-vector-add.yaml"))
+    assert (result.returncode, result.stdout) == (0, "")
+
+
+def test_check_prints_one_line_per_violation_and_exits_1(tmp_path):
+    path = write_manifests(
+        tmp_path / "m.yaml",
+        seed_pod(),
+        pod(container("a", requests={GPU: 1}), container("b", limits={GPU: "500m"}), name="bad"),
+        workload("Deployment", pod(container(limits={GPU: 2}, requests={GPU: 1})), name="web"),
+    )
+    result = gpu_webhook("check", path)
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        f'{path}: Pod/bad: spec.containers[0].resources.requests[{GPU}]: container "a": {GPU} is requested '
+        "without a limit, set it in limits (requests default to limits)",
+        f'{path}: Pod/bad: spec.containers[1].resources.limits[{GPU}]: container "b": "500m" is not a whole number '
+        "(GPUs cannot be shared)",
+        f'{path}: Deployment/web: spec.template.spec.containers[0].resources.requests[{GPU}]: container "main": '
+        f'{GPU} requests (1) must equal limits (2)',
+    ]
+
+
+def test_check_reads_json_and_stdin_and_custom_resources():
+    job = pytorch_job(seed_pod(), pod(container(limits={GPU: "1.5"})))
+    result = gpu_webhook("check", "-", stdin=json.dumps(job))
+    assert result.returncode == 1
+    assert result.stdout.startswith("<stdin>: PyTorchJob/train: spec.pytorchReplicaSpecs.Worker.template.spec")
+
+
+def test_check_expands_lists(tmp_path):
+    listing = {"apiVersion": "v1", "kind": "List", "items": [pod(container(requests={GPU: 1}), name="in-list")]}
+    result = gpu_webhook("check", write_manifests(tmp_path / "l.yaml", listing))
+    assert result.returncode == 1 and "Pod/in-list" in result.stdout
+
+
+def test_check_uses_the_policy_and_its_namespaces(tmp_path):
+    policy = tmp_path / "p.yaml"
+    policy.write_text("limits: {perContainer: 1}\nnamespaces: {lab: {enforcement: warn}}\n")
+    two = pod(container(limits={GPU: 2}), name="two")
+    denied = gpu_webhook("check", "--policy", str(policy), write_manifests(tmp_path / "a.yaml", two))
+    assert denied.returncode == 1 and "over the limit of 1 per container" in denied.stdout
+    warned = gpu_webhook("check", "--policy", str(policy), "--namespace", "lab",
+                         write_manifests(tmp_path / "b.yaml", two))
+    assert warned.returncode == 0 and ": warning: " in warned.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [("a: [unclosed", "not valid YAML or JSON"), ("- just\n- a list\n", "is not a Kubernetes object")],
+    ids=["bad yaml", "not an object"],
+)
+def test_check_exits_2_on_input_it_cannot_parse(tmp_path, content, says):
+    path = tmp_path / "broken.yaml"
+    path.write_text(content)
+    result = gpu_webhook("check", str(path))
+    assert result.returncode == 2 and says in result.stderr
+
+
+def test_check_exits_2_on_a_missing_file_and_still_checks_the_others(tmp_path):
+    bad = write_manifests(tmp_path / "bad.yaml", pod(container(requests={GPU: 1}), name="x"))
+    result = gpu_webhook("check", str(tmp_path / "missing.yaml"), bad)
+    assert result.returncode == 2
+    assert "cannot read" in result.stderr and "Pod/x" in result.stdout
+
+
+def test_check_exits_2_on_an_invalid_policy(tmp_path):
+    policy = tmp_path / "p.yaml"
+    policy.write_text("enforcement: sometimes\n")
+    result = gpu_webhook("check", "--policy", str(policy), str(EXAMPLES / "cuda-vector-add.yaml"))
+    assert result.returncode == 2 and "enforcement" in result.stderr
+
+
+def test_serve_needs_certificates_or_self_signed():
+    result = gpu_webhook("serve")
+    assert result.returncode == 2 and "--self-signed" in result.stderr

@@ -1,0 +1,86 @@
+"""The policy file: defaults, overlays, and refusals that name the bad key."""
+
+import subprocess
+import sys
+
+import pytest
+
+from webhook.policy import PolicyError, load_policy, parse_policy
+
+
+def test_no_file_means_the_documented_defaults():
+    p = load_policy(None).for_namespace("anything")
+    assert p.resources == ("nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/*", "nvidia.com/mig-*")
+    assert (p.node_label, p.annotation, p.allowed, p.default) == ("accelerator", "gpu-webhook/accelerator", (), "")
+    assert (p.per_container, p.per_pod, p.tolerations, p.enforcement) == (0, 0, False, "deny")
+
+
+def test_the_example_from_the_reference_loads():
+    policies = parse_policy(
+        """
+resources: [nvidia.com/gpu, amd.com/gpu, "gpu.intel.com/*", "nvidia.com/mig-*"]
+accelerator:
+  nodeLabel: accelerator
+  annotation: gpu-webhook/accelerator
+  allowed: []
+  default: ""
+limits: {perContainer: 0, perPod: 0}
+tolerations: false
+enforcement: deny
+namespaces:
+  research: {accelerator: {default: nvidia-l4}, enforcement: warn}
+"""
+    )
+    research = policies.for_namespace("research")
+    assert (research.default, research.enforcement, research.node_label) == ("nvidia-l4", "warn", "accelerator")
+    assert policies.for_namespace("prod").enforcement == "deny"
+
+
+def test_glob_patterns_name_gpu_resources():
+    p = parse_policy("{}").for_namespace("")
+    assert p.is_gpu("gpu.intel.com/i915") and p.is_gpu("nvidia.com/mig-3g.20gb")
+    assert not p.is_gpu("nvidia.com/gpu-memory") and not p.is_gpu("cpu")
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("enforcment: warn", "(top level): unknown key(s) 'enforcment'"),
+        ("accelerator: {label: x}", "accelerator: unknown key(s) 'label'"),
+        ("enforcement: block", "enforcement: 'block' is not one of ['deny', 'warn']"),
+        ("limits: {perPod: -1}", "limits.perPod: -1 is less than the minimum of 0"),
+        ("limits: {perPod: two}", "limits.perPod: 'two' is not of type 'integer'"),
+        ("tolerations: yes please", "tolerations: 'yes please' is not of type 'boolean'"),
+        ("namespaces: {a: {enforcement: off}}", "namespaces.a.enforcement: False is not one of ['deny', 'warn']"),
+        ("namespaces: {a: {accelerator: {nodeLabel: x}}}", "namespaces.a.accelerator: unknown key(s) 'nodeLabel'"),
+        ("accelerator: {allowed: [a], default: b}", "accelerator.default: 'b' is not in the allowed list ['a']"),
+        ("- a list", "(top level): ['a list'] is not of type 'object'"),
+        ("a: [unclosed", "not valid YAML"),
+    ],
+)
+def test_a_bad_policy_is_refused_naming_the_key(text, problem):
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(text, "p.yaml")
+    assert any(problem in p for p in caught.value.problems), caught.value.problems
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(PolicyError) as caught:
+        parse_policy("enforcement: x\nlimits: {perPod: -1}\nfoo: 1")
+    assert len(caught.value.problems) == 3
+
+
+def test_an_unreadable_file_is_a_policy_error(tmp_path):
+    with pytest.raises(PolicyError, match="cannot read"):
+        load_policy(tmp_path / "missing.yaml")
+
+
+def test_serve_refuses_an_invalid_policy_with_exit_code_2(tmp_path):
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("enforcement: maybe\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "webhook", "serve", "--self-signed", "--policy", str(bad), "--port", "1"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert "enforcement: 'maybe' is not one of ['deny', 'warn']" in result.stderr

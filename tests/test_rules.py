@@ -1,0 +1,253 @@
+"""Validation rules, as a table: a manifest, a policy, and the violations it must produce (path, rule)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.manifests import container, pod, pytorch_job, ray_cluster, seed_pod, workload
+from webhook.admission import decide
+from webhook.podspecs import group_of
+from webhook.policy import parse_policy
+from webhook.rules import violations
+
+GPU = "nvidia.com/gpu"
+DEFAULT = parse_policy("{}")
+CAPPED = parse_policy("limits: {perContainer: 2, perPod: 3}")
+ALLOWED = parse_policy("accelerator: {allowed: [nvidia-tesla-p100, nvidia-l4]}")
+
+L0 = f"spec.containers[0].resources.limits[{GPU}]"
+R0 = f"spec.containers[0].resources.requests[{GPU}]"
+
+
+def found(obj, policy=DEFAULT, namespace="default"):
+    return {
+        (str(v.path), v.rule)
+        for v in violations(obj, group_of(obj.get("apiVersion")), obj["kind"], policy.for_namespace(namespace))
+    }
+
+
+ADMITTED = [
+    ("the seed cuda-vector-add pod", seed_pod(), DEFAULT),
+    ("the seed pod with an allowed accelerator", seed_pod(), ALLOWED),
+    ("limits only", pod(container(limits={GPU: 1})), DEFAULT),
+    ("requests equal to limits", pod(container(limits={GPU: 2}, requests={GPU: 2})), DEFAULT),
+    ("equal in another notation: 1000m is one", pod(container(limits={GPU: 1}, requests={GPU: "1000m"})), DEFAULT),
+    ("a quoted whole number", pod(container(limits={GPU: "4"})), DEFAULT),
+    ("zero GPUs", pod(container(limits={GPU: 0})), DEFAULT),
+    ("cpu and memory may be fractional", pod(container(limits={"cpu": "500m", "memory": "1.5Gi"})), DEFAULT),
+    ("a pod with no resources at all", pod(container()), DEFAULT),
+    ("AMD and Intel resources", pod(container(limits={"amd.com/gpu": 1, "gpu.intel.com/i915": 1})), DEFAULT),
+    ("a MIG profile", pod(container(limits={"nvidia.com/mig-1g.5gb": 2})), DEFAULT),
+    ("at the per-container and per-pod caps", pod(container(limits={GPU: 2}), container("b", limits={GPU: 1})), CAPPED),
+    (
+        "a plain init container does not add to the pod's count",
+        pod(container(limits={GPU: 2}), initContainers=[container("init", limits={GPU: 2})]),
+        CAPPED,
+    ),
+    ("a resource the policy does not name is not checked", pod(container(limits={"example.com/foo": "500m"})), DEFAULT),
+    (
+        "annotation and nodeSelector agree",
+        pod(container(limits={GPU: 1}), annotations={"gpu-webhook/accelerator": "nvidia-l4"},
+            nodeSelector={"accelerator": "nvidia-l4"}),
+        ALLOWED,
+    ),
+    (
+        "a CPU pod may select any accelerator (the allowed list is about GPU pods)",
+        pod(container(), nodeSelector={"accelerator": "nvidia-a100"}),
+        ALLOWED,
+    ),
+]
+
+
+@pytest.mark.parametrize(("obj", "policy"), [c[1:] for c in ADMITTED], ids=[c[0] for c in ADMITTED])
+def test_admitted(obj, policy):
+    assert found(obj, policy) == set()
+
+
+DENIED = [
+    (
+        "requests without limits",
+        pod(container(requests={GPU: 1})),
+        DEFAULT,
+        {(R0, "requests-without-limits")},
+    ),
+    ("a fraction in milli notation: 500m", pod(container(limits={GPU: "500m"})), DEFAULT, {(L0, "invalid-quantity")}),
+    ("a decimal fraction: 1.5", pod(container(limits={GPU: "1.5"})), DEFAULT, {(L0, "invalid-quantity")}),
+    ("half a GPU as a JSON number", pod(container(limits={GPU: 0.5})), DEFAULT, {(L0, "invalid-quantity")}),
+    ("a negative count", pod(container(limits={GPU: -1})), DEFAULT, {(L0, "invalid-quantity")}),
+    ("a word", pod(container(limits={GPU: "two"})), DEFAULT, {(L0, "invalid-quantity")}),
+    ("NaN, which Python's Decimal would accept", pod(container(limits={GPU: "NaN"})), DEFAULT,
+     {(L0, "invalid-quantity")}),
+    ("a boolean", pod(container(limits={GPU: True})), DEFAULT, {(L0, "invalid-quantity")}),
+    ("requests differ from limits", pod(container(limits={GPU: 2}, requests={GPU: 1})), DEFAULT,
+     {(R0, "requests-differ")}),
+    (
+        "a fractional request without limits: both problems at once",
+        pod(container(requests={GPU: "500m"})),
+        DEFAULT,
+        {(R0, "invalid-quantity"), (R0, "requests-without-limits")},
+    ),
+    ("over the per-container cap", pod(container(limits={GPU: 3})), CAPPED,
+     {(L0, "per-container-limit")}),
+    (
+        "over the per-pod cap across containers",
+        pod(container(limits={GPU: 2}), container("b", limits={GPU: 2})),
+        CAPPED,
+        {("spec", "per-pod-limit")},
+    ),
+    (
+        "a sidecar init container runs beside the app containers and counts",
+        pod(container(limits={GPU: 2}),
+            initContainers=[container("side", limits={GPU: 2}, restartPolicy="Always")]),
+        CAPPED,
+        {("spec", "per-pod-limit")},
+    ),
+    (
+        "a plain init container after a sidecar counts with the sidecar",
+        pod(container(limits={GPU: 1}),
+            initContainers=[container("side", limits={GPU: 1}, restartPolicy="Always"),
+                            container("init", limits={GPU: 2})]),
+        parse_policy("limits: {perPod: 2}"),
+        {("spec", "per-pod-limit")},  # peak = max(1 + 1, 2 + 1) = 3
+    ),
+    (
+        "an accelerator not in the allowed list, by nodeSelector",
+        pod(container(limits={GPU: 1}), nodeSelector={"accelerator": "nvidia-a100"}),
+        ALLOWED,
+        {("spec.nodeSelector[accelerator]", "accelerator-not-allowed")},
+    ),
+    (
+        "an accelerator not in the allowed list, by annotation",
+        pod(container(limits={GPU: 1}), annotations={"gpu-webhook/accelerator": "nvidia-a100"}),
+        ALLOWED,
+        {("metadata.annotations[gpu-webhook/accelerator]", "accelerator-not-allowed")},
+    ),
+    (
+        "annotation conflicts with nodeSelector",
+        pod(container(limits={GPU: 1}), annotations={"gpu-webhook/accelerator": "nvidia-l4"},
+            nodeSelector={"accelerator": "nvidia-tesla-p100"}),
+        ALLOWED,
+        {("metadata.annotations[gpu-webhook/accelerator]", "accelerator-conflict")},
+    ),
+    (
+        "ephemeral containers may not hold GPUs",
+        pod(container(), ephemeralContainers=[container("debug", limits={GPU: 1})]),
+        DEFAULT,
+        {("spec.ephemeralContainers[0].resources", "ephemeral-gpu")},
+    ),
+    (
+        "GPUs in pod-level resources",
+        pod(container(), resources={"limits": {GPU: 1}}),
+        DEFAULT,
+        {(f"spec.resources.limits[{GPU}]", "pod-level-gpu")},
+    ),
+    (
+        "init containers are checked like app containers",
+        pod(container(), initContainers=[container("init", requests={GPU: 1})]),
+        DEFAULT,
+        {(f"spec.initContainers[0].resources.requests[{GPU}]", "requests-without-limits")},
+    ),
+    (
+        "every violation in every container is reported at once",
+        pod(container(limits={GPU: "500m"}), container("b", requests={"amd.com/gpu": 1}),
+            container("c", limits={"nvidia.com/mig-1g.5gb": 1}, requests={"nvidia.com/mig-1g.5gb": 2})),
+        DEFAULT,
+        {
+            (L0, "invalid-quantity"),
+            ("spec.containers[1].resources.requests[amd.com/gpu]", "requests-without-limits"),
+            ("spec.containers[2].resources.requests[nvidia.com/mig-1g.5gb]", "requests-differ"),
+        },
+    ),
+    ("containers not a list", {"apiVersion": "v1", "kind": "Pod", "metadata": {}, "spec": {"containers": "x"}},
+     DEFAULT, {("spec.containers", "structure")}),
+    ("a container that is not a mapping", {"apiVersion": "v1", "kind": "Pod", "spec": {"containers": [{}, 3]}},
+     DEFAULT, {("spec.containers[1]", "structure")}),
+    ("limits not a mapping", pod(container(resources={"limits": [1]})), DEFAULT,
+     {("spec.containers[0].resources.limits", "structure")}),
+]
+
+
+@pytest.mark.parametrize(("obj", "policy", "expected"), [c[1:] for c in DENIED], ids=[c[0] for c in DENIED])
+def test_denied(obj, policy, expected):
+    assert found(obj, policy) == expected
+
+
+BAD_POD = pod(container(requests={GPU: 1}))
+BAD = f"requests[{GPU}]"
+
+
+@pytest.mark.parametrize(
+    ("obj", "path"),
+    [
+        (workload("Deployment", BAD_POD), "spec.template.spec.containers[0].resources." + BAD),
+        (workload("ReplicaSet", BAD_POD), "spec.template.spec.containers[0].resources." + BAD),
+        (workload("StatefulSet", BAD_POD), "spec.template.spec.containers[0].resources." + BAD),
+        (workload("DaemonSet", BAD_POD), "spec.template.spec.containers[0].resources." + BAD),
+        (workload("Job", BAD_POD), "spec.template.spec.containers[0].resources." + BAD),
+        (workload("ReplicationController", BAD_POD), "spec.template.spec.containers[0].resources." + BAD),
+        (workload("PodTemplate", BAD_POD), "template.spec.containers[0].resources." + BAD),
+        (workload("CronJob", BAD_POD), "spec.jobTemplate.spec.template.spec.containers[0].resources." + BAD),
+        (pytorch_job(seed_pod(), BAD_POD),
+         "spec.pytorchReplicaSpecs.Worker.template.spec.containers[0].resources." + BAD),
+        (ray_cluster(seed_pod(), [seed_pod(), BAD_POD]),
+         "spec.workerGroupSpecs[1].template.spec.containers[0].resources." + BAD),
+    ],
+    ids=lambda v: v["kind"] if isinstance(v, dict) else "",
+)
+def test_pod_templates_are_found_in_every_kind_with_their_real_path(obj, path):
+    assert found(obj) == {(path, "requests-without-limits")}
+
+
+def test_a_template_annotation_is_read_from_the_template_metadata():
+    obj = workload("Deployment", pod(container(limits={GPU: 1}), annotations={"gpu-webhook/accelerator": "x"}))
+    assert found(obj, ALLOWED) == {("spec.template.metadata.annotations[gpu-webhook/accelerator]",
+                                    "accelerator-not-allowed")}
+
+
+def test_a_bare_pod_spec_in_a_custom_resource_is_found():
+    obj = {"apiVersion": "example.com/v1", "kind": "Runner", "metadata": {"name": "r"},
+           "spec": {"podSpec": {"containers": [container(limits={GPU: "1.5"})]}}}
+    assert found(obj) == {(f"spec.podSpec.containers[0].resources.limits[{GPU}]", "invalid-quantity")}
+
+
+def test_a_custom_resource_without_pod_specs_has_nothing_to_check():
+    obj = {"apiVersion": "example.com/v1", "kind": "Thing", "spec": {"containers": "not a pod", "x": [1, {"y": 2}]}}
+    assert found(obj) == set()
+
+
+def test_hostile_nesting_is_bounded():
+    deep: dict = {}
+    node = deep
+    for _ in range(10_000):
+        node["a"] = {}
+        node = node["a"]
+    assert found({"apiVersion": "example.com/v1", "kind": "Deep", "spec": deep}) == set()
+
+
+def test_the_message_names_the_path_the_container_and_the_value():
+    answer = decide(pod(container("cuda", limits={GPU: "500m"})), "", "Pod", "default", DEFAULT)
+    assert not answer.allowed and answer.code == 403
+    assert answer.message == (
+        f'1 GPU violation: {L0}: container "cuda": "500m" is not a whole number (GPUs cannot be shared)'
+    )
+
+
+def test_warn_enforcement_admits_and_returns_every_violation_as_a_warning():
+    policy = parse_policy("enforcement: warn")
+    answer = decide(pod(container(requests={GPU: 1}), container("b", limits={GPU: "x"})), "", "Pod", "ns", policy)
+    assert answer.allowed
+    assert [w.split(":")[0] for w in answer.warnings] == [R0, f"spec.containers[1].resources.limits[{GPU}]"]
+
+
+def test_namespace_overrides_apply_only_in_their_namespace():
+    policy = parse_policy("limits: {perContainer: 4}\nnamespaces: {small: {limits: {perContainer: 1}}}")
+    two = pod(container(limits={GPU: 2}))
+    assert found(two, policy, "default") == set()
+    assert found(two, policy, "small") == {(L0, "per-container-limit")}
+
+
+def test_a_namespace_may_relax_enforcement_to_warn():
+    policy = parse_policy("namespaces: {research: {enforcement: warn}}")
+    bad = pod(container(requests={GPU: 1}))
+    assert not decide(bad, "", "Pod", "prod", policy).allowed
+    assert decide(bad, "", "Pod", "research", policy).allowed
