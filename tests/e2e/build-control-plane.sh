@@ -84,19 +84,20 @@ gorun() { # run a go command, bounded in time, inside a module dir: gorun DIR ar
   (cd "${dir}" && timeout "${STEP_TIMEOUT}" "${GO}" "$@")
 }
 
-go_mod_file() { # print the cached path of MODULE@VERSION's go.mod (downloads it)
+mod_download_field() { # mod_download_field MODULE VERSION FIELD: a path from `go mod download -json`
   local out
   out=$(cd "${BUILD}" && timeout 900 "${GO}" mod download -json "$1@$2") \
     || die "go mod download $1@$2 failed: ${out}"
-  sed -nE 's/^[[:space:]]*"GoMod": "(.*)",?$/\1/p' <<<"${out}"
+  sed -nE "s/^[[:space:]]*\"$3\": \"(.*)\",?\$/\1/p" <<<"${out}"
 }
+go_mod_file() { mod_download_field "$1" "$2" GoMod; }   # cached go.mod of MODULE@VERSION
 
 go_directive() { sed -nE 's/^go ([0-9.]+).*$/\1/p' "$1" | head -n1; }
 
-module_time() { # tag time of MODULE@VERSION from the proxy's .info, for buildDate
-  local out
-  out=$(cd "${BUILD}" && timeout 900 "${GO}" mod download -json "$1@$2")
-  sed -nE 's/^[[:space:]]*"Time": "(.*)",?$/\1/p' <<<"${out}"
+module_time() { # tag time of MODULE@VERSION (from the proxy's .info), used as buildDate
+  local info
+  info=$(mod_download_field "$1" "$2" Info)
+  sed -nE 's/.*"Time":"([^"]+)".*/\1/p' "${info}"
 }
 
 declare -A TIMES=()
@@ -166,7 +167,7 @@ if need_any kube-apiserver kube-scheduler kubectl; then
   KLDFLAGS=""
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     KLDFLAGS+=" -X ${p}.gitVersion=${KUBERNETES_VERSION} -X ${p}.gitMajor=1 -X ${p}.gitMinor=${K8S_MINOR}"
-    KLDFLAGS+=" -X ${p}.gitTreeState=clean -X ${p}.buildDate=${KDATE:-1970-01-01T00:00:00Z}"
+    KLDFLAGS+=" -X ${p}.gitTreeState=clean -X ${p}.buildDate=${KDATE:-1970-01-01T00:00:00Z} -X ${p}.gitCommit="
   done
   # Same build tags as upstream's hack/lib/golang.sh for non-debug static binaries.
   KTAGS="selinux,notest,grpcnotrace"

@@ -1,0 +1,79 @@
+"""Session fixtures for the end-to-end suite: a real control plane, stopped and deleted at the end."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.cluster import ControlPlane, build_binaries
+
+pytestmark = pytest.mark.e2e
+
+
+def _unavailable(reason: str):
+    # In CI a missing control plane is a failure, never a silent skip; locally a skip says why.
+    if os.environ.get("CI"):
+        pytest.fail(f"e2e control plane unavailable: {reason}", pytrace=False)
+    pytest.skip(f"e2e control plane unavailable: {reason}")
+
+
+@pytest.fixture(scope="session")
+def bin_dir() -> Path:
+    try:
+        return build_binaries()
+    except Exception as exc:  # a build that cannot run here is reported, not hidden
+        _unavailable(str(exc))
+        raise
+
+
+@pytest.fixture(scope="session")
+def cluster(bin_dir):
+    plane = ControlPlane(bin_dir, Path(tempfile.mkdtemp(prefix="gpu-webhook-e2e-")))
+    try:
+        plane.start()
+    except Exception as exc:
+        logs = "\n".join(f"--- {p.name}\n{p.log.read_text()[-2000:]}" for p in plane.processes if p.log.exists())
+        plane.stop()
+        _unavailable(f"{exc}\n{logs}")
+    yield plane
+    plane.stop()
+
+
+@pytest.fixture(scope="session")
+def api(cluster):
+    """A kubernetes Python client configured from the bed's kubeconfig."""
+    from kubernetes import client, config
+
+    return client.ApiClient(config.new_client_from_config(str(cluster.kubeconfig)).configuration)
+
+
+E2E_POLICY = """\
+accelerator:
+  allowed: [nvidia-tesla-p100, nvidia-tesla-k80, nvidia-l4]
+  default: nvidia-tesla-k80
+limits: {perContainer: 4, perPod: 4}
+namespaces:
+  research: {accelerator: {default: nvidia-l4}}
+  lab: {enforcement: warn}
+"""
+
+
+@pytest.fixture(scope="module")
+def gpu_webhook(cluster, tmp_path_factory):
+    """Our webhook as its own process, registered by the configurations the Helm chart renders."""
+    from tests.e2e.bed import register_webhook, unregister_webhook
+    from tests.server import make_certs, start_webhook
+
+    tmp = tmp_path_factory.mktemp("e2e-webhook")
+    policy = tmp / "policy.yaml"
+    policy.write_text(E2E_POLICY)
+    server = start_webhook(tmp, "--policy", str(policy), certs=make_certs(tmp / "tls", "127.0.0.1"))
+    for namespace in ("research", "lab"):
+        cluster.kubectl("create", "namespace", namespace)
+    register_webhook(cluster, server)
+    yield server
+    unregister_webhook(cluster)
+    server.stop()
