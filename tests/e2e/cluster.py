@@ -125,7 +125,8 @@ class ControlPlane:
             self.binary("kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
             "--bind-address=127.0.0.1", f"--secure-port={api_port}", "--advertise-address=127.0.0.1",
             f"--tls-cert-file={tls['cert']}", f"--tls-private-key-file={tls['key']}",
-            "--service-cluster-ip-range=10.0.0.0/24", "--authorization-mode=Node,RBAC",
+            # A loopback service range: any Service the apiserver dials stays on this machine.
+            "--service-cluster-ip-range=127.0.100.0/24", "--authorization-mode=Node,RBAC",
             f"--token-auth-file={w / 'tokens.csv'}", "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={w / 'sa.pub'}", f"--service-account-signing-key-file={w / 'sa.key'}",
             "--disable-admission-plugins=ServiceAccount", "--allow-privileged=true",
