@@ -42,18 +42,13 @@ ADMITTED = [
     (
         "a plain init container does not add to the pod's count",
         pod(container(limits={GPU: 2}), initContainers=[container("init", limits={GPU: 2})]),
-        CAPPED,
+        parse_policy("limits: {perContainer: 2, perPod: 3}\nchecks: {initContainerGpus: off}"),
     ),
     ("a resource the policy does not name is not checked", pod(container(limits={"example.com/foo": "500m"})), DEFAULT),
     (
         "annotation and nodeSelector agree",
         pod(container(limits={GPU: 1}), annotations={"gpu-webhook/accelerator": "nvidia-l4"},
             nodeSelector={"accelerator": "nvidia-l4"}),
-        ALLOWED,
-    ),
-    (
-        "a CPU pod may select any accelerator (the allowed list is about GPU pods)",
-        pod(container(), nodeSelector={"accelerator": "nvidia-a100"}),
         ALLOWED,
     ),
 ]
@@ -64,7 +59,13 @@ def test_admitted(obj, policy):
     assert found(obj, policy) == set()
 
 
-DENIED = [
+DENIED = [  # violations found; decide() turns each into a denial or a warning by its setting
+    (
+        "a CPU pod selecting an accelerator: not the allowed-list rule, but a wasted GPU node",
+        pod(container(), nodeSelector={"accelerator": "nvidia-a100"}),
+        ALLOWED,
+        {("spec.nodeSelector[accelerator]", "cpu-pod-on-gpu-nodes")},
+    ),
     (
         "requests without limits",
         pod(container(requests={GPU: 1})),
@@ -108,7 +109,7 @@ DENIED = [
             initContainers=[container("side", limits={GPU: 1}, restartPolicy="Always"),
                             container("init", limits={GPU: 2})]),
         parse_policy("limits: {perPod: 2}"),
-        {("spec", "per-pod-limit")},  # peak = max(1 + 1, 2 + 1) = 3
+        {("spec", "per-pod-limit"), ("spec.initContainers[1].resources", "init-container-gpus")},  # 2 + 1 = 3
     ),
     (
         "an accelerator not in the allowed list, by nodeSelector",
@@ -145,7 +146,8 @@ DENIED = [
         "init containers are checked like app containers",
         pod(container(), initContainers=[container("init", requests={GPU: 1})]),
         DEFAULT,
-        {(f"spec.initContainers[0].resources.requests[{GPU}]", "requests-without-limits")},
+        {(f"spec.initContainers[0].resources.requests[{GPU}]", "requests-without-limits"),
+         ("spec.initContainers[0].resources", "init-container-gpus")},
     ),
     (
         "every violation in every container is reported at once",

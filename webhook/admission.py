@@ -12,12 +12,14 @@ from typing import Any
 from webhook import review
 from webhook.field import Violation
 from webhook.mutate import pod_patch
+from webhook.nodes import NodeSummary
 from webhook.podspecs import as_mapping, group_of
 from webhook.policy import PolicySet
 from webhook.review import Response
 from webhook.rules import violations
 
-Handler = Callable[[Mapping[str, Any], PolicySet], Response]
+# (AdmissionReview request, policies in force, node summary when cluster checks are on) -> Response
+Handler = Callable[[Mapping[str, Any], PolicySet, NodeSummary | None], Response]
 
 CHECKED_OPERATIONS = ("CREATE", "UPDATE")
 
@@ -53,28 +55,37 @@ def describe(found: list[Violation]) -> str:
     return f"{count}: " + "; ".join(map(str, found))
 
 
-def decide(obj: Mapping[str, Any], group: str, kind: str, namespace: str, policies: PolicySet) -> Response:
+def decide(
+    obj: Mapping[str, Any],
+    group: str,
+    kind: str,
+    namespace: str,
+    policies: PolicySet,
+    nodes: NodeSummary | None = None,
+) -> Response:
     """The validation decision for one object, shared by ``/validate`` and ``gpu-webhook check``."""
     policy = policies.for_namespace(namespace)
-    found = violations(obj, group, kind, policy)
+    found = [v for v in violations(obj, group, kind, policy, nodes) if policy.action(v.rule) != "off"]
     if not found:
         return review.allowed()
-    if policy.enforcement == "warn":
-        return review.allowed(warnings=[str(v) for v in found], violations=tuple(found))
-    return review.denied(describe(found), violations=tuple(found))
+    denials = [v for v in found if policy.action(v.rule) == "deny"]
+    warnings = [str(v) for v in found if policy.action(v.rule) == "warn"]
+    if not denials:
+        return review.allowed(warnings=warnings, violations=tuple(found))
+    return review.denied(describe(denials), warnings=warnings, violations=tuple(found))
 
 
-def validate(request: Mapping[str, Any], policies: PolicySet) -> Response:
+def validate(request: Mapping[str, Any], policies: PolicySet, nodes: NodeSummary | None = None) -> Response:
     if request.get("operation") not in CHECKED_OPERATIONS:
         return review.allowed()
     obj = request.get("object")
     if not isinstance(obj, Mapping):
         return review.denied("request.object must be an object on CREATE and UPDATE")
     group, kind = _kind(request, obj)
-    return decide(obj, group, kind, _namespace(request, obj), policies)
+    return decide(obj, group, kind, _namespace(request, obj), policies, nodes)
 
 
-def mutate(request: Mapping[str, Any], policies: PolicySet) -> Response:
+def mutate(request: Mapping[str, Any], policies: PolicySet, nodes: NodeSummary | None = None) -> Response:
     """Patches new Pods only; never denies, since invalid objects are ``/validate``'s to refuse."""
     obj = request.get("object")
     if request.get("operation") != "CREATE" or not isinstance(obj, Mapping):
@@ -85,6 +96,6 @@ def mutate(request: Mapping[str, Any], policies: PolicySet) -> Response:
     return review.patched(ops) if ops else review.allowed()
 
 
-def allow_all(request: Mapping[str, Any], policies: PolicySet) -> Response:
+def allow_all(request: Mapping[str, Any], policies: PolicySet, nodes: NodeSummary | None = None) -> Response:
     """The no-op floor the benchmark measures beside the real handlers."""
     return review.allowed()

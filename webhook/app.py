@@ -16,6 +16,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from webhook import admission, metrics, review
+from webhook.nodes import NodeSummary
 from webhook.podspecs import as_mapping
 from webhook.policy import PolicySet
 
@@ -60,8 +61,10 @@ def create_app(
     readiness: Callable[[], str | None],
     max_body: int = DEFAULT_MAX_BODY,
     handlers: Mapping[str, admission.Handler] = DEFAULT_HANDLERS,
+    nodes: Callable[[], NodeSummary | None] = lambda: None,
 ) -> Flask:
-    """``policies`` gives the policy in force now; ``readiness`` gives None when ready, else why not."""
+    """``policies`` gives the policy in force now, ``nodes`` the node summary (None without cluster
+    checks); ``readiness`` gives None when ready, else why not."""
     app = Flask("gpu_webhook")
     app.config["MAX_CONTENT_LENGTH"] = max_body
 
@@ -73,7 +76,7 @@ def create_app(
             metrics.REQUESTS.labels(endpoint=endpoint, kind="", decision="bad_request").inc()
             return _json({"error": str(exc)}, 400)
         try:
-            answer = handler(parsed.request, policies())
+            answer = handler(parsed.request, policies(), nodes())
         except Exception:
             log.exception("handler failed for uid %s", parsed.uid)
             answer = review.errored("internal error in gpu-webhook while evaluating the object")

@@ -14,6 +14,7 @@ from typing import Any, TextIO
 import yaml
 
 from webhook.admission import decide
+from webhook.nodes import NodeIndex, NodeSummary
 from webhook.podspecs import as_mapping, group_of
 from webhook.policy import PolicySet
 
@@ -45,6 +46,15 @@ def read_objects(path: str) -> list[Mapping[str, Any]]:
     return objects
 
 
+def read_nodes(path: str, node_label: str) -> NodeSummary:
+    """A node summary from saved Node objects, for the cluster-aware checks offline."""
+    index = NodeIndex(node_label)
+    index.replace([o for o in read_objects(path) if o.get("kind") == "Node"])
+    summary = index.summary()
+    assert summary is not None
+    return summary
+
+
 def _identity(obj: Mapping[str, Any]) -> tuple[str, str]:
     metadata = as_mapping(obj.get("metadata"))
     name = metadata.get("name") or metadata.get("generateName") or "(unnamed)"
@@ -53,19 +63,32 @@ def _identity(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def check_objects(
-    objects: list[Mapping[str, Any]], source: str, policies: PolicySet, namespace: str
+    objects: list[Mapping[str, Any]],
+    source: str,
+    policies: PolicySet,
+    namespace: str,
+    nodes: NodeSummary | None = None,
 ) -> Iterator[tuple[bool, str]]:
     """(denied?, line) for every violation, in the ``FILE: Kind/name: path: message`` form."""
     for obj in objects:
         kind = str(obj["kind"])
         name, own_namespace = _identity(obj)
-        answer = decide(obj, group_of(obj.get("apiVersion")), kind, own_namespace or namespace, policies)
+        target = own_namespace or namespace
+        answer = decide(obj, group_of(obj.get("apiVersion")), kind, target, policies, nodes)
+        policy = policies.for_namespace(target)
         for violation in answer.violations:
-            note = "" if not answer.allowed else "warning: "
-            yield (not answer.allowed, f"{source}: {kind}/{name}: {violation.path}: {note}{violation.message}")
+            denied = policy.action(violation.rule) == "deny"
+            note = "" if denied else "warning: "
+            yield (denied, f"{source}: {kind}/{name}: {violation.path}: {note}{violation.message}")
 
 
-def run(paths: list[str], policies: PolicySet, namespace: str = "default", out: TextIO = sys.stdout) -> int:
+def run(
+    paths: list[str],
+    policies: PolicySet,
+    namespace: str = "default",
+    out: TextIO = sys.stdout,
+    nodes: NodeSummary | None = None,
+) -> int:
     status = EXIT_ADMITTED
     for path in paths:
         source = "<stdin>" if path == "-" else path
@@ -75,7 +98,7 @@ def run(paths: list[str], policies: PolicySet, namespace: str = "default", out: 
             print(f"{source}: {exc}", file=sys.stderr)
             status = EXIT_UNREADABLE
             continue
-        for denied, line in check_objects(objects, source, policies, namespace):
+        for denied, line in check_objects(objects, source, policies, namespace, nodes):
             print(line, file=out)
             if denied and status == EXIT_ADMITTED:
                 status = EXIT_DENIED

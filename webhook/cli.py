@@ -36,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
         "--max-body-bytes", type=int, default=7 * 1024 * 1024, help="larger bodies get 413 (default 7 MiB)"
     )
     serve.add_argument(
+        "--kubeconfig", help="kubeconfig for cluster-aware checks (default: the in-cluster service account)"
+    )
+    serve.add_argument(
         "--drain-seconds", type=float, default=3.0, help="after SIGTERM, fail /readyz this long before stopping"
     )
 
@@ -49,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     lint = commands.add_parser("check", help="lint manifests offline with the webhook's rules")
     lint.add_argument("--policy", help="policy YAML file (default: built-in defaults)")
     lint.add_argument("--namespace", default="default", help="namespace for objects that name none (default: default)")
+    lint.add_argument(
+        "--nodes", help="Node objects (kubectl get nodes -o yaml) to run the cluster-aware checks against"
+    )
     lint.add_argument("paths", nargs="+", metavar="PATH", help="YAML or JSON manifest files; - for stdin")
     return parser
 
@@ -95,6 +101,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         workers=args.workers,
         threads=args.threads,
         max_body=args.max_body_bytes,
+        kubeconfig=args.kubeconfig,
         drain_seconds=args.drain_seconds,
     )
     try:
@@ -122,7 +129,14 @@ def _check(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(f"gpu-webhook: {exc}", file=sys.stderr)
         return check.EXIT_UNREADABLE
-    return check.run(args.paths, policies, args.namespace)
+    nodes = None
+    if args.nodes:
+        try:
+            nodes = check.read_nodes(args.nodes, policies.default.node_label)
+        except check.UnreadableInput as exc:
+            print(f"gpu-webhook: {args.nodes}: {exc}", file=sys.stderr)
+            return check.EXIT_UNREADABLE
+    return check.run(args.paths, policies, args.namespace, nodes=nodes)
 
 
 def main(argv: list[str] | None = None) -> int:

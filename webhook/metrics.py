@@ -10,6 +10,7 @@ from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     multiprocess,
@@ -30,6 +31,19 @@ RELOADS = Counter(
     "gpu_webhook_reloads",
     "Reloads of the policy or the certificate after their files changed, by result.",
     ["what", "result"],
+)
+
+# Cluster-aware checks: the node index each worker decides from. "max" over workers: the worst one shows.
+NODE_INDEX_NODES = Gauge("gpu_webhook_node_index_nodes", "Nodes in the index.", multiprocess_mode="livemax")
+NODE_INDEX_AGE = Gauge(
+    "gpu_webhook_node_index_age_seconds",
+    "Seconds since the index last heard from the apiserver.",
+    multiprocess_mode="livemax",
+)
+NODE_INDEX_STALE = Gauge(
+    "gpu_webhook_node_index_stale",
+    "1 while the node watch is down (decisions use the last index).",
+    multiprocess_mode="livemax",
 )
 
 

@@ -28,10 +28,38 @@ DEFAULTS: dict[str, Any] = {
     "limits": {"perContainer": 0, "perPod": 0},
     "tolerations": False,
     "enforcement": "deny",
+    "checks": {
+        "cpuPodOnGpuNodes": "warn",
+        "mixedGpuAndMig": "deny",
+        "initContainerGpus": "warn",
+        "processCountMismatch": "warn",
+        "replicaAcceleratorMismatch": "warn",
+    },
+    "cluster": {
+        "enabled": False,
+        "unknownAccelerator": "deny",
+        "exceedsNodeCapacity": "deny",
+        "unadvertisedResource": "deny",
+    },
     "namespaces": {},
 }
 
+# Settings of the opt-in checks, by the rule id their violations carry. Every other rule follows
+# ``enforcement``; these have a setting of their own, which ``enforcement: warn`` still softens.
+CHECK_SETTINGS = {
+    "cpu-pod-on-gpu-nodes": ("checks", "cpuPodOnGpuNodes"),
+    "mixed-gpu-and-mig": ("checks", "mixedGpuAndMig"),
+    "init-container-gpus": ("checks", "initContainerGpus"),
+    "process-count-mismatch": ("checks", "processCountMismatch"),
+    "replica-accelerator-mismatch": ("checks", "replicaAcceleratorMismatch"),
+    "unknown-accelerator": ("cluster", "unknownAccelerator"),
+    "exceeds-node-capacity": ("cluster", "exceedsNodeCapacity"),
+    "unadvertised-resource": ("cluster", "unadvertisedResource"),
+}
+
 _ENFORCEMENT = {"enum": ["deny", "warn"]}
+# YAML 1.1 reads a bare `off` as false; accept it rather than make every user quote it.
+_SETTING = {"enum": ["deny", "warn", "off", False]}
 _COUNT = {"type": "integer", "minimum": 0}
 _STRINGS = {"type": "array", "items": {"type": "string", "minLength": 1}}
 _LIMITS = {
@@ -60,6 +88,19 @@ SCHEMA: dict[str, Any] = {
         "limits": _LIMITS,
         "tolerations": {"type": "boolean"},
         "enforcement": _ENFORCEMENT,
+        "checks": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {key: _SETTING for key in DEFAULTS["checks"]},
+        },
+        "cluster": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "enabled": {"type": "boolean"},
+                **{key: _SETTING for key in DEFAULTS["cluster"] if key != "enabled"},
+            },
+        },
         "namespaces": {
             "type": "object",
             "additionalProperties": {
@@ -79,6 +120,9 @@ SCHEMA: dict[str, Any] = {
         },
     },
 }
+
+
+CLUSTER_RULES = frozenset(rule for rule, (section, _) in CHECK_SETTINGS.items() if section == "cluster")
 
 
 class PolicyError(ValueError):
@@ -103,6 +147,9 @@ class Policy:
     per_pod: int
     tolerations: bool
     enforcement: str
+    # rule id -> deny | warn | off, for the rules in CHECK_SETTINGS
+    settings: Mapping[str, str] = field(default_factory=dict)
+    cluster_enabled: bool = False
     _gpu_names: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
 
     def is_gpu(self, resource_name: str) -> bool:
@@ -116,6 +163,16 @@ class Policy:
 
     def accelerator_allowed(self, value: str) -> bool:
         return not self.allowed or value in self.allowed
+
+    def action(self, rule: str) -> str:
+        """deny, warn or off for a violation of ``rule`` in this namespace."""
+        setting = self.settings.get(rule, "deny")
+        if setting == "off" or (rule in CLUSTER_RULES and not self.cluster_enabled):
+            return "off"
+        return "warn" if self.enforcement == "warn" else setting
+
+    def checks(self, rule: str) -> bool:
+        return self.action(rule) != "off"
 
 
 @dataclass(frozen=True)
@@ -166,6 +223,8 @@ def _policy(document: Mapping[str, Any]) -> Policy:
         per_pod=document["limits"]["perPod"],
         tolerations=document["tolerations"],
         enforcement=document["enforcement"],
+        settings={rule: document[section][key] or "off" for rule, (section, key) in CHECK_SETTINGS.items()},
+        cluster_enabled=document["cluster"]["enabled"],
     )
 
 

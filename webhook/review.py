@@ -56,8 +56,10 @@ def allowed(warnings: tuple[str, ...] | list[str] = (), violations: tuple[Violat
     return Response(allowed=True, warnings=tuple(warnings), violations=violations)
 
 
-def denied(message: str, violations: tuple[Violation, ...] = (), code: int = 403) -> Response:
-    return Response(allowed=False, code=code, message=message, violations=violations)
+def denied(
+    message: str, warnings: tuple[str, ...] | list[str] = (), violations: tuple[Violation, ...] = (), code: int = 403
+) -> Response:
+    return Response(allowed=False, code=code, message=message, warnings=tuple(warnings), violations=violations)
 
 
 def patched(ops: Sequence[Mapping[str, Any]], warnings: tuple[str, ...] | list[str] = ()) -> Response:

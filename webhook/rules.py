@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook import quantity
+from webhook.crossfield import (
+    check_cpu_pod_on_gpu_nodes,
+    check_init_container_gpus,
+    check_mixed_gpu_and_mig,
+    check_process_count,
+    check_replica_accelerators,
+)
 from webhook.field import FieldPath, Violation
+from webhook.nodes import NodeSummary, check_cluster
 from webhook.podspecs import PodSpecRef, find_pod_specs
 from webhook.policy import Policy
 from webhook.quantity import quoted
@@ -163,6 +171,9 @@ def check_containers(spec: Mapping[str, Any], path: FieldPath, policy: Policy, g
                 continue
             c = ContainerGPUs(sidecar=container.get("restartPolicy") == "Always")
             out.extend(check_container(container, where, policy, c))
+            out.extend(check_mixed_gpu_and_mig(container, where, set(c.counts), policy))
+            if list_name == "initContainers":
+                out.extend(check_init_container_gpus(where, c.counts, c.sidecar, policy))
             bucket.append(c)
     for i, c in enumerate(gpus.ephemeral):
         if c.counts:
@@ -219,9 +230,8 @@ def accelerator_of(ref: PodSpecRef, policy: Policy, out: list[Violation]) -> tup
     return annotated, selected
 
 
-def check_accelerator(ref: PodSpecRef, policy: Policy) -> list[Violation]:
+def check_accelerator(ref: PodSpecRef, policy: Policy, annotated: str | None, selected: str | None) -> list[Violation]:
     out: list[Violation] = []
-    annotated, selected = accelerator_of(ref, policy, out)
     annotation_path = ref.metadata_path.child("annotations").key(policy.annotation)
     selector_path = ref.path.child("nodeSelector").key(policy.node_label)
     for where, value in ((annotation_path, annotated), (selector_path, selected)):
@@ -245,19 +255,38 @@ def check_accelerator(ref: PodSpecRef, policy: Policy) -> list[Violation]:
     return out
 
 
-def check_pod_spec(ref: PodSpecRef, policy: Policy) -> list[Violation]:
+def check_pod_spec(
+    ref: PodSpecRef, policy: Policy, nodes: NodeSummary | None = None
+) -> tuple[list[Violation], str | None]:
+    """Violations of one pod spec, and the accelerator it names explicitly if it uses GPUs."""
     gpus = PodGPUs()
     out = check_containers(ref.spec, ref.path, policy, gpus)
     out.extend(check_pod_level_resources(ref.spec, ref.path, policy))
-    if gpus.uses_gpus:
-        out.extend(check_pod_limit(gpus.totals(), ref.path, policy))
-        out.extend(check_accelerator(ref, policy))
-    return out
+    if not gpus.uses_gpus:
+        out.extend(check_cpu_pod_on_gpu_nodes(ref, policy))
+        return out, None
+    totals = gpus.totals()
+    out.extend(check_pod_limit(totals, ref.path, policy))
+    annotated, selected = accelerator_of(ref, policy, out)
+    out.extend(check_accelerator(ref, policy, annotated, selected))
+    explicit = annotated or selected
+    if nodes is not None and policy.cluster_enabled:
+        # The default is what mutation will inject, so the pod is judged as it will be scheduled.
+        out.extend(check_cluster(ref.path, explicit or policy.default or None, totals, nodes, policy))
+    return out, explicit
 
 
-def violations(obj: Mapping[str, Any], group: str, kind: str, policy: Policy) -> list[Violation]:
-    """Every GPU violation in every pod spec of ``obj``."""
+def violations(
+    obj: Mapping[str, Any], group: str, kind: str, policy: Policy, nodes: NodeSummary | None = None
+) -> list[Violation]:
+    """Every GPU violation in every pod spec of ``obj``, and across its replicas."""
     out: list[Violation] = []
+    named: list[tuple[PodSpecRef, str]] = []
     for ref in find_pod_specs(obj, group, kind):
-        out.extend(check_pod_spec(ref, policy))
+        found, accelerator = check_pod_spec(ref, policy, nodes)
+        out.extend(found)
+        if accelerator is not None:
+            named.append((ref, accelerator))
+    out.extend(check_replica_accelerators(named, group, kind, policy))
+    out.extend(check_process_count(obj, group, kind, policy))
     return out

@@ -21,6 +21,8 @@ from gunicorn.workers.gthread import ThreadWorker
 from webhook import metrics
 from webhook.admission import Handler
 from webhook.app import DEFAULT_HANDLERS, DEFAULT_MAX_BODY, create_app
+from webhook.nodes import NodeIndex, NodeSummary
+from webhook.nodewatch import NodeWatcher
 from webhook.policy import load_policy
 from webhook.tls import server_context
 from webhook.watch import Reloader
@@ -42,6 +44,8 @@ class ServeConfig:
     # After SIGTERM, /readyz fails for this long while requests are still served, so endpoints drain.
     drain_seconds: float = 3.0
     reload_interval: float = 1.0
+    # For cluster-aware checks (policy cluster.enabled): None means the in-cluster service account.
+    kubeconfig: str | None = None
 
 
 class _WorkerState:
@@ -66,12 +70,26 @@ class _WorkerState:
             config.reload_interval,
         )
 
+        # Cluster checks are switched on at start; a reload that toggles cluster.enabled takes a restart.
+        initial = self.policy.value.default
+        self.nodes = NodeIndex(initial.node_label) if initial.cluster_enabled else None
+        self.watcher = NodeWatcher(self.nodes, config.kubeconfig) if self.nodes is not None else None
+
     def start(self) -> None:
         self.policy.start()
         self.tls.start()
+        if self.watcher is not None:
+            self.watcher.start()
+
+    def node_summary(self) -> NodeSummary | None:
+        return self.nodes.summary() if self.nodes is not None else None
 
     def readiness(self) -> str | None:
-        return "draining after SIGTERM" if self.draining else None
+        if self.draining:
+            return "draining after SIGTERM"
+        if self.nodes is not None and not self.nodes.loaded:
+            return "waiting for the first list of nodes"
+        return None
 
 
 _state: _WorkerState | None = None
@@ -148,7 +166,9 @@ class _Application(BaseApplication):
         _state = _WorkerState(self.config)
         _state.start()
         state = _state
-        return create_app(lambda: state.policy.value, state.readiness, self.config.max_body, self.handlers)
+        return create_app(
+            lambda: state.policy.value, state.readiness, self.config.max_body, self.handlers, state.node_summary
+        )
 
 
 def serve(config: ServeConfig, handlers: Mapping[str, Handler] = DEFAULT_HANDLERS) -> None:
