@@ -121,3 +121,17 @@ def test_check_exits_2_on_an_invalid_policy(tmp_path):
 def test_serve_needs_certificates_or_self_signed():
     result = gpu_webhook("serve")
     assert result.returncode == 2 and "--self-signed" in result.stderr
+
+
+def test_check_runs_the_cluster_checks_against_saved_nodes(tmp_path):
+    nodes = {"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"accelerator": "nvidia-l4"}},
+         "status": {"allocatable": {GPU: "4"}}}]}
+    policy = tmp_path / "p.yaml"
+    policy.write_text("cluster: {enabled: true}\n")
+    wants_a100 = pod(container(limits={GPU: 1}), name="a100", nodeSelector={"accelerator": "nvidia-a100"})
+    result = gpu_webhook("check", "--policy", str(policy), "--nodes", write_manifests(tmp_path / "n.yaml", nodes),
+                         write_manifests(tmp_path / "p.yaml.pods", wants_a100))
+    assert result.returncode == 1
+    assert "no node has accelerator=nvidia-a100, so the pod would stay Pending (nodes by accelerator: nvidia-l4: 1)" \
+        in result.stdout

@@ -801,3 +801,14 @@ def test_notes_warn_about_test_settings_and_avoid_excluded_namespaces(helm: Helm
     assert "webhook.url is set" in text and "failurePolicy is Ignore" in text
     assert "kubectl create namespace gpu-webhook-test" in text
     assert "kubectl -n gpu-webhook-test run gpu-test" in text
+
+
+def test_cluster_checks_bring_read_only_node_access_and_nothing_else(helm: Helm) -> None:
+    assert not {"ClusterRole", "ClusterRoleBinding"} & {d["kind"] for d in helm.template()}
+    docs = helm.template(*values_args({"policy": {"cluster": {"enabled": True}}}))
+    role = one(docs, "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    account = one(docs, "ServiceAccount")["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]

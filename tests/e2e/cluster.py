@@ -155,6 +155,10 @@ current-context: e2e
         context = ssl.create_default_context(cafile=str(self.ca_file))
         _wait(f"{self.url}/readyz", apiserver, context, ADMIN_TOKEN, timeout=180)
 
+    def restart_apiserver(self) -> None:
+        """Start the apiserver again on the same port and etcd (for tests that stop it)."""
+        self._start_apiserver()
+
     def start_scheduler(self) -> Process:
         scheduler = _start("kube-scheduler", [
             self.binary("kube-scheduler"), f"--kubeconfig={self.kubeconfig}",
