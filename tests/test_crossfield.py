@@ -25,8 +25,10 @@ def with_accelerator(p, value):
 
 
 def torch(nproc=None, elastic=None, worker_gpus=4, master=None, worker=None):
-    job = pytorch_job(master or pod(container("pytorch", limits={GPU: worker_gpus})),
-                      worker or pod(container("pytorch", limits={GPU: worker_gpus})))
+    job = pytorch_job(
+        master or pod(container("pytorch", limits={GPU: worker_gpus})),
+        worker or pod(container("pytorch", limits={GPU: worker_gpus})),
+    )
     if nproc is not None:
         job["spec"]["nprocPerNode"] = nproc
     if elastic is not None:
@@ -41,36 +43,72 @@ def ray(num_gpus, limit):
 
 
 CASES = [
-    ("a CPU pod tolerating the GPU taint", pod(container(), tolerations=[{"key": GPU, "operator": "Exists"}]),
-     {("spec.tolerations[0]", "cpu-pod-on-gpu-nodes")}),
-    ("a CPU pod selecting an accelerator", with_accelerator(pod(container()), "nvidia-l4"),
-     {("spec.nodeSelector[accelerator]", "cpu-pod-on-gpu-nodes")}),
-    ("a GPU pod with the same toleration is fine",
-     pod(container(limits={GPU: 1}), tolerations=[{"key": GPU, "operator": "Exists"}]), set()),
-    ("whole GPUs and MIG slices in one container", pod(container(limits={GPU: 1, "nvidia.com/mig-1g.5gb": 1})),
-     {("spec.containers[0].resources", "mixed-gpu-and-mig")}),
-    ("whole GPUs and MIG slices in different containers are fine",
-     pod(container(limits={GPU: 1}), container("b", limits={"nvidia.com/mig-1g.5gb": 1})), set()),
-    ("GPUs in a plain init container", pod(container(), initContainers=[container("dl", limits={GPU: 1})]),
-     {("spec.initContainers[0].resources", "init-container-gpus")}),
-    ("GPUs in a sidecar init container are fine",
-     pod(container(), initContainers=[container("s", limits={GPU: 1}, restartPolicy="Always")]), set()),
-    ("PyTorchJob nprocPerNode differs from the worker's GPUs", torch(nproc="2"),
-     {("spec.nprocPerNode", "process-count-mismatch")}),
-    ("PyTorchJob elasticPolicy.nProcPerNode differs", torch(elastic=8),
-     {("spec.elasticPolicy.nProcPerNode", "process-count-mismatch")}),
+    (
+        "a CPU pod tolerating the GPU taint",
+        pod(container(), tolerations=[{"key": GPU, "operator": "Exists"}]),
+        {("spec.tolerations[0]", "cpu-pod-on-gpu-nodes")},
+    ),
+    (
+        "a CPU pod selecting an accelerator",
+        with_accelerator(pod(container()), "nvidia-l4"),
+        {("spec.nodeSelector[accelerator]", "cpu-pod-on-gpu-nodes")},
+    ),
+    (
+        "a GPU pod with the same toleration is fine",
+        pod(container(limits={GPU: 1}), tolerations=[{"key": GPU, "operator": "Exists"}]),
+        set(),
+    ),
+    (
+        "whole GPUs and MIG slices in one container",
+        pod(container(limits={GPU: 1, "nvidia.com/mig-1g.5gb": 1})),
+        {("spec.containers[0].resources", "mixed-gpu-and-mig")},
+    ),
+    (
+        "whole GPUs and MIG slices in different containers are fine",
+        pod(container(limits={GPU: 1}), container("b", limits={"nvidia.com/mig-1g.5gb": 1})),
+        set(),
+    ),
+    (
+        "GPUs in a plain init container",
+        pod(container(), initContainers=[container("dl", limits={GPU: 1})]),
+        {("spec.initContainers[0].resources", "init-container-gpus")},
+    ),
+    (
+        "GPUs in a sidecar init container are fine",
+        pod(container(), initContainers=[container("s", limits={GPU: 1}, restartPolicy="Always")]),
+        set(),
+    ),
+    (
+        "PyTorchJob nprocPerNode differs from the worker's GPUs",
+        torch(nproc="2"),
+        {("spec.nprocPerNode", "process-count-mismatch")},
+    ),
+    (
+        "PyTorchJob elasticPolicy.nProcPerNode differs",
+        torch(elastic=8),
+        {("spec.elasticPolicy.nProcPerNode", "process-count-mismatch")},
+    ),
     ("PyTorchJob nprocPerNode equal to the GPUs", torch(nproc="4"), set()),
     ("PyTorchJob nprocPerNode auto is not a number to compare", torch(nproc="auto"), set()),
-    ("RayCluster num-gpus differs from the worker's limit", ray("2", 1),
-     {("spec.workerGroupSpecs[0].rayStartParams[num-gpus]", "process-count-mismatch")}),
+    (
+        "RayCluster num-gpus differs from the worker's limit",
+        ray("2", 1),
+        {("spec.workerGroupSpecs[0].rayStartParams[num-gpus]", "process-count-mismatch")},
+    ),
     ("RayCluster num-gpus equal to the limit", ray("1", 1), set()),
-    ("PyTorchJob replicas on different accelerators",
-     torch(master=with_accelerator(pod(container("pytorch", limits={GPU: 4})), "nvidia-l4"),
-           worker=with_accelerator(pod(container("pytorch", limits={GPU: 4})), "nvidia-a100")),
-     {("spec.pytorchReplicaSpecs.Worker.template.spec.nodeSelector[accelerator]", "replica-accelerator-mismatch")}),
-    ("RayCluster worker groups on different accelerators",
-     ray_cluster(pod(container("head")), [with_accelerator(seed_pod(), "a"), with_accelerator(seed_pod(), "b")]),
-     {("spec.workerGroupSpecs[1].template.spec.nodeSelector[accelerator]", "replica-accelerator-mismatch")}),
+    (
+        "PyTorchJob replicas on different accelerators",
+        torch(
+            master=with_accelerator(pod(container("pytorch", limits={GPU: 4})), "nvidia-l4"),
+            worker=with_accelerator(pod(container("pytorch", limits={GPU: 4})), "nvidia-a100"),
+        ),
+        {("spec.pytorchReplicaSpecs.Worker.template.spec.nodeSelector[accelerator]", "replica-accelerator-mismatch")},
+    ),
+    (
+        "RayCluster worker groups on different accelerators",
+        ray_cluster(pod(container("head")), [with_accelerator(seed_pod(), "a"), with_accelerator(seed_pod(), "b")]),
+        {("spec.workerGroupSpecs[1].template.spec.nodeSelector[accelerator]", "replica-accelerator-mismatch")},
+    ),
 ]
 
 
@@ -80,18 +118,24 @@ def test_cross_field_checks(obj, expected):
 
 
 def test_defaults_deny_mixing_and_warn_on_the_rest():
-    mixed = pod(container(limits={GPU: 1, "nvidia.com/mig-1g.5gb": 1}), initContainers=[container("i", limits={GPU: 1})])
+    mixed = pod(
+        container(limits={GPU: 1, "nvidia.com/mig-1g.5gb": 1}), initContainers=[container("i", limits={GPU: 1})]
+    )
     answer = decide(mixed, "", "Pod", "default", DEFAULT)
     assert not answer.allowed and "mixes nvidia.com/gpu with MIG slices (nvidia.com/mig-1g.5gb)" in answer.message
     assert "init container" not in answer.message
-    assert answer.warnings == ("spec.initContainers[0].resources: an init container asks for GPUs "
-                               "(1 nvidia.com/gpu); they stay reserved for the pod's lifetime",)
+    assert answer.warnings == (
+        "spec.initContainers[0].resources: an init container asks for GPUs "
+        "(1 nvidia.com/gpu); they stay reserved for the pod's lifetime",
+    )
 
 
 @pytest.mark.parametrize("setting", ["off", "'off'", "false"])
 def test_each_check_can_be_switched_off(setting):
     policy = parse_policy(f"checks: {{mixedGpuAndMig: {setting}, initContainerGpus: {setting}}}")
-    mixed = pod(container(limits={GPU: 1, "nvidia.com/mig-1g.5gb": 1}), initContainers=[container("i", limits={GPU: 1})])
+    mixed = pod(
+        container(limits={GPU: 1, "nvidia.com/mig-1g.5gb": 1}), initContainers=[container("i", limits={GPU: 1})]
+    )
     assert found(mixed, policy) == set()
     assert decide(mixed, "", "Pod", "default", policy).allowed
 

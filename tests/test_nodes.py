@@ -6,7 +6,7 @@ import pytest
 
 from tests.manifests import container, pod, seed_pod
 from webhook.admission import decide
-from webhook.nodes import NodeIndex, summarize, node_info
+from webhook.nodes import NodeIndex, node_info, summarize
 from webhook.policy import parse_policy
 
 GPU = "nvidia.com/gpu"
@@ -17,8 +17,12 @@ def node(name, accelerator=None, **allocatable):
     labels = {"kubernetes.io/hostname": name}
     if accelerator:
         labels["accelerator"] = accelerator
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
-            "status": {"allocatable": {"cpu": "8", **{k.replace("_", "/"): str(v) for k, v in allocatable.items()}}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": {"allocatable": {"cpu": "8", **{k.replace("_", "/"): str(v) for k, v in allocatable.items()}}},
+    }
 
 
 NODES = [
@@ -77,8 +81,10 @@ def test_the_default_accelerator_the_mutation_would_inject_is_checked():
 def test_without_any_accelerator_all_nodes_count():
     policy = parse_policy("cluster: {enabled: true}")
     assert decision(pod(container(limits={GPU: 8})), policy=policy).allowed
-    assert "on one node; all nodes, largest allocatable nvidia.com/gpu: 8" in decision(
-        pod(container(limits={GPU: 9})), policy=policy).message
+    assert (
+        "on one node; all nodes, largest allocatable nvidia.com/gpu: 8"
+        in decision(pod(container(limits={GPU: 9})), policy=policy).message
+    )
 
 
 def test_a_resource_no_node_advertises_is_refused():
@@ -93,8 +99,11 @@ def test_the_seed_pod_fits():
 @pytest.mark.parametrize("rule", ["unknownAccelerator", "exceedsNodeCapacity", "unadvertisedResource"])
 def test_each_cluster_rule_has_its_own_setting(rule):
     policy = parse_policy(f"cluster: {{enabled: true, {rule}: warn}}")
-    obj = {"unknownAccelerator": selecting("nvidia-a100"), "exceedsNodeCapacity": selecting("nvidia-l4", 6),
-           "unadvertisedResource": selecting("nvidia-l4", resource="amd.com/gpu")}[rule]
+    obj = {
+        "unknownAccelerator": selecting("nvidia-a100"),
+        "exceedsNodeCapacity": selecting("nvidia-l4", 6),
+        "unadvertisedResource": selecting("nvidia-l4", resource="amd.com/gpu"),
+    }[rule]
     answer = decision(obj, policy=policy)
     assert answer.allowed and len(answer.warnings) == 1
 
@@ -132,7 +141,9 @@ def test_before_the_first_list_there_is_no_summary():
 
 
 def test_odd_allocatable_values_are_ignored():
-    info = node_info({"metadata": {"labels": {"accelerator": "x"}},
-                      "status": {"allocatable": {GPU: "lots", "amd.com/gpu": "2"}}}, "accelerator")
+    info = node_info(
+        {"metadata": {"labels": {"accelerator": "x"}}, "status": {"allocatable": {GPU: "lots", "amd.com/gpu": "2"}}},
+        "accelerator",
+    )
     assert info.extended == (("amd.com/gpu", 2),)
     assert summarize([info], "accelerator").by_accelerator["x"].largest == {"amd.com/gpu": 2}
