@@ -52,7 +52,10 @@ def test_a_pod_asking_for_model_b_lands_on_a_b_node(cluster, gpu_webhook):
         want_b = pod(container(limits={GPU: 1}), name=name, annotations={"gpu-webhook/accelerator": MODELS["b"]})
         cluster.kubectl("create", "-f", "-", stdin=json.dumps(want_b), check=True)
         placed[name] = node_of(cluster, name)
-    assert all(node.startswith("node-b") for node in placed.values()), placed
+    models = {n: cluster.kubectl("get", "node", n, "-o", "jsonpath={.metadata.labels.accelerator}").stdout
+              for n in set(placed.values())}
+    assert set(models.values()) == {MODELS["b"]}, (placed, models)
+    assert not any(node.startswith("node-a") for node in placed.values())
     # The injected selector did it: the stored pod carries it.
     selector = cluster.kubectl("get", "pod", "wants-b-0", "-o", "jsonpath={.spec.nodeSelector}").stdout
     assert json.loads(selector) == {"accelerator": MODELS["b"]}
