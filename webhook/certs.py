@@ -41,6 +41,25 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
+def _key_usage(**enabled: bool) -> x509.KeyUsage:
+    """A KeyUsage with only the named uses set (cryptography wants all nine spelled out)."""
+    uses = dict.fromkeys(
+        [
+            "digital_signature",
+            "content_commitment",
+            "key_encipherment",
+            "data_encipherment",
+            "key_agreement",
+            "key_cert_sign",
+            "crl_sign",
+            "encipher_only",
+            "decipher_only",
+        ],
+        False,
+    )
+    return x509.KeyUsage(**{**uses, **enabled})
+
+
 def generate(hosts: list[str], days: int = 365, ca_name: str = "gpu-webhook-ca") -> Bundle:
     """A fresh CA and a serving certificate it signs for ``hosts`` (DNS names or IP addresses)."""
     if not hosts:
@@ -60,17 +79,7 @@ def generate(hosts: list[str], days: int = 365, ca_name: str = "gpu-webhook-ca")
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(digital_signature=True, key_cert_sign=True, crl_sign=True),
             critical=True,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
@@ -89,17 +98,7 @@ def generate(hosts: list[str], days: int = 365, ca_name: str = "gpu-webhook-ca")
         .add_extension(x509.SubjectAlternativeName([_san(h) for h in dict.fromkeys(hosts)]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_encipherment=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                content_commitment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(digital_signature=True),
             critical=True,
         )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
