@@ -253,3 +253,22 @@ def test_a_namespace_may_relax_enforcement_to_warn():
     bad = pod(container(requests={GPU: 1}))
     assert not decide(bad, "", "Pod", "prod", policy).allowed
     assert decide(bad, "", "Pod", "research", policy).allowed
+
+
+def test_an_update_is_judged_on_what_it_changes():
+    from tests.manifests import admission_request
+    from webhook.admission import validate
+
+    capped = parse_policy("limits: {perContainer: 1}")
+    old = pod(container(limits={GPU: 2}))  # admitted before the cap existed
+    relabelled = pod(container(limits={GPU: 2}))
+    relabelled["metadata"]["labels"] = {"team": "a"}
+    request = admission_request(relabelled, operation="UPDATE")
+    request["oldObject"] = old
+    assert validate(request, capped).allowed
+    grown = pod(container(limits={GPU: 2}), container("b", limits={GPU: 3}))
+    request = admission_request(grown, operation="UPDATE")
+    request["oldObject"] = old
+    answer = validate(request, capped)
+    assert not answer.allowed
+    assert [str(v.path) for v in answer.violations] == [f"spec.containers[1].resources.limits[{GPU}]"]

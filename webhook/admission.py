@@ -62,10 +62,19 @@ def decide(
     namespace: str,
     policies: PolicySet,
     nodes: NodeSummary | None = None,
+    old: Mapping[str, Any] | None = None,
 ) -> Response:
-    """The validation decision for one object, shared by ``/validate`` and ``gpu-webhook check``."""
+    """The validation decision for one object, shared by ``/validate`` and ``gpu-webhook check``.
+
+    ``old`` is the object before an UPDATE; violations it already had are not held against the update.
+    """
     policy = policies.for_namespace(namespace)
     found = [v for v in violations(obj, group, kind, policy, nodes) if policy.action(v.rule) != "off"]
+    if old is not None:
+        # An update is judged on what it changes: a pod admitted under an older policy must still
+        # accept a label or a finalizer, or controllers stall on objects they did not write.
+        before = {(v.path, v.rule) for v in violations(old, group, kind, policy, nodes)}
+        found = [v for v in found if (v.path, v.rule) not in before]
     if not found:
         return review.allowed()
     denials = [v for v in found if policy.action(v.rule) == "deny"]
@@ -82,7 +91,10 @@ def validate(request: Mapping[str, Any], policies: PolicySet, nodes: NodeSummary
     if not isinstance(obj, Mapping):
         return review.denied("request.object must be an object on CREATE and UPDATE")
     group, kind = _kind(request, obj)
-    return decide(obj, group, kind, _namespace(request, obj), policies, nodes)
+    old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
+    return decide(
+        obj, group, kind, _namespace(request, obj), policies, nodes, old if isinstance(old, Mapping) else None
+    )
 
 
 def mutate(request: Mapping[str, Any], policies: PolicySet, nodes: NodeSummary | None = None) -> Response:
