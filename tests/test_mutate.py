@@ -147,3 +147,15 @@ def test_the_mutate_handler_returns_a_base64_json_patch_only_for_new_pods():
 def test_mutate_never_denies_an_invalid_pod():
     answer = admission.mutate(admission_request(pod(container(limits={GPU: "two"}))), DEFAULT)
     assert answer.allowed
+
+
+def test_the_patch_adds_only_what_is_absent_with_escaped_paths():
+    obj = pod(container(limits={GPU: 2, "cpu": "1"}, requests={"cpu": "500m"}), nodeSelector={"zone": "a"},
+              tolerations=[{"key": "x", "operator": "Exists"}])
+    ops = pod_patch(obj, parse_policy("accelerator: {default: nvidia-l4}\ntolerations: true").for_namespace(""))
+    assert ops == [
+        {"op": "add", "path": "/spec/containers/0/resources/requests/nvidia.com~1gpu", "value": 2},
+        {"op": "add", "path": "/spec/nodeSelector/accelerator", "value": "nvidia-l4"},
+        {"op": "add", "path": "/spec/tolerations/1",
+         "value": {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}},
+    ]
