@@ -8,6 +8,7 @@ loads files.
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 import threading
@@ -166,9 +167,14 @@ class _Application(BaseApplication):
         _state = _WorkerState(self.config)
         _state.start()
         state = _state
-        return create_app(
+        app = create_app(
             lambda: state.policy.value, state.readiness, self.config.max_body, self.handlers, state.node_summary
         )
+        # Modules, the app and the policy live as long as the worker: take them out of the collector's
+        # reach, so a full collection walks only what requests left behind. Without this, every few
+        # thousand requests one walks all ~40k objects and stops the worker for 30-60 ms.
+        gc.freeze()
+        return app
 
 
 def serve(config: ServeConfig, handlers: Mapping[str, Handler] = DEFAULT_HANDLERS) -> None:
