@@ -248,3 +248,20 @@ def test_sigterm_fails_readiness_first_then_exits(tmp_path):
         assert server.proc.wait(timeout=20) == 0
     finally:
         server.stop()
+
+
+def test_idle_handshaken_connections_do_not_hold_the_worker_threads(webhook):
+    # Go's transport (the apiserver's) parks freshly dialled connections idle when a request found
+    # another connection first; more of them than the worker has threads must not stall it.
+    import socket
+
+    context = client_context(webhook.ca)
+    idle = [context.wrap_socket(socket.create_connection(("127.0.0.1", webhook.port)), server_hostname="127.0.0.1")
+            for _ in range(12)]  # handshakes complete here; no request follows
+    try:
+        started = time.monotonic()
+        assert webhook.post("/validate", admission_review(seed_pod())).status == 200
+        assert time.monotonic() - started < 2
+    finally:
+        for tls in idle:
+            tls.close()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
-from gunicorn.workers.gthread import ThreadWorker
+from gunicorn.workers.gthread import _DEFER, DEFAULT_WORKER_DATA_TIMEOUT, ThreadWorker
 
 from webhook import metrics
 from webhook.admission import Handler
@@ -102,7 +102,28 @@ def _ssl_context(conf: Any, default_factory: Any) -> Any:
 
 
 class DrainingWorker(ThreadWorker):
-    """On SIGTERM: fail readiness first, keep serving for ``drain_seconds``, then stop gracefully."""
+    """On SIGTERM: fail readiness first, keep serving for ``drain_seconds``, then stop gracefully.
+
+    A new TLS connection gets its handshake on a worker thread, then goes back to the poller unless
+    its first request is already there. gunicorn would block the thread until that request; Go
+    clients, the apiserver among them, keep freshly handshaken connections idle in their pool, and
+    ``threads`` such connections stall the whole worker (bench/README.md, "idle TLS connections").
+    """
+
+    def handle(self, conn: Any) -> Any:
+        if self.cfg.is_ssl and not conn.initialized:
+            if not conn.data_ready and not conn.wait_for_data(DEFAULT_WORKER_DATA_TIMEOUT):
+                return _DEFER
+            try:
+                conn.sock.setblocking(True)
+                conn.init()  # the TLS handshake
+            except (OSError, ValueError) as exc:
+                self.log.debug("TLS handshake failed: %s", exc)
+                return False
+            conn.data_ready = False
+            if not conn.sock.pending() and not conn.wait_for_data(0.01):
+                return _DEFER  # the poller gives it back to a thread when the request arrives
+        return super().handle(conn)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         state = _state
