@@ -17,7 +17,7 @@ from werkzeug.exceptions import HTTPException
 
 from webhook import admission, metrics, review
 from webhook.nodes import NodeSummary
-from webhook.podspecs import as_mapping
+from webhook.podspecs import as_mapping, is_builtin
 from webhook.policy import PolicySet
 
 DEFAULT_MAX_BODY = 7 * 1024 * 1024  # controller-runtime's cap: a 3 MiB object plus oldObject, with room
@@ -82,7 +82,10 @@ def create_app(
             answer = review.errored("internal error in gpu-webhook while evaluating the object")
         body = review.encode(parsed, answer)
         ms = (time.perf_counter() - started) * 1000
-        kind_name = str(as_mapping(parsed.request.get("kind")).get("kind", ""))
+        kind = as_mapping(parsed.request.get("kind"))
+        kind_name = str(kind.get("kind", ""))
+        if not is_builtin(str(kind.get("group") or ""), kind_name):
+            kind_name = "custom"  # any client can name any kind: one label keeps the series bounded
         metrics.REQUESTS.labels(endpoint=endpoint, kind=kind_name, decision=answer.decision).inc()
         metrics.LATENCY.labels(endpoint=endpoint).observe(ms / 1000)
         _log_decision(endpoint, parsed.request, answer, ms)

@@ -15,6 +15,7 @@ from typing import Any
 import jsonpatch
 from jsonpointer import JsonPointer
 
+from webhook import quantity
 from webhook.policy import Policy
 from webhook.rules import CONTAINER_LISTS, gpu_entries
 
@@ -24,6 +25,14 @@ Operation = dict[str, Any]
 def _add(value: Any, *tokens: str | int) -> Operation:
     # jsonpointer escapes the tokens (``nvidia.com/gpu`` -> ``nvidia.com~1gpu``), as RFC 6901 says.
     return {"op": "add", "path": JsonPointer.from_parts(tokens).path, "value": value}
+
+
+def _whole(value: object) -> bool:
+    try:
+        quantity.gpu_count(value)
+    except quantity.QuantityError:
+        return False
+    return True
 
 
 def default_requests(spec: Mapping[str, Any], policy: Policy) -> tuple[list[Operation], set[str]]:
@@ -46,7 +55,8 @@ def default_requests(spec: Mapping[str, Any], policy: Policy) -> tuple[list[Oper
                 continue
             used.update(limits)
             used.update(gpu_entries(requests or {}, policy))
-            missing = {name: value for name, value in limits.items() if name not in (requests or {})}
+            # Only whole counts are copied: an invalid limit is /validate's to report, once.
+            missing = {name: value for name, value in limits.items() if name not in (requests or {}) and _whole(value)}
             if not missing:
                 continue
             where = ("spec", list_name, i, "resources", "requests")

@@ -76,6 +76,8 @@ def decode(body: bytes) -> Review:
         document = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         raise BadReview("body is not JSON") from None
+    except RecursionError:  # a nesting bomb: no AdmissionReview is nested this deep
+        raise BadReview("body is nested too deeply") from None
     if not isinstance(document, dict):
         raise BadReview("body is not a JSON object")
     api_version, kind = document.get("apiVersion"), document.get("kind")

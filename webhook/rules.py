@@ -33,6 +33,7 @@ class ContainerGPUs:
     """What one container asks for, as the scheduler will count it (requests, defaulted from limits)."""
 
     counts: dict[str, int] = field(default_factory=dict)
+    named: set[str] = field(default_factory=set)  # every GPU resource named, valid or not
     sidecar: bool = False
 
 
@@ -65,6 +66,7 @@ def check_container(
     resources = _mapping_at(container, "resources", path, out)
     limits = gpu_entries(_mapping_at(resources, "limits", resources_path, out), policy)
     requests = gpu_entries(_mapping_at(resources, "requests", resources_path, out), policy)
+    gpus.named.update(limits, requests)
     limit_counts: dict[str, int] = {}
     for name, raw in limits.items():
         where = resources_path.child("limits").key(name)
@@ -146,7 +148,8 @@ class PodGPUs:
 
     @property
     def uses_gpus(self) -> bool:
-        return any(c.counts for c in (*self.app, *self.init, *self.ephemeral))
+        # Naming a GPU resource is enough, even with a bad value: such a pod is no CPU pod.
+        return any(c.named for c in (*self.app, *self.init, *self.ephemeral))
 
     def totals(self) -> dict[str, int]:
         return pod_gpu_totals(self.app, self.init)
@@ -217,7 +220,7 @@ def accelerator_of(ref: PodSpecRef, policy: Policy, out: list[Violation]) -> tup
     """(annotation value, nodeSelector value) of the pod's accelerator; odd shapes are reported."""
     annotations = _mapping_at(ref.metadata, "annotations", ref.metadata_path, out)
     node_selector = _mapping_at(ref.spec, "nodeSelector", ref.path, out)
-    annotated = annotations.get(policy.annotation)
+    annotated = annotations.get(policy.annotation) or None  # an empty annotation asks for nothing
     selected = node_selector.get(policy.node_label)
     if annotated is not None and not isinstance(annotated, str):
         out.append(
