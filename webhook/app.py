@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from flask import Flask, Response, request
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from webhook import admission, metrics, review
 from webhook.nodes import NodeSummary
@@ -70,8 +70,12 @@ def create_app(
 
     def admit(endpoint: str, handler: admission.Handler) -> Response:
         started = time.perf_counter()
+        data = request.get_data(cache=False)
+        if request.content_length is None and len(data) >= max_body:
+            # A chunked body has no length to refuse up front; werkzeug stops reading at the limit.
+            raise RequestEntityTooLarge()
         try:
-            parsed = review.decode(request.get_data(cache=False))
+            parsed = review.decode(data)
         except review.BadReview as exc:
             metrics.REQUESTS.labels(endpoint=endpoint, kind="", decision="bad_request").inc()
             return _json({"error": str(exc)}, 400)

@@ -96,9 +96,7 @@ def stream_oversized(server, head: bytes, total: int, framed: bool) -> dict:
             "seconds": round(time.monotonic() - started, 2), "answer": answer[:200]}
 
 
-@pytest.mark.parametrize("framing", ["content-length", pytest.param("chunked", marks=pytest.mark.xfail(
-    strict=True, reason="known bug, issue 7 open: a chunked body over the limit is answered 400, not 413, "
-    "after about 9.75 MiB was read (seen 2026-12-02)"))])
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
 def test_an_oversized_body_is_refused_with_413_without_being_read_into_memory(server, framing, figures):
     worker = children(server.proc.pid)[0]
     before = rss_kib(worker)
