@@ -30,8 +30,9 @@ class LoadToolMissing(RuntimeError):
 def bin_dir() -> Path:
     if os.environ.get("GPU_WEBHOOK_BENCH_BIN"):
         return Path(os.environ["GPU_WEBHOOK_BENCH_BIN"])
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "gpu-webhook" / "bench" / "bin"
+    # The one cache root of the project's build steps (tests/prepare): GPU_WEBHOOK_CACHE.
+    cache = Path(os.environ.get("GPU_WEBHOOK_CACHE") or Path.home() / ".cache" / "gpu-webhook")
+    return cache / "bench" / "bin"
 
 
 def find_vegeta() -> Path:
