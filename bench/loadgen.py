@@ -44,7 +44,7 @@ def find_vegeta() -> Path:
     if on_path:
         return Path(on_path)
     raise LoadToolMissing(
-        f"vegeta not found in {bin_dir()} or on PATH; build it with bench/install-vegeta (needs go)"
+        f"vegeta not found in {bin_dir()} or on PATH"
     )
 
 

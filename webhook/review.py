@@ -1,7 +1,7 @@
 """AdmissionReview in and out, and the Response a handler returns.
 
 Like controller-runtime's ``admission.Response``: handlers build one with
-:func:`allowed`, :func:`denied`, :func:`patched` or :func:`errored`; only
+:func:`allowed`, :func:`denied` or :func:`patched`; only
 :func:`encode` turns it into the wire format, echoing the version it was asked in.
 """
 
@@ -66,15 +66,26 @@ def patched(ops: Sequence[Mapping[str, Any]], warnings: tuple[str, ...] | list[s
     return Response(allowed=True, patch=tuple(ops), warnings=tuple(warnings))
 
 
-def errored(message: str, code: int = 500) -> Response:
-    """A failure of ours, answered as a review so the apiserver applies its failurePolicy knowingly."""
-    return Response(allowed=False, code=code, message=message)
+def _float(text: str) -> float:
+    number = float(text)
+    if number in (float("inf"), float("-inf")):
+        # The apiserver decodes JSON numbers into float64 too, and refuses what overflows it.
+        raise BadReview(f"body has a number out of range: {text[:40]}")
+    return number
+
+
+def _no_constant(name: str) -> object:
+    raise BadReview(f"body has {name}, which is not JSON")
 
 
 def decode(body: bytes) -> Review:
     try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        document = json.loads(body, parse_float=_float, parse_constant=_no_constant)
+    except BadReview:
+        raise
+    except ValueError as exc:
+        if "digits" in str(exc):  # Python's int-size guard: far beyond any number Kubernetes accepts
+            raise BadReview("body has an integer with too many digits") from None
         raise BadReview("body is not JSON") from None
     except RecursionError:  # a nesting bomb: no AdmissionReview is nested this deep
         raise BadReview("body is nested too deeply") from None
@@ -87,8 +98,10 @@ def decode(body: bytes) -> Review:
     if not isinstance(request, dict):
         raise BadReview("AdmissionReview has no request")
     uid = request.get("uid")
-    if not isinstance(uid, str) or not uid:
+    if uid is None or uid == "":
         raise BadReview("request.uid is missing")
+    if not isinstance(uid, str):
+        raise BadReview(f"request.uid must be a string, not {type(uid).__name__}")
     return Review(api_version=api_version, request=request)
 
 
