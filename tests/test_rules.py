@@ -80,6 +80,9 @@ DENIED = [  # violations found; decide() turns each into a denial or a warning b
     ("NaN, which Python's Decimal would accept", pod(container(limits={GPU: "NaN"})), DEFAULT,
      {(L0, "invalid-quantity")}),
     ("a boolean", pod(container(limits={GPU: True})), DEFAULT, {(L0, "invalid-quantity")}),
+    ("an absurd count: 1Ei", pod(container(limits={GPU: "1Ei"})), DEFAULT, {(L0, "invalid-quantity")}),
+    ("an absurd exponent under a cap is a violation, not an internal error",
+     pod(container(limits={GPU: "1e5000"})), CAPPED, {(L0, "invalid-quantity")}),
     ("requests differ from limits", pod(container(limits={GPU: 2}, requests={GPU: 1})), DEFAULT,
      {(R0, "requests-differ")}),
     (
