@@ -90,8 +90,10 @@ def _number(value: object) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
+    # ASCII digits only ("²".isdigit() is true, and int() refuses it), and few enough to convert cheaply.
+    digits = value.strip() if isinstance(value, str) else ""
+    if digits.isascii() and digits.isdigit() and len(digits) <= 18:
+        return int(digits)
     return None
 
 
