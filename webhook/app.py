@@ -8,11 +8,11 @@ webhook's failurePolicy), logged with its traceback as one JSON line.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
 
+import orjson
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
@@ -29,7 +29,7 @@ DEFAULT_HANDLERS: dict[str, admission.Handler] = {
 
 
 def _json(body: object, status: int = 200) -> Response:
-    return Response(json.dumps(body, separators=(",", ":")), status=status, mimetype="application/json")
+    return Response(orjson.dumps(body), status=status, mimetype="application/json")
 
 
 def _log_decision(endpoint: str, req: Mapping, answer: review.Response, ms: float) -> None:

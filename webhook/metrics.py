@@ -18,6 +18,8 @@ from prometheus_client import (
     multiprocess,
 )
 
+from webhook import logs
+
 REQUESTS = Counter(
     "gpu_webhook_requests",
     "Admission requests answered, by endpoint, object kind and decision.",
@@ -82,9 +84,7 @@ def safely(record: Callable[..., None], *args: object) -> None:
     except (OSError, ValueError) as exc:
         if not _failed_once:
             _failed_once = True
-            logging.getLogger("gpu_webhook").error(
-                "metrics_failed", extra={"fields": {"error": str(exc)}}
-            )
+            logs.event("metrics_failed", logging.ERROR, error=str(exc))
 
 
 def render() -> tuple[bytes, str]:

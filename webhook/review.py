@@ -8,10 +8,11 @@ Like controller-runtime's ``admission.Response``: handlers build one with
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from webhook.field import Violation
 
@@ -66,29 +67,19 @@ def patched(ops: Sequence[Mapping[str, Any]], warnings: tuple[str, ...] | list[s
     return Response(allowed=True, patch=tuple(ops), warnings=tuple(warnings))
 
 
-def _float(text: str) -> float:
-    number = float(text)
-    if number in (float("inf"), float("-inf")):
-        # The apiserver decodes JSON numbers into float64 too, and refuses what overflows it.
-        raise BadReview(f"body has a number out of range: {text[:40]}")
-    return number
-
-
-def _no_constant(name: str) -> object:
-    raise BadReview(f"body has {name}, which is not JSON")
-
-
 def decode(body: bytes) -> Review:
+    """The AdmissionReview in ``body``. orjson parses it (strict RFC 8259, about 3x the standard library's
+    speed, nesting bounded at 1024 levels)."""
     try:
-        document = json.loads(body, parse_float=_float, parse_constant=_no_constant)
-    except BadReview:
-        raise
-    except ValueError as exc:
-        if "digits" in str(exc):  # Python's int-size guard: far beyond any number Kubernetes accepts
-            raise BadReview("body has an integer with too many digits") from None
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        reason = str(exc)
+        if "depth limit" in reason:  # a nesting bomb: no AdmissionReview is nested this deep
+            raise BadReview("body is nested too deeply") from None
+        if "infinity" in reason:
+            # Beyond a float64, as the apiserver's own decoder sees it (1e400, a 400-digit integer).
+            raise BadReview("body has a number out of range") from None
         raise BadReview("body is not JSON") from None
-    except RecursionError:  # a nesting bomb: no AdmissionReview is nested this deep
-        raise BadReview("body is nested too deeply") from None
     if not isinstance(document, dict):
         raise BadReview("body is not a JSON object")
     api_version, kind = document.get("apiVersion"), document.get("kind")
@@ -117,5 +108,5 @@ def encode(review: Review, response: Response) -> dict[str, Any]:
         body["warnings"] = list(response.warnings)
     if response.patch:
         body["patchType"] = "JSONPatch"
-        body["patch"] = base64.b64encode(json.dumps(list(response.patch)).encode()).decode()
+        body["patch"] = base64.b64encode(orjson.dumps(list(response.patch))).decode()
     return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": body}

@@ -204,8 +204,9 @@ class JsonGunicornLogger(glogging.Logger):
 
     def setup(self, cfg: Any) -> None:
         super().setup(cfg)
-        for handler in self.error_log.handlers:
-            handler.setFormatter(logs.JsonFormatter())
+        for handler in list(self.error_log.handlers):
+            self.error_log.removeHandler(handler)
+        self.error_log.addHandler(logs.JsonHandler())
 
 
 class _Application(BaseApplication):
