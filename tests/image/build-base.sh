@@ -74,9 +74,9 @@ else
   timeout "${STEP_TIMEOUT}" debootstrap --variant="${VARIANT}" --include="${PACKAGES}" --arch="${ARCH}" \
     "${SUITE}" "${ROOTFS}" "${MIRROR}" >&2 || die "debootstrap failed (log: ${ROOTFS}/debootstrap/debootstrap.log)"
   # What an image does not need: package caches and lists, logs, device nodes (the runtime provides /dev).
+  # The standard library's bytecode stays: a read-only root filesystem cannot write it later.
   rm -rf "${ROOTFS}"/var/cache/apt/*.bin "${ROOTFS}"/var/cache/apt/archives/*.deb \
     "${ROOTFS}"/var/lib/apt/lists/* "${ROOTFS}"/var/log/* "${ROOTFS}"/tmp/* "${ROOTFS}"/dev/*
-  find "${ROOTFS}" -xdev -name __pycache__ -type d -prune -exec rm -rf {} +
   timeout "${STEP_TIMEOUT}" tar --numeric-owner --xattrs --sort=name -C "${ROOTFS}" -cf "${TARBALL}.tmp" . \
     || die "tar of the rootfs failed"
   mv -f "${TARBALL}.tmp" "${TARBALL}"
