@@ -177,6 +177,9 @@ class _Application(BaseApplication):
             "errorlog": "-",
             "loglevel": "warning",
             "proc_name": "gpu-webhook",
+            # gunicorn's control socket (for gunicornc) would go to $HOME/.gunicorn/, outside /tmp: on the
+            # image's read-only root filesystem it fails, and nothing here uses it.
+            "control_socket_disable": True,
         }
         for key, value in settings.items():
             self.cfg.set(key, value)
