@@ -104,6 +104,10 @@ else
     || die "buildah push to the OCI archive failed"
   mv -f "${ARCHIVE}.tmp" "${ARCHIVE}"
   IMAGE_TIME="$(( $(date +%s) - TI ))s"
+  # Keep the three newest archives (about 100 MB each); skip any another build still holds.
+  while IFS= read -r dir; do
+    ( flock -n 7 && rm -rf "${dir}" && log "removed old archive ${dir}" ) 7>"${dir}/.lock" || true
+  done < <(ls -1dt "${CACHE_ROOT}/image/archive"/*/ | tail -n +4)
 fi
 
 # --- check and report -------------------------------------------------------------------------------
