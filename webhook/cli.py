@@ -44,6 +44,11 @@ def _parser() -> argparse.ArgumentParser:
         "--kubeconfig", help="kubeconfig for cluster-aware checks (default: the in-cluster service account)"
     )
     serve.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve GET /metrics, /healthz and /readyz over plain HTTP on this port instead of the TLS port",
+    )
+    serve.add_argument(
         "--drain-seconds", type=float, default=3.0, help="after SIGTERM, fail /readyz this long before stopping"
     )
 
@@ -108,6 +113,10 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"gpu-webhook: cannot serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     problem = port_problem(host, args.port)
+    if args.metrics_port is not None:
+        if args.metrics_port == args.port:
+            problem = problem or "--metrics-port must differ from --port"
+        problem = problem or port_problem(host, args.metrics_port)
     if problem:
         print(f"gpu-webhook: cannot serve: {problem}", file=sys.stderr)
         return EXIT_USAGE
@@ -132,6 +141,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         max_body=args.max_body_bytes,
         kubeconfig=args.kubeconfig,
         drain_seconds=args.drain_seconds,
+        metrics_port=args.metrics_port,
     )
     try:
         serve(config)

@@ -90,7 +90,7 @@ class Front:
         pool: Executor,
         limits: Limits,
         server_port: int,
-        tls: Callable[[], ssl.SSLContext],
+        tls: Callable[[], ssl.SSLContext] | None,
         on_refusal: Callable[[int, str, str], None] = lambda status, reason, peer: None,
     ):
         self.app = app
@@ -161,6 +161,10 @@ class Connection(asyncio.Protocol):
             self.closed = True
             return
         self.front.connections.add(self)
+        if self.front.tls is None:  # the plain-HTTP operations port (probes, metrics)
+            self.handshaken = True
+            self._arm(self.limits.idle_timeout)
+            return
         self.tls = self.front.tls().wrap_bio(self.incoming, self.outgoing, server_side=True)
         self._arm(self.limits.handshake_timeout)
 
@@ -211,7 +215,10 @@ class Connection(asyncio.Protocol):
             self.transport.write(self.outgoing.read())
 
     def data_received(self, data: bytes) -> None:
-        if self.closed or self.tls is None:
+        if self.closed:
+            return
+        if self.tls is None:
+            self._parse(data)
             return
         self.incoming.write(data)
         if not self.handshaken:
@@ -260,7 +267,10 @@ class Connection(asyncio.Protocol):
             self.peer_done = True
 
     def _send(self, data: bytes) -> None:
-        if self.closed or self.tls is None:
+        if self.closed:
+            return
+        if self.tls is None:
+            self.transport.write(data)
             return
         try:
             self.tls.write(data)
@@ -430,7 +440,7 @@ class Connection(asyncio.Protocol):
             "REMOTE_ADDR": self.peer.rsplit(":", 1)[0],
             "CONTENT_LENGTH": str(len(request.body)),
             "wsgi.version": (1, 0),
-            "wsgi.url_scheme": "https",
+            "wsgi.url_scheme": "https" if self.front.tls is not None else "http",
             "wsgi.input": io.BytesIO(request.body),
             "wsgi.errors": sys.stderr,
             "wsgi.multithread": True,

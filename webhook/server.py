@@ -55,6 +55,9 @@ class ServeConfig:
     kubeconfig: str | None = None
     # A TLS handshake, and a request from its first byte to its last, must finish within this.
     read_timeout: float = 10.0
+    # Plain-HTTP operations port: GET /metrics, /healthz, /readyz. When set, /metrics leaves the admission
+    # port, so a NetworkPolicy can open that port to the apiserver only and this one to the monitoring.
+    metrics_port: int | None = None
 
     def limits(self) -> Limits:
         return Limits(
@@ -139,11 +142,18 @@ class AsyncWorker(Worker):
         stop = asyncio.Event()
         draining = asyncio.Event()
         pool = ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="handler")
-        front = Front(self.wsgi, pool, config.limits(), config.port, lambda: state.tls.value, _log_refusal)
-        servers = [
-            await loop.create_server(front.protocol, sock=listener.sock, backlog=self.cfg.backlog)
-            for listener in self.sockets
-        ]
+        limits = config.limits()
+        admission_app = self.wsgi if config.metrics_port is None else _without(OPERATIONS_ONLY, self.wsgi)
+        fronts = {
+            "admission": Front(admission_app, pool, limits, config.port, lambda: state.tls.value, _log_refusal),
+            "operations": Front(_only(OPERATIONS, self.wsgi), pool, limits, config.metrics_port or 0, None,
+                                _log_refusal),
+        }
+        servers = []
+        for listener in self.sockets:
+            port = listener.sock.getsockname()[1]
+            front = fronts["operations" if port == config.metrics_port else "admission"]
+            servers.append(await loop.create_server(front.protocol, sock=listener.sock, backlog=self.cfg.backlog))
         loop.add_signal_handler(signal.SIGTERM, draining.set)
         for sig in (signal.SIGINT, signal.SIGQUIT):
             loop.add_signal_handler(sig, stop.set)
@@ -167,13 +177,40 @@ class AsyncWorker(Worker):
             await asyncio.wait([stopped], timeout=config.drain_seconds)
         for server in servers:
             server.close()
-        cut = await front.drain(0 if stop.is_set() else max(1.0, self.cfg.graceful_timeout - config.drain_seconds - 2))
+        grace = 0 if stop.is_set() else max(1.0, self.cfg.graceful_timeout - config.drain_seconds - 2)
+        cut = sum(await asyncio.gather(*(front.drain(grace) for front in fronts.values())))
         logs.event("stopped", connections_cut=cut)
         beat.cancel()
         drained.cancel()
         stopped.cancel()
         pool.shutdown(wait=False, cancel_futures=True)
         self.alive = False
+
+
+OPERATIONS = frozenset({"/metrics", "/healthz", "/readyz"})
+OPERATIONS_ONLY = frozenset({"/metrics"})
+
+
+def _only(paths: frozenset[str], app: Any) -> Any:
+    """The app for the paths given; 404 for anything else (the operations port serves no admissions)."""
+
+    def wsgi(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO") in paths:
+            return app(environ, start_response)
+        start_response("404 Not Found", [("Content-Type", "application/json")])
+        return [b'{"error":"not served on this port","code":404}']
+
+    return wsgi
+
+
+def _without(paths: frozenset[str], app: Any) -> Any:
+    def wsgi(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO") not in paths:
+            return app(environ, start_response)
+        start_response("404 Not Found", [("Content-Type", "application/json")])
+        return [b'{"error":"served on the metrics port","code":404}']
+
+    return wsgi
 
 
 def _loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -218,8 +255,9 @@ class _Application(BaseApplication):
     def load_config(self) -> None:
         c = self.config
         host = f"[{c.host}]" if ":" in c.host else c.host
+        binds = [f"{host}:{c.port}"] + ([f"{host}:{c.metrics_port}"] if c.metrics_port else [])
         settings = {
-            "bind": [f"{host}:{c.port}"],
+            "bind": binds,
             "workers": c.workers,
             "worker_class": "webhook.server.AsyncWorker",
             "timeout": 30,
