@@ -5,9 +5,6 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-
 
 class TLSFileError(ValueError):
     """A certificate, key or CA file that cannot serve; the message names the file and what is wrong."""
@@ -38,6 +35,10 @@ def check_files(cert_file: str, key_file: str, client_ca: str | None = None) -> 
 
 
 def check_pair(cert_file: str, key_file: str) -> None:
+    # Imported here: cryptography costs a worker about 8 MB, and the happy path never needs it.
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
     cert_data = _read("--cert-file", cert_file)
     key_data = _read("--key-file", key_file)
     try:
@@ -58,6 +59,8 @@ def check_pair(cert_file: str, key_file: str) -> None:
 
 
 def check_ca(client_ca: str) -> None:
+    from cryptography import x509
+
     ca_data = _read("--client-ca", client_ca)
     try:
         x509.load_pem_x509_certificates(ca_data)
@@ -66,13 +69,18 @@ def check_ca(client_ca: str) -> None:
 
 
 def server_context(cert_file: str, key_file: str, client_ca: str | None = None) -> ssl.SSLContext:
-    """TLS 1.2+, HTTP/1.1 only (the apiserver speaks nothing else; no HTTP/2 rapid-reset surface)."""
-    check_files(cert_file, key_file, client_ca)
+    """TLS 1.2+, HTTP/1.1 only (the apiserver speaks nothing else; no HTTP/2 rapid-reset surface).
+
+    When OpenSSL refuses the files, :func:`check_files` says which file and why instead of ``PEM lib``."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(certfile=cert_file, keyfile=key_file)
     context.set_alpn_protocols(["http/1.1"])
-    if client_ca:
-        context.verify_mode = ssl.CERT_REQUIRED
-        context.load_verify_locations(cafile=client_ca)
+    try:
+        context.load_cert_chain(certfile=cert_file, keyfile=key_file)
+        if client_ca:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(cafile=client_ca)
+    except (ssl.SSLError, OSError):
+        check_files(cert_file, key_file, client_ca)
+        raise
     return context
