@@ -279,6 +279,8 @@ def test_kube_version_floor(helm: Helm) -> None:
         (["--set", "certs.secret.caBundle=not base64!"], "/certs/secret/caBundle"),
         (["--set", "server.drainSeconds=soon"], "/server/drainSeconds"),
         (["--set", "preStopSleepSeconds=-1"], "/preStopSleepSeconds"),
+        (["--set", "metrics.port=80"], "/metrics/port"),
+        (["--set", "metrics.port=http"], "/metrics/port"),
         (["--set-json", "resources.limits=[1]"], "/resources/limits"),
         (["--set", "bogus=1"], "additional properties 'bogus' not allowed"),
         (["--set", "webhook.failurePolcy=Fail"], "additional properties 'failurePolcy' not allowed"),
@@ -317,6 +319,7 @@ def test_policy_schema_is_the_webhooks_schema() -> None:
             ["--set", "certs.mode=secret", "--set", "certs.secret.name=x", "--set", "certs.secret.caBundle=aGVsbG8="],
             "must be the base64 encoding of PEM certificates",
         ),
+        (["--set", "metrics.port=8443"], "metrics.port (8443) must differ from server.port"),
         (["--set-json", 'policy.accelerator={"allowed":["a100"],"default":"t4"}'], "policy.accelerator.default"),
         (
             [
@@ -377,8 +380,8 @@ def test_deployment_production_settings(helm: Helm) -> None:
     term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
     assert term["topologyKey"] == "kubernetes.io/hostname"
     assert term["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics", "scheme": "HTTP"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics", "scheme": "HTTP"}
     assert set(c["resources"]) == {"requests", "limits"}
     assert {"cpu", "memory"} <= set(c["resources"]["requests"]) and "memory" in c["resources"]["limits"]
     sc = c["securityContext"]
@@ -403,10 +406,17 @@ def test_deployment_production_settings(helm: Helm) -> None:
         "--policy=/etc/gpu-webhook/policy.yaml",
         "--port=8443",
     ]
-    assert c["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
+    assert "--metrics-port=8080" in c["args"]
+    assert c["ports"] == [
+        {"name": "https", "containerPort": 8443, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 8080, "protocol": "TCP"},
+    ]
     assert "annotations" not in spec["template"]["metadata"], "no checksum annotation: the server reloads the policy"
     service = one(docs, "Service")
-    assert service["spec"]["ports"][0]["port"] == 443 and service["spec"]["ports"][0]["targetPort"] == "https"
+    assert service["spec"]["ports"] == [
+        {"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP", "appProtocol": "https"},
+        {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP", "appProtocol": "http"},
+    ]
     assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
     pdb = one(docs, "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 1 and pdb["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
@@ -420,15 +430,32 @@ def test_no_pdb_for_a_single_replica(helm: Helm) -> None:
     assert not [d for d in docs if d["kind"] == "PodDisruptionBudget"]
 
 
-def test_client_ca_switches_probes_to_tcp(helm: Helm) -> None:
+def test_client_ca_keeps_http_probes_on_the_metrics_port(helm: Helm) -> None:
+    """A client CA guards the HTTPS port only: the kubelet still probes /readyz (and sees the drain's 503)."""
     docs = helm.template(*RENDERS["custom"])
     c = container(docs)
     assert "--client-ca=/etc/gpu-webhook-client-ca/ca.crt" in c["args"]
     assert "--drain-seconds=2.5" in c["args"]
-    assert c["readinessProbe"]["tcpSocket"] == {"port": "https"} and "httpGet" not in c["readinessProbe"]
-    assert c["livenessProbe"]["tcpSocket"] == {"port": "https"}
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        assert c[probe]["httpGet"] == {"path": path, "port": "metrics", "scheme": "HTTP"}
+        assert "tcpSocket" not in c[probe]
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     assert {"name": "client-ca", "configMap": {"name": "apiserver-client-ca"}} in pod["volumes"]
+
+
+@pytest.mark.parametrize("render", ["helm-certs", "secret", "custom"])
+def test_service_monitor_scrapes_the_metrics_port_over_plain_http(helm: Helm, render: str) -> None:
+    """No tlsConfig, so no CA Secret: in secret mode the README's `kubectl create secret tls` makes no ca.crt,
+    and a client CA ("custom") would refuse a scraper without a client certificate."""
+    docs = helm.template(*RENDERS[render], "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.port=9090")
+    monitor = one(docs, "ServiceMonitor")
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint == {"port": "metrics", "path": "/metrics", "scheme": "http", "interval": "30s"}
+    service_ports = {p["name"]: p for p in one(docs, "Service")["spec"]["ports"]}
+    assert service_ports["metrics"]["port"] == 9090 and service_ports["metrics"]["targetPort"] == "metrics"
+    c = container(docs)
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in c["ports"]
+    assert "--metrics-port=9090" in c["args"]
 
 
 # --- webhook configurations --------------------------------------------------------------------
@@ -754,6 +781,8 @@ def test_notes_test_pod_is_denied_as_the_notes_say(helm: Helm) -> None:
     prefix = 'Error from server (Forbidden): admission webhook "validate.gpu-webhook.io" denied the request: '
     assert expected == prefix + response.message
     assert "kubectl -n gpu-system rollout status deployment/gw-gpu-webhook" in text
+    assert "port-forward service/gw-gpu-webhook 8080:metrics" in text
+    assert "curl http://localhost:8080/metrics" in text and "https://localhost" not in text
     assert "WARNING" not in text
 
 

@@ -268,4 +268,7 @@ exits 2 on start.
 {{- if and .Values.server.clientCA.configMapName (not .Values.server.clientCA.key) }}
 {{- fail "server.clientCA.key must name the ConfigMap key holding the CA" }}
 {{- end }}
+{{- if eq (int .Values.metrics.port) (int .Values.server.port) }}
+{{- fail (printf "metrics.port (%v) must differ from server.port: the plain-HTTP metrics port and the HTTPS admission port are separate listeners" .Values.metrics.port) }}
+{{- end }}
 {{- end }}
