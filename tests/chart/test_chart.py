@@ -27,6 +27,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from cryptography import x509
+from kubernetes.config import incluster_config
 
 from tests.chart import sync_schema
 from tests.tools import control_plane_bin, missing_binaries, unavailable, versions
@@ -200,6 +201,7 @@ RENDERS = {
     ],
     "url": [*SECRET_MODE, "--set", "webhook.url=https://127.0.0.1:9443"],
     "single-replica": ["--set", "replicaCount=1"],
+    "cluster-checks": values_args({"policy": {"cluster": {"enabled": True}}}),
 }
 
 
@@ -392,7 +394,6 @@ def test_deployment_production_settings(helm: Helm) -> None:
     pre_stop = c["lifecycle"]["preStop"]["sleep"]["seconds"]
     drain = float(next(a for a in c["args"] if a.startswith("--drain-seconds=")).split("=", 1)[1])
     assert pod["terminationGracePeriodSeconds"] > pre_stop + drain
-    assert pod["automountServiceAccountToken"] is False
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
@@ -802,3 +803,45 @@ def test_cluster_checks_bring_read_only_node_access_and_nothing_else(helm: Helm)
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     account = one(docs, "ServiceAccount")["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+@pytest.mark.parametrize("render", ["helm-certs", "custom"])
+def test_without_cluster_checks_no_token_reaches_the_pod(helm: Helm, render: str) -> None:
+    """The webhook calls no Kubernetes API then: no automatic token, no projected one, no RBAC."""
+    docs = helm.template(*RENDERS[render])
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert one(docs, "ServiceAccount")["automountServiceAccountToken"] is False
+    assert not [v for v in pod["volumes"] if "projected" in v]
+    assert all(not m["mountPath"].startswith("/var/run/secrets") for m in container(docs)["volumeMounts"])
+
+
+def test_cluster_checks_mount_a_projected_token_where_the_client_looks(helm: Helm) -> None:
+    """policy.cluster.enabled lists and watches Nodes with the in-cluster config: without a token there the watch
+    fails ("Service token file does not exist"), /readyz stays 503 and failurePolicy Fail refuses every GPU pod."""
+    docs = helm.template(*RENDERS["cluster-checks"])
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    # Still no automatic token: the projected one is mounted into the webhook container alone.
+    assert pod["automountServiceAccountToken"] is False
+    assert one(docs, "ServiceAccount")["automountServiceAccountToken"] is False
+    [mount] = [m for m in container(docs)["volumeMounts"] if m["mountPath"] == SA_DIR]
+    assert mount["readOnly"] is True and "subPath" not in mount
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["projected"]["sources"] == [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {
+            "downwardAPI": {
+                "items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]
+            }
+        },
+    ]
+    # The files kubernetes.config.load_incluster_config() reads.
+    files = {f"{SA_DIR}/{path}" for path in ("token", "ca.crt", "namespace")}
+    assert {incluster_config.SERVICE_TOKEN_FILENAME, incluster_config.SERVICE_CERT_FILENAME} <= files
+    # The token belongs to the account the node-reader binding names.
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["subjects"][0]["name"] == pod["serviceAccountName"]

@@ -49,6 +49,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/*
+"true" when policy.cluster.enabled: the webhook then lists and watches Nodes, so it needs a
+service-account token, read access to Nodes and (with networkPolicy.egress) a way to the apiserver.
+*/}}
+{{- define "gpu-webhook.clusterChecks" -}}
+{{- $policy := .Values.policy | default dict }}
+{{- $cluster := $policy.cluster | default dict }}
+{{- if $cluster.enabled }}true{{ end }}
+{{- end }}
+
 {{/* The ServiceAccount the pods run as. */}}
 {{- define "gpu-webhook.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
