@@ -202,13 +202,38 @@ RENDERS = {
     "url": [*SECRET_MODE, "--set", "webhook.url=https://127.0.0.1:9443"],
     "single-replica": ["--set", "replicaCount=1"],
     "cluster-checks": values_args({"policy": {"cluster": {"enabled": True}}}),
+    "network-policy": ["--set", "networkPolicy.enabled=true"],
+    "network-policy-egress": [
+        *values_args(
+            {
+                "networkPolicy": {
+                    "enabled": True,
+                    "admission": {"from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}]},
+                    "metrics": {"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "prom"}}}]},
+                    "egress": {"enabled": True, "apiserver": [{"ipBlock": {"cidr": "10.0.0.10/32"}}]},
+                },
+                "policy": {"cluster": {"enabled": True}},
+            }
+        ),
+    ],
 }
 
 
 # --- lint and Kubernetes validity ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args", [[], ["--set", "certs.mode=cert-manager"], SECRET_MODE], ids=["helm", "cm", "secret"])
+LINTS = {
+    "helm": [],
+    "cm": ["--set", "certs.mode=cert-manager"],
+    "secret": SECRET_MODE,
+    "everything-on": [
+        *RENDERS["network-policy-egress"],
+        *["--set", "metrics.serviceMonitor.enabled=true", "--set", "server.clientCA.configMapName=client-ca"],
+    ],
+}
+
+
+@pytest.mark.parametrize("args", list(LINTS.values()), ids=list(LINTS))
 def test_helm_lint_passes(helm: Helm, args: list[str]) -> None:
     done = helm.run("lint", str(CHART), "--strict", "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION, *args)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -283,6 +308,10 @@ def test_kube_version_floor(helm: Helm) -> None:
         (["--set", "preStopSleepSeconds=-1"], "/preStopSleepSeconds"),
         (["--set", "metrics.port=80"], "/metrics/port"),
         (["--set", "metrics.port=http"], "/metrics/port"),
+        (["--set-json", 'networkPolicy.admission.from="10.0.0.0/24"'], "/networkPolicy/admission/from"),
+        (["--set-json", 'networkPolicy.metrics.from=[{"namespaceSelctor":{}}]'], "/networkPolicy/metrics/from/0"),
+        (["--set-json", 'networkPolicy.egress.apiserver=[{"ipBlock":{}}]'], "/networkPolicy/egress/apiserver/0"),
+        (["--set", "networkPolicy.egres.enabled=true"], "additional properties 'egres' not allowed"),
         (["--set-json", "resources.limits=[1]"], "/resources/limits"),
         (["--set", "bogus=1"], "additional properties 'bogus' not allowed"),
         (["--set", "webhook.failurePolcy=Fail"], "additional properties 'failurePolcy' not allowed"),
@@ -322,6 +351,11 @@ def test_policy_schema_is_the_webhooks_schema() -> None:
             "must be the base64 encoding of PEM certificates",
         ),
         (["--set", "metrics.port=8443"], "metrics.port (8443) must differ from server.port"),
+        (
+            [*RENDERS["network-policy"], "--set", "networkPolicy.egress.enabled=true"]
+            + ["--set", "policy.cluster.enabled=true"],
+            "networkPolicy.egress.apiserver must list the apiserver's addresses",
+        ),
         (["--set-json", 'policy.accelerator={"allowed":["a100"],"default":"t4"}'], "policy.accelerator.default"),
         (
             [
@@ -845,3 +879,82 @@ def test_cluster_checks_mount_a_projected_token_where_the_client_looks(helm: Hel
     # The token belongs to the account the node-reader binding names.
     binding = one(docs, "ClusterRoleBinding")
     assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
+
+
+# --- NetworkPolicy -----------------------------------------------------------------------------
+
+
+def network_policy(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    policy = one(docs, "NetworkPolicy")
+    assert policy["spec"]["podSelector"] == one(docs, "Deployment")["spec"]["selector"]
+    return policy["spec"]
+
+
+def test_no_network_policy_unless_enabled(helm: Helm) -> None:
+    assert "NetworkPolicy" not in {d["kind"] for d in helm.template()}
+
+
+def test_network_policy_defaults_admit_the_apiserver_from_anywhere_and_metrics_from_monitoring(helm: Helm) -> None:
+    """Ingress to exactly two ports; the admission port open to any source (where the apiserver calls from depends
+    on the distribution), the metrics port to the monitoring namespace; egress untouched."""
+    spec = network_policy(helm.template(*RENDERS["network-policy"]))
+    assert spec["policyTypes"] == ["Ingress"]
+    assert "egress" not in spec
+    assert spec["ingress"] == [
+        {"ports": [{"port": 8443, "protocol": "TCP"}]},
+        {
+            "ports": [{"port": 8080, "protocol": "TCP"}],
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+        },
+    ]
+
+
+def test_network_policy_follows_ports_and_sources(helm: Helm) -> None:
+    peers = [{"ipBlock": {"cidr": "10.0.0.0/24", "except": ["10.0.0.99/32"]}}]
+    args = values_args({"networkPolicy": {"enabled": True, "admission": {"from": peers}, "metrics": {"from": []}}})
+    spec = network_policy(helm.template(*args, "--set", "server.port=9443", "--set", "metrics.port=9090"))
+    assert spec["ingress"] == [
+        {"ports": [{"port": 9443, "protocol": "TCP"}], "from": peers},
+        {"ports": [{"port": 9090, "protocol": "TCP"}]},
+    ]
+
+
+def test_network_policy_egress_with_cluster_checks_reaches_the_apiserver_and_dns_only(helm: Helm) -> None:
+    spec = network_policy(helm.template(*RENDERS["network-policy-egress"]))
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    assert spec["ingress"][0]["from"] == [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    assert spec["ingress"][1]["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "prom"}}}]
+    assert spec["egress"] == [
+        {
+            "to": [{"ipBlock": {"cidr": "10.0.0.10/32"}}],
+            "ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}],
+        },
+        {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
+    ]
+    ports = helm.template(*RENDERS["network-policy-egress"], "--set-json", "networkPolicy.egress.apiserverPorts=[]")
+    assert "ports" not in network_policy(ports)["egress"][0], "no ports: any port of the apiserver peers"
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"networkPolicy": {"enabled": True, "egress": {"enabled": True}}},
+        {
+            "networkPolicy": {
+                "enabled": True,
+                "egress": {"enabled": True, "apiserver": [{"ipBlock": {"cidr": "1.2.3.4/32"}}]},
+            }
+        },
+    ],
+    ids=["no-peers", "peers-unused"],
+)
+def test_network_policy_egress_without_cluster_checks_allows_nothing(helm: Helm, values: dict[str, Any]) -> None:
+    """Without policy.cluster.enabled the webhook opens no connection, so restricting egress denies all of it."""
+    spec = network_policy(helm.template(*values_args(values)))
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    assert spec["egress"] == []
+
+
+def test_cluster_checks_leave_egress_alone_unless_asked(helm: Helm) -> None:
+    spec = network_policy(helm.template(*RENDERS["network-policy"], *RENDERS["cluster-checks"]))
+    assert spec["policyTypes"] == ["Ingress"] and "egress" not in spec

@@ -278,6 +278,10 @@ exits 2 on start.
 {{- if and .Values.server.clientCA.configMapName (not .Values.server.clientCA.key) }}
 {{- fail "server.clientCA.key must name the ConfigMap key holding the CA" }}
 {{- end }}
+{{- $np := .Values.networkPolicy }}
+{{- if and $np.enabled $np.egress.enabled (include "gpu-webhook.clusterChecks" .) (not $np.egress.apiserver) }}
+{{- fail "networkPolicy.egress.apiserver must list the apiserver's addresses (NetworkPolicyPeers, e.g. [{ipBlock: {cidr: 10.0.0.10/32}}]) when networkPolicy.egress.enabled and policy.cluster.enabled: without them the node watch cannot reach the apiserver and /readyz stays 503" }}
+{{- end }}
 {{- if eq (int .Values.metrics.port) (int .Values.server.port) }}
 {{- fail (printf "metrics.port (%v) must differ from server.port: the plain-HTTP metrics port and the HTTPS admission port are separate listeners" .Values.metrics.port) }}
 {{- end }}
