@@ -284,10 +284,22 @@ def test_kinds_per_cert_mode(helm: Helm) -> None:
     assert one(issuer, "Certificate")["spec"]["issuerRef"]["name"] == "corp-ca"
 
 
-def test_kube_version_floor(helm: Helm) -> None:
-    done = helm.run("template", RELEASE, str(CHART), "--kube-version", "1.29.9")
+@pytest.mark.parametrize("version", ["1.29.9", "1.20.0"])  # 1.20.0: what a helm without version stamps assumes
+def test_kube_version_floor(helm: Helm, version: str) -> None:
+    done = helm.run("template", RELEASE, str(CHART), "--kube-version", version)
     assert done.returncode != 0
     assert ">=1.30.0-0" in done.stderr
+
+
+def test_documented_offline_renders_pass_a_kube_version() -> None:
+    """Every `helm template` command shown in the READMEs passes --kube-version (issue 11), and both say why."""
+    for readme in (ROOT / "README.md", CHART / "README.md"):
+        text = readme.read_text(encoding="utf-8")
+        commands = re.findall(r"^\$ (helm template .*?)(?<!\\)$", text, flags=re.MULTILINE | re.DOTALL)
+        assert commands, readme
+        for command in commands:
+            assert "--kube-version" in command, f"{readme.name}: {command}"
+        assert "v1.20" in text and "--kube-version" in text, readme
 
 
 # --- values schema ----------------------------------------------------------------------------
@@ -339,7 +351,8 @@ def test_policy_schema_is_the_webhooks_schema() -> None:
     [
         (
             ["--set", "terminationGracePeriodSeconds=8"],
-            "must be greater than preStopSleepSeconds + server.drainSeconds",
+            "terminationGracePeriodSeconds (8) must be greater than "
+            "preStopSleepSeconds + server.drainSeconds + 20 (28)",
         ),
         (
             ["--set", "certs.mode=secret", "--set", f"certs.secret.caBundle={CA_BUNDLE}"],
@@ -427,7 +440,7 @@ def test_deployment_production_settings(helm: Helm) -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     pre_stop = c["lifecycle"]["preStop"]["sleep"]["seconds"]
     drain = float(next(a for a in c["args"] if a.startswith("--drain-seconds=")).split("=", 1)[1])
-    assert pod["terminationGracePeriodSeconds"] > pre_stop + drain
+    assert pod["terminationGracePeriodSeconds"] > pre_stop + drain + 20
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
@@ -458,6 +471,43 @@ def test_deployment_production_settings(helm: Helm) -> None:
     labels = deployment["metadata"]["labels"]
     for key in ("name", "instance", "version", "managed-by", "component", "part-of"):
         assert f"app.kubernetes.io/{key}" in labels
+
+
+@pytest.mark.parametrize("render", ["helm-certs", "custom"])
+def test_rollouts_and_drains_keep_a_ready_pod_for_the_apiserver(helm: Helm, render: str) -> None:
+    """What zero failed admissions during a rollout or a node drain needs: a surge pod before any old pod goes, a
+    PodDisruptionBudget, a preStop sleep before SIGTERM, and a grace period that outlasts the sleep, the drain
+    and the server's 20 s for requests in flight."""
+    docs = helm.template(*RENDERS[render])
+    spec = one(docs, "Deployment")["spec"]
+    assert spec["replicas"] >= 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    pdb = one(docs, "PodDisruptionBudget")["spec"]
+    assert pdb["minAvailable"] == 1 and pdb["selector"] == spec["selector"]
+    pod = spec["template"]["spec"]
+    c = container(docs)
+    assert c["lifecycle"]["preStop"] == {"sleep": {"seconds": 5}}
+    drain = float(next(a for a in c["args"] if a.startswith("--drain-seconds=")).split("=", 1)[1])
+    assert pod["terminationGracePeriodSeconds"] > 5 + drain + 20
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz", "the drain's 503 reaches the kubelet"
+
+
+@pytest.mark.parametrize(
+    ("values", "ok"),
+    [
+        ({"terminationGracePeriodSeconds": 28}, False),  # 5 + 3 + 20: no room left
+        ({"terminationGracePeriodSeconds": 29}, True),
+        ({"terminationGracePeriodSeconds": 30, "server": {"drainSeconds": 5.5}}, False),
+        ({"terminationGracePeriodSeconds": 24, "preStopSleepSeconds": 0}, True),
+        ({"terminationGracePeriodSeconds": 60, "preStopSleepSeconds": 15, "server": {"drainSeconds": 10}}, True),
+    ],
+)
+def test_grace_period_boundary(helm: Helm, values: dict[str, Any], ok: bool) -> None:
+    args = values_args(values)
+    if ok:
+        assert one(helm.template(*args), "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    else:
+        assert "must be greater than preStopSleepSeconds + server.drainSeconds + 20" in helm.template_error(*args)
 
 
 def test_no_pdb_for_a_single_replica(helm: Helm) -> None:

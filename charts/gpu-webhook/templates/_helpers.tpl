@@ -255,10 +255,15 @@ Checks that the schema cannot express: fail the render with a clear message, nev
 exits 2 on start.
 */}}
 {{- define "gpu-webhook.validate" -}}
+{{- /*
+The kubelet's grace period covers the preStop sleep and everything after SIGTERM: drainSeconds of
+failing /readyz, then up to 20 s for requests in flight (the server's graceful timeout is
+drainSeconds + 20). A shorter period SIGKILLs the server while it still answers the apiserver.
+*/}}
 {{- $grace := float64 .Values.terminationGracePeriodSeconds }}
-{{- $needed := addf .Values.preStopSleepSeconds .Values.server.drainSeconds }}
+{{- $needed := addf .Values.preStopSleepSeconds .Values.server.drainSeconds 20 }}
 {{- if le $grace $needed }}
-{{- fail (printf "terminationGracePeriodSeconds (%v) must be greater than preStopSleepSeconds + server.drainSeconds (%v)" .Values.terminationGracePeriodSeconds $needed) }}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must be greater than preStopSleepSeconds + server.drainSeconds + 20 (%v): after the preStop sleep the server fails /readyz for drainSeconds, then waits up to 20 s for requests in flight, and the kubelet kills it when the grace period ends" .Values.terminationGracePeriodSeconds $needed) }}
 {{- end }}
 {{- $policy := .Values.policy | default dict }}
 {{- $global := $policy.accelerator | default dict }}
