@@ -302,6 +302,51 @@ def test_documented_offline_renders_pass_a_kube_version() -> None:
         assert "v1.20" in text and "--kube-version" in text, readme
 
 
+# --- the READMEs -------------------------------------------------------------------------------
+
+READMES = (ROOT / "README.md", CHART / "README.md", ROOT / "certs" / "README.md")
+NOT_VALUES = {"webhook.policy.SCHEMA", "policy.yaml"}  # a module attribute and a file name
+VALUES_THE_READMES_EXPLAIN = {
+    "metrics.port",
+    "metrics.serviceMonitor.enabled",
+    "networkPolicy.enabled",
+    "networkPolicy.admission.from",
+    "networkPolicy.metrics.from",
+    "networkPolicy.egress.enabled",
+    "networkPolicy.egress.apiserver",
+    "policy.cluster.enabled",
+}
+
+
+def value_exists(path: str) -> bool:
+    """``a.b.c`` is a key of values.yaml, or of the policy schema under ``policy``."""
+    parts = path.split(".")
+    if parts[0] == "policy":
+        node: Any = sync_schema.policy_schema()
+        for part in parts[1:]:
+            node = node.get("properties", {}).get(part)
+            if node is None:
+                return False
+        return True
+    node = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    for part in parts:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def test_readmes_name_real_values_and_explain_the_new_ones() -> None:
+    top = set(yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8")))
+    named: dict[Path, set[str]] = {}
+    for readme in READMES:
+        found = re.findall(r"`([A-Za-z]+(?:\.[A-Za-z]+)+)(?:=[^`]*)?`", readme.read_text(encoding="utf-8"))
+        named[readme] = {path for path in found if path.split(".")[0] in top} - NOT_VALUES
+        assert not [path for path in named[readme] if not value_exists(path)], readme
+    for readme in READMES[:2]:
+        assert VALUES_THE_READMES_EXPLAIN <= named[readme], readme
+
+
 # --- values schema ----------------------------------------------------------------------------
 
 
