@@ -27,6 +27,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from cryptography import x509
+from kubernetes.config import incluster_config
 
 from tests.chart import sync_schema
 from tests.tools import control_plane_bin, missing_binaries, unavailable, versions
@@ -200,13 +201,39 @@ RENDERS = {
     ],
     "url": [*SECRET_MODE, "--set", "webhook.url=https://127.0.0.1:9443"],
     "single-replica": ["--set", "replicaCount=1"],
+    "cluster-checks": values_args({"policy": {"cluster": {"enabled": True}}}),
+    "network-policy": ["--set", "networkPolicy.enabled=true"],
+    "network-policy-egress": [
+        *values_args(
+            {
+                "networkPolicy": {
+                    "enabled": True,
+                    "admission": {"from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}]},
+                    "metrics": {"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "prom"}}}]},
+                    "egress": {"enabled": True, "apiserver": [{"ipBlock": {"cidr": "10.0.0.10/32"}}]},
+                },
+                "policy": {"cluster": {"enabled": True}},
+            }
+        ),
+    ],
 }
 
 
 # --- lint and Kubernetes validity ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args", [[], ["--set", "certs.mode=cert-manager"], SECRET_MODE], ids=["helm", "cm", "secret"])
+LINTS = {
+    "helm": [],
+    "cm": ["--set", "certs.mode=cert-manager"],
+    "secret": SECRET_MODE,
+    "everything-on": [
+        *RENDERS["network-policy-egress"],
+        *["--set", "metrics.serviceMonitor.enabled=true", "--set", "server.clientCA.configMapName=client-ca"],
+    ],
+}
+
+
+@pytest.mark.parametrize("args", list(LINTS.values()), ids=list(LINTS))
 def test_helm_lint_passes(helm: Helm, args: list[str]) -> None:
     done = helm.run("lint", str(CHART), "--strict", "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION, *args)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -257,10 +284,67 @@ def test_kinds_per_cert_mode(helm: Helm) -> None:
     assert one(issuer, "Certificate")["spec"]["issuerRef"]["name"] == "corp-ca"
 
 
-def test_kube_version_floor(helm: Helm) -> None:
-    done = helm.run("template", RELEASE, str(CHART), "--kube-version", "1.29.9")
+@pytest.mark.parametrize("version", ["1.29.9", "1.20.0"])  # 1.20.0: what a helm without version stamps assumes
+def test_kube_version_floor(helm: Helm, version: str) -> None:
+    done = helm.run("template", RELEASE, str(CHART), "--kube-version", version)
     assert done.returncode != 0
     assert ">=1.30.0-0" in done.stderr
+
+
+def test_documented_offline_renders_pass_a_kube_version() -> None:
+    """Every `helm template` command shown in the READMEs passes --kube-version (issue 11), and both say why."""
+    for readme in (ROOT / "README.md", CHART / "README.md"):
+        text = readme.read_text(encoding="utf-8")
+        commands = re.findall(r"^\$ (helm template .*?)(?<!\\)$", text, flags=re.MULTILINE | re.DOTALL)
+        assert commands, readme
+        for command in commands:
+            assert "--kube-version" in command, f"{readme.name}: {command}"
+        assert "v1.20" in text and "--kube-version" in text, readme
+
+
+# --- the READMEs -------------------------------------------------------------------------------
+
+READMES = (ROOT / "README.md", CHART / "README.md", ROOT / "certs" / "README.md")
+NOT_VALUES = {"webhook.policy.SCHEMA", "policy.yaml"}  # a module attribute and a file name
+VALUES_THE_READMES_EXPLAIN = {
+    "metrics.port",
+    "metrics.serviceMonitor.enabled",
+    "networkPolicy.enabled",
+    "networkPolicy.admission.from",
+    "networkPolicy.metrics.from",
+    "networkPolicy.egress.enabled",
+    "networkPolicy.egress.apiserver",
+    "policy.cluster.enabled",
+}
+
+
+def value_exists(path: str) -> bool:
+    """``a.b.c`` is a key of values.yaml, or of the policy schema under ``policy``."""
+    parts = path.split(".")
+    if parts[0] == "policy":
+        node: Any = sync_schema.policy_schema()
+        for part in parts[1:]:
+            node = node.get("properties", {}).get(part)
+            if node is None:
+                return False
+        return True
+    node = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    for part in parts:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def test_readmes_name_real_values_and_explain_the_new_ones() -> None:
+    top = set(yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8")))
+    named: dict[Path, set[str]] = {}
+    for readme in READMES:
+        found = re.findall(r"`([A-Za-z]+(?:\.[A-Za-z]+)+)(?:=[^`]*)?`", readme.read_text(encoding="utf-8"))
+        named[readme] = {path for path in found if path.split(".")[0] in top} - NOT_VALUES
+        assert not [path for path in named[readme] if not value_exists(path)], readme
+    for readme in READMES[:2]:
+        assert VALUES_THE_READMES_EXPLAIN <= named[readme], readme
 
 
 # --- values schema ----------------------------------------------------------------------------
@@ -279,6 +363,12 @@ def test_kube_version_floor(helm: Helm) -> None:
         (["--set", "certs.secret.caBundle=not base64!"], "/certs/secret/caBundle"),
         (["--set", "server.drainSeconds=soon"], "/server/drainSeconds"),
         (["--set", "preStopSleepSeconds=-1"], "/preStopSleepSeconds"),
+        (["--set", "metrics.port=80"], "/metrics/port"),
+        (["--set", "metrics.port=http"], "/metrics/port"),
+        (["--set-json", 'networkPolicy.admission.from="10.0.0.0/24"'], "/networkPolicy/admission/from"),
+        (["--set-json", 'networkPolicy.metrics.from=[{"namespaceSelctor":{}}]'], "/networkPolicy/metrics/from/0"),
+        (["--set-json", 'networkPolicy.egress.apiserver=[{"ipBlock":{}}]'], "/networkPolicy/egress/apiserver/0"),
+        (["--set", "networkPolicy.egres.enabled=true"], "additional properties 'egres' not allowed"),
         (["--set-json", "resources.limits=[1]"], "/resources/limits"),
         (["--set", "bogus=1"], "additional properties 'bogus' not allowed"),
         (["--set", "webhook.failurePolcy=Fail"], "additional properties 'failurePolcy' not allowed"),
@@ -306,7 +396,8 @@ def test_policy_schema_is_the_webhooks_schema() -> None:
     [
         (
             ["--set", "terminationGracePeriodSeconds=8"],
-            "must be greater than preStopSleepSeconds + server.drainSeconds",
+            "terminationGracePeriodSeconds (8) must be greater than "
+            "preStopSleepSeconds + server.drainSeconds + 20 (28)",
         ),
         (
             ["--set", "certs.mode=secret", "--set", f"certs.secret.caBundle={CA_BUNDLE}"],
@@ -316,6 +407,12 @@ def test_policy_schema_is_the_webhooks_schema() -> None:
         (
             ["--set", "certs.mode=secret", "--set", "certs.secret.name=x", "--set", "certs.secret.caBundle=aGVsbG8="],
             "must be the base64 encoding of PEM certificates",
+        ),
+        (["--set", "metrics.port=8443"], "metrics.port (8443) must differ from server.port"),
+        (
+            [*RENDERS["network-policy"], "--set", "networkPolicy.egress.enabled=true"]
+            + ["--set", "policy.cluster.enabled=true"],
+            "networkPolicy.egress.apiserver must list the apiserver's addresses",
         ),
         (["--set-json", 'policy.accelerator={"allowed":["a100"],"default":"t4"}'], "policy.accelerator.default"),
         (
@@ -377,8 +474,8 @@ def test_deployment_production_settings(helm: Helm) -> None:
     term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
     assert term["topologyKey"] == "kubernetes.io/hostname"
     assert term["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics", "scheme": "HTTP"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics", "scheme": "HTTP"}
     assert set(c["resources"]) == {"requests", "limits"}
     assert {"cpu", "memory"} <= set(c["resources"]["requests"]) and "memory" in c["resources"]["limits"]
     sc = c["securityContext"]
@@ -388,8 +485,7 @@ def test_deployment_production_settings(helm: Helm) -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     pre_stop = c["lifecycle"]["preStop"]["sleep"]["seconds"]
     drain = float(next(a for a in c["args"] if a.startswith("--drain-seconds=")).split("=", 1)[1])
-    assert pod["terminationGracePeriodSeconds"] > pre_stop + drain
-    assert pod["automountServiceAccountToken"] is False
+    assert pod["terminationGracePeriodSeconds"] > pre_stop + drain + 20
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
@@ -403,10 +499,17 @@ def test_deployment_production_settings(helm: Helm) -> None:
         "--policy=/etc/gpu-webhook/policy.yaml",
         "--port=8443",
     ]
-    assert c["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
+    assert "--metrics-port=8080" in c["args"]
+    assert c["ports"] == [
+        {"name": "https", "containerPort": 8443, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 8080, "protocol": "TCP"},
+    ]
     assert "annotations" not in spec["template"]["metadata"], "no checksum annotation: the server reloads the policy"
     service = one(docs, "Service")
-    assert service["spec"]["ports"][0]["port"] == 443 and service["spec"]["ports"][0]["targetPort"] == "https"
+    assert service["spec"]["ports"] == [
+        {"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP", "appProtocol": "https"},
+        {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP", "appProtocol": "http"},
+    ]
     assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
     pdb = one(docs, "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 1 and pdb["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
@@ -415,20 +518,74 @@ def test_deployment_production_settings(helm: Helm) -> None:
         assert f"app.kubernetes.io/{key}" in labels
 
 
+@pytest.mark.parametrize("render", ["helm-certs", "custom"])
+def test_rollouts_and_drains_keep_a_ready_pod_for_the_apiserver(helm: Helm, render: str) -> None:
+    """What zero failed admissions during a rollout or a node drain needs: a surge pod before any old pod goes, a
+    PodDisruptionBudget, a preStop sleep before SIGTERM, and a grace period that outlasts the sleep, the drain
+    and the server's 20 s for requests in flight."""
+    docs = helm.template(*RENDERS[render])
+    spec = one(docs, "Deployment")["spec"]
+    assert spec["replicas"] >= 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    pdb = one(docs, "PodDisruptionBudget")["spec"]
+    assert pdb["minAvailable"] == 1 and pdb["selector"] == spec["selector"]
+    pod = spec["template"]["spec"]
+    c = container(docs)
+    assert c["lifecycle"]["preStop"] == {"sleep": {"seconds": 5}}
+    drain = float(next(a for a in c["args"] if a.startswith("--drain-seconds=")).split("=", 1)[1])
+    assert pod["terminationGracePeriodSeconds"] > 5 + drain + 20
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz", "the drain's 503 reaches the kubelet"
+
+
+@pytest.mark.parametrize(
+    ("values", "ok"),
+    [
+        ({"terminationGracePeriodSeconds": 28}, False),  # 5 + 3 + 20: no room left
+        ({"terminationGracePeriodSeconds": 29}, True),
+        ({"terminationGracePeriodSeconds": 30, "server": {"drainSeconds": 5.5}}, False),
+        ({"terminationGracePeriodSeconds": 24, "preStopSleepSeconds": 0}, True),
+        ({"terminationGracePeriodSeconds": 60, "preStopSleepSeconds": 15, "server": {"drainSeconds": 10}}, True),
+    ],
+)
+def test_grace_period_boundary(helm: Helm, values: dict[str, Any], ok: bool) -> None:
+    args = values_args(values)
+    if ok:
+        assert one(helm.template(*args), "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    else:
+        assert "must be greater than preStopSleepSeconds + server.drainSeconds + 20" in helm.template_error(*args)
+
+
 def test_no_pdb_for_a_single_replica(helm: Helm) -> None:
     docs = helm.template(*RENDERS["single-replica"])
     assert not [d for d in docs if d["kind"] == "PodDisruptionBudget"]
 
 
-def test_client_ca_switches_probes_to_tcp(helm: Helm) -> None:
+def test_client_ca_keeps_http_probes_on_the_metrics_port(helm: Helm) -> None:
+    """A client CA guards the HTTPS port only: the kubelet still probes /readyz (and sees the drain's 503)."""
     docs = helm.template(*RENDERS["custom"])
     c = container(docs)
     assert "--client-ca=/etc/gpu-webhook-client-ca/ca.crt" in c["args"]
     assert "--drain-seconds=2.5" in c["args"]
-    assert c["readinessProbe"]["tcpSocket"] == {"port": "https"} and "httpGet" not in c["readinessProbe"]
-    assert c["livenessProbe"]["tcpSocket"] == {"port": "https"}
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        assert c[probe]["httpGet"] == {"path": path, "port": "metrics", "scheme": "HTTP"}
+        assert "tcpSocket" not in c[probe]
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     assert {"name": "client-ca", "configMap": {"name": "apiserver-client-ca"}} in pod["volumes"]
+
+
+@pytest.mark.parametrize("render", ["helm-certs", "secret", "custom"])
+def test_service_monitor_scrapes_the_metrics_port_over_plain_http(helm: Helm, render: str) -> None:
+    """No tlsConfig, so no CA Secret: in secret mode the README's `kubectl create secret tls` makes no ca.crt,
+    and a client CA ("custom") would refuse a scraper without a client certificate."""
+    docs = helm.template(*RENDERS[render], "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.port=9090")
+    monitor = one(docs, "ServiceMonitor")
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint == {"port": "metrics", "path": "/metrics", "scheme": "http", "interval": "30s"}
+    service_ports = {p["name"]: p for p in one(docs, "Service")["spec"]["ports"]}
+    assert service_ports["metrics"]["port"] == 9090 and service_ports["metrics"]["targetPort"] == "metrics"
+    c = container(docs)
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in c["ports"]
+    assert "--metrics-port=9090" in c["args"]
 
 
 # --- webhook configurations --------------------------------------------------------------------
@@ -754,6 +911,8 @@ def test_notes_test_pod_is_denied_as_the_notes_say(helm: Helm) -> None:
     prefix = 'Error from server (Forbidden): admission webhook "validate.gpu-webhook.io" denied the request: '
     assert expected == prefix + response.message
     assert "kubectl -n gpu-system rollout status deployment/gw-gpu-webhook" in text
+    assert "port-forward service/gw-gpu-webhook 8080:metrics" in text
+    assert "curl http://localhost:8080/metrics" in text and "https://localhost" not in text
     assert "WARNING" not in text
 
 
@@ -773,3 +932,124 @@ def test_cluster_checks_bring_read_only_node_access_and_nothing_else(helm: Helm)
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     account = one(docs, "ServiceAccount")["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+@pytest.mark.parametrize("render", ["helm-certs", "custom"])
+def test_without_cluster_checks_no_token_reaches_the_pod(helm: Helm, render: str) -> None:
+    """The webhook calls no Kubernetes API then: no automatic token, no projected one, no RBAC."""
+    docs = helm.template(*RENDERS[render])
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert one(docs, "ServiceAccount")["automountServiceAccountToken"] is False
+    assert not [v for v in pod["volumes"] if "projected" in v]
+    assert all(not m["mountPath"].startswith("/var/run/secrets") for m in container(docs)["volumeMounts"])
+
+
+def test_cluster_checks_mount_a_projected_token_where_the_client_looks(helm: Helm) -> None:
+    """policy.cluster.enabled lists and watches Nodes with the in-cluster config: without a token there the watch
+    fails ("Service token file does not exist"), /readyz stays 503 and failurePolicy Fail refuses every GPU pod."""
+    docs = helm.template(*RENDERS["cluster-checks"])
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    # Still no automatic token: the projected one is mounted into the webhook container alone.
+    assert pod["automountServiceAccountToken"] is False
+    assert one(docs, "ServiceAccount")["automountServiceAccountToken"] is False
+    [mount] = [m for m in container(docs)["volumeMounts"] if m["mountPath"] == SA_DIR]
+    assert mount["readOnly"] is True and "subPath" not in mount
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["projected"]["sources"] == [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {
+            "downwardAPI": {
+                "items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]
+            }
+        },
+    ]
+    # The files kubernetes.config.load_incluster_config() reads.
+    files = {f"{SA_DIR}/{path}" for path in ("token", "ca.crt", "namespace")}
+    assert {incluster_config.SERVICE_TOKEN_FILENAME, incluster_config.SERVICE_CERT_FILENAME} <= files
+    # The token belongs to the account the node-reader binding names.
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
+
+
+# --- NetworkPolicy -----------------------------------------------------------------------------
+
+
+def network_policy(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    policy = one(docs, "NetworkPolicy")
+    assert policy["spec"]["podSelector"] == one(docs, "Deployment")["spec"]["selector"]
+    return policy["spec"]
+
+
+def test_no_network_policy_unless_enabled(helm: Helm) -> None:
+    assert "NetworkPolicy" not in {d["kind"] for d in helm.template()}
+
+
+def test_network_policy_defaults_admit_the_apiserver_from_anywhere_and_metrics_from_monitoring(helm: Helm) -> None:
+    """Ingress to exactly two ports; the admission port open to any source (where the apiserver calls from depends
+    on the distribution), the metrics port to the monitoring namespace; egress untouched."""
+    spec = network_policy(helm.template(*RENDERS["network-policy"]))
+    assert spec["policyTypes"] == ["Ingress"]
+    assert "egress" not in spec
+    assert spec["ingress"] == [
+        {"ports": [{"port": 8443, "protocol": "TCP"}]},
+        {
+            "ports": [{"port": 8080, "protocol": "TCP"}],
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+        },
+    ]
+
+
+def test_network_policy_follows_ports_and_sources(helm: Helm) -> None:
+    peers = [{"ipBlock": {"cidr": "10.0.0.0/24", "except": ["10.0.0.99/32"]}}]
+    args = values_args({"networkPolicy": {"enabled": True, "admission": {"from": peers}, "metrics": {"from": []}}})
+    spec = network_policy(helm.template(*args, "--set", "server.port=9443", "--set", "metrics.port=9090"))
+    assert spec["ingress"] == [
+        {"ports": [{"port": 9443, "protocol": "TCP"}], "from": peers},
+        {"ports": [{"port": 9090, "protocol": "TCP"}]},
+    ]
+
+
+def test_network_policy_egress_with_cluster_checks_reaches_the_apiserver_and_dns_only(helm: Helm) -> None:
+    spec = network_policy(helm.template(*RENDERS["network-policy-egress"]))
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    assert spec["ingress"][0]["from"] == [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    assert spec["ingress"][1]["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "prom"}}}]
+    assert spec["egress"] == [
+        {
+            "to": [{"ipBlock": {"cidr": "10.0.0.10/32"}}],
+            "ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}],
+        },
+        {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
+    ]
+    ports = helm.template(*RENDERS["network-policy-egress"], "--set-json", "networkPolicy.egress.apiserverPorts=[]")
+    assert "ports" not in network_policy(ports)["egress"][0], "no ports: any port of the apiserver peers"
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"networkPolicy": {"enabled": True, "egress": {"enabled": True}}},
+        {
+            "networkPolicy": {
+                "enabled": True,
+                "egress": {"enabled": True, "apiserver": [{"ipBlock": {"cidr": "1.2.3.4/32"}}]},
+            }
+        },
+    ],
+    ids=["no-peers", "peers-unused"],
+)
+def test_network_policy_egress_without_cluster_checks_allows_nothing(helm: Helm, values: dict[str, Any]) -> None:
+    """Without policy.cluster.enabled the webhook opens no connection, so restricting egress denies all of it."""
+    spec = network_policy(helm.template(*values_args(values)))
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    assert spec["egress"] == []
+
+
+def test_cluster_checks_leave_egress_alone_unless_asked(helm: Helm) -> None:
+    spec = network_policy(helm.template(*RENDERS["network-policy"], *RENDERS["cluster-checks"]))
+    assert spec["policyTypes"] == ["Ingress"] and "egress" not in spec

@@ -11,7 +11,8 @@ How the rendered Service reaches a process on loopback
 The bed's apiserver runs with ``--service-cluster-ip-range=127.0.100.0/24``, so the chart's ClusterIP Service
 gets a loopback address (127.0.100.x). The apiserver resolves a webhook's ``clientConfig.service`` by itself, to
 ``https://<clusterIP>:<service port>``, with TLS server name ``<svc>.<ns>.svc``; no kube-proxy is involved. The
-test installs with ``service.port`` and ``server.port`` set to one free port, then does the kubelet's job: it
+test installs with ``service.port`` and ``server.port`` set to one free port (and ``metrics.port``, the plain-HTTP
+port of /metrics and the probes, to another), then does the kubelet's job: it
 writes the Deployment's Secret and ConfigMap volumes to a directory and runs the container's ``args`` (paths
 mapped to that directory) listening on the ClusterIP. So the apiserver checks the chart's certificate against the
 chart's caBundle under the chart's Service name, which is what happens on a real cluster minus the pod network.
@@ -190,6 +191,29 @@ class PodOnHost(WebhookProcess):
     """The Deployment's container run on this machine (there is no kubelet), listening on the Service's ClusterIP."""
 
     host: str = ""
+    metrics_port: int = 0  # the container port named "metrics" (plain HTTP: /metrics, /healthz, /readyz)
+
+    def operations(self, path: str) -> tuple[int, bytes]:
+        """GET ``path`` on the metrics port, over plain HTTP as the kubelet and Prometheus do."""
+        conn = http.client.HTTPConnection(self.host, self.metrics_port, timeout=10)
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    def metric(self, name: str, **labels: str) -> float:
+        """As WebhookProcess.metric, from the metrics port: the chart's --metrics-port takes /metrics off HTTPS."""
+        status, body = self.operations("/metrics")
+        assert status == 200, body
+        total = 0.0
+        for line in body.decode().splitlines():
+            if line.startswith((name + "{", name + " ")):
+                series, value = line.rsplit(" ", 1)
+                if all(f'{k}="{v}"' in series for k, v in labels.items()):
+                    total += float(value)
+        return total
 
     def connection(self, context: ssl.SSLContext | None = None, timeout: float = 10) -> http.client.HTTPSConnection:
         if context is None:  # trust only the chart's CA; the name is checked in the caBundle test
@@ -242,6 +266,8 @@ def run_pod_on_host(cluster: ControlPlane, root: Path) -> PodOnHost:
     [main] = spec["containers"]
     assert "command" not in main  # the image's ENTRYPOINT, gpu-webhook, runs the args
     assert service["ports"][0]["port"] == main["ports"][0]["containerPort"]  # both set to one free port
+    container_ports = {p["name"]: p["containerPort"] for p in main["ports"]}
+    assert {p["name"]: p["port"] for p in service["ports"]}["metrics"] == container_ports["metrics"]
     mounts = mount_volumes(cluster, spec, root / "volumes")
     args = [on_host(arg, mounts) for arg in main["args"]]
     log = root / "webhook.log"
@@ -249,7 +275,8 @@ def run_pod_on_host(cluster: ControlPlane, root: Path) -> PodOnHost:
         proc = subprocess.Popen([*GPU_WEBHOOK, *args, "--host", cluster_ip], stdout=out, stderr=subprocess.STDOUT,
                                 env={**NO_PROXY_ENV, "TMPDIR": str(mounts["/tmp"])})
     server = PodOnHost(service["ports"][0]["port"], mounts["/tls"] / "ca.crt", mounts["/tls"] / "tls.crt",
-                       mounts["/tls"] / "tls.key", log, proc, args, host=cluster_ip)
+                       mounts["/tls"] / "tls.key", log, proc, args, host=cluster_ip,
+                       metrics_port=container_ports["metrics"])
     wait_ready(server)
     return server
 
@@ -267,10 +294,12 @@ def release(cluster, helm, tmp_path_factory) -> Iterator[Release]:
     """``helm install`` in certs.mode=helm, then the Deployment's pod started on this machine; always removed."""
     root = tmp_path_factory.mktemp("gw-helm")
     port = free_port()
+    metrics_port = free_port()
     server = None
     try:
         install = helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace",
                        "--set", "certs.mode=helm", "--set", f"service.port={port}", "--set", f"server.port={port}",
+                       "--set", f"metrics.port={metrics_port}",
                        "--set", "policy.accelerator.default=nvidia-tesla-k80")
         server = run_pod_on_host(cluster, root)
         dry_run_until(cluster, CONFLICT, refused_by_us)  # the apiserver has picked the configurations up
@@ -300,6 +329,23 @@ def test_helm_install_creates_both_configurations_whose_ca_bundle_verifies_the_s
         with socket.create_connection((release.server.host, release.port), timeout=10) as raw, \
                 context.wrap_socket(raw, server_hostname=server_name) as conn:
             assert conn.getpeercert(binary_form=True) == serving.public_bytes(Encoding.DER)
+
+
+def test_the_deployments_probes_pass_over_plain_http_and_metrics_left_the_https_port(cluster, release):
+    """The probes exactly as the kubelet runs them from the stored Deployment (scheme, named port, path), and
+    /metrics only where the Service's ``metrics`` port (the ServiceMonitor's target) sends Prometheus."""
+    [main] = get(cluster, "deployment", "-n", NAMESPACE, FULLNAME)["spec"]["template"]["spec"]["containers"]
+    named = {p["name"]: p["containerPort"] for p in main["ports"]}
+    for probe in ("readinessProbe", "livenessProbe"):
+        action = main[probe]["httpGet"]
+        assert action["scheme"] == "HTTP" and named[action["port"]] == release.server.metrics_port
+        status, body = release.server.operations(action["path"])
+        assert status == 200, (probe, body)
+    status, body = release.server.operations("/metrics")
+    assert status == 200 and b"gpu_webhook_requests_total" in body
+    assert release.server.request("GET", "/metrics").status == 404  # HTTPS: the apiserver's port only
+    assert release.server.request("GET", "/readyz").status == 200  # still on both
+    assert release.server.operations("/validate")[0] == 404  # no admissions over plain HTTP
 
 
 def test_the_notes_one_liner_is_refused_by_the_webhook_with_the_message_the_notes_show(cluster, release):

@@ -49,6 +49,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/*
+"true" when policy.cluster.enabled: the webhook then lists and watches Nodes, so it needs a
+service-account token, read access to Nodes and (with networkPolicy.egress) a way to the apiserver.
+*/}}
+{{- define "gpu-webhook.clusterChecks" -}}
+{{- $policy := .Values.policy | default dict }}
+{{- $cluster := $policy.cluster | default dict }}
+{{- if $cluster.enabled }}true{{ end }}
+{{- end }}
+
 {{/* The ServiceAccount the pods run as. */}}
 {{- define "gpu-webhook.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
@@ -245,10 +255,15 @@ Checks that the schema cannot express: fail the render with a clear message, nev
 exits 2 on start.
 */}}
 {{- define "gpu-webhook.validate" -}}
+{{- /*
+The kubelet's grace period covers the preStop sleep and everything after SIGTERM: drainSeconds of
+failing /readyz, then up to 20 s for requests in flight (the server's graceful timeout is
+drainSeconds + 20). A shorter period SIGKILLs the server while it still answers the apiserver.
+*/}}
 {{- $grace := float64 .Values.terminationGracePeriodSeconds }}
-{{- $needed := addf .Values.preStopSleepSeconds .Values.server.drainSeconds }}
+{{- $needed := addf .Values.preStopSleepSeconds .Values.server.drainSeconds 20 }}
 {{- if le $grace $needed }}
-{{- fail (printf "terminationGracePeriodSeconds (%v) must be greater than preStopSleepSeconds + server.drainSeconds (%v)" .Values.terminationGracePeriodSeconds $needed) }}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must be greater than preStopSleepSeconds + server.drainSeconds + 20 (%v): after the preStop sleep the server fails /readyz for drainSeconds, then waits up to 20 s for requests in flight, and the kubelet kills it when the grace period ends" .Values.terminationGracePeriodSeconds $needed) }}
 {{- end }}
 {{- $policy := .Values.policy | default dict }}
 {{- $global := $policy.accelerator | default dict }}
@@ -267,5 +282,12 @@ exits 2 on start.
 {{- end }}
 {{- if and .Values.server.clientCA.configMapName (not .Values.server.clientCA.key) }}
 {{- fail "server.clientCA.key must name the ConfigMap key holding the CA" }}
+{{- end }}
+{{- $np := .Values.networkPolicy }}
+{{- if and $np.enabled $np.egress.enabled (include "gpu-webhook.clusterChecks" .) (not $np.egress.apiserver) }}
+{{- fail "networkPolicy.egress.apiserver must list the apiserver's addresses (NetworkPolicyPeers, e.g. [{ipBlock: {cidr: 10.0.0.10/32}}]) when networkPolicy.egress.enabled and policy.cluster.enabled: without them the node watch cannot reach the apiserver and /readyz stays 503" }}
+{{- end }}
+{{- if eq (int .Values.metrics.port) (int .Values.server.port) }}
+{{- fail (printf "metrics.port (%v) must differ from server.port: the plain-HTTP metrics port and the HTTPS admission port are separate listeners" .Values.metrics.port) }}
 {{- end }}
 {{- end }}
