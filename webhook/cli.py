@@ -53,9 +53,18 @@ def _parser() -> argparse.ArgumentParser:
     lint.add_argument("--policy", help="policy YAML file (default: built-in defaults)")
     lint.add_argument("--namespace", default="default", help="namespace for objects that name none (default: default)")
     lint.add_argument(
-        "--nodes", help="Node objects (kubectl get nodes -o yaml) to run the cluster-aware checks against"
+        "--nodes",
+        help="Node objects (kubectl get nodes -o yaml); turns the cluster-aware checks on and runs them against these",
     )
-    lint.add_argument("paths", nargs="+", metavar="PATH", help="YAML or JSON manifest files; - for stdin")
+    lint.add_argument(
+        "-o", "--output", choices=["text", "json"], default="text", help="text lines, or one JSON object per violation"
+    )
+    lint.add_argument(
+        "-R", "--recursive", action="store_true", help="read directories' subdirectories too (as kubectl -R)"
+    )
+    lint.add_argument(
+        "paths", nargs="+", metavar="PATH", help="YAML or JSON manifest files or directories of them; - for stdin"
+    )
     return parser
 
 
@@ -134,9 +143,10 @@ def _check(args: argparse.Namespace) -> int:
         try:
             nodes = check.read_nodes(args.nodes, policies.default.node_label)
         except check.UnreadableInput as exc:
-            print(f"gpu-webhook: {args.nodes}: {exc}", file=sys.stderr)
+            print(f"gpu-webhook: --nodes: {exc}", file=sys.stderr)
             return check.EXIT_UNREADABLE
-    return check.run(args.paths, policies, args.namespace, nodes=nodes)
+        policies = check.with_cluster_checks(policies)
+    return check.run(args.paths, policies, args.namespace, nodes=nodes, output=args.output, recursive=args.recursive)
 
 
 def main(argv: list[str] | None = None) -> int:
