@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import ipaddress
 import json
+import os
 import subprocess
 import sys
 
@@ -385,3 +386,102 @@ def test_check_refuses_a_nodes_file_without_nodes(cli, tmp_path, content, says):
     code, out, err = cli("check", "--nodes", str(nodes), write_manifests(tmp_path / "p.yaml", WANTS_A100))
     assert (code, out, len(err)) == (2, "", 1)
     assert err[0].startswith(f"gpu-webhook: --nodes: {nodes}: {says}"), err
+
+
+# ------------------------------------------------------------------ certs: refusals
+
+
+CERTS_REFUSED = [  # (id, arguments after --service svc --namespace ns, stderr; D is the output directory)
+    ("days past 9999", ["--days", "99999999"],
+     "--days 99999999: the certificate would end after 9999-12-31, the last date it can hold"),
+    ("zero days", ["--days", "0"], "--days 0: must be at least 1"),
+    ("empty host", ["--host", ""], "--host '' is not a valid DNS name or IP address: an empty label"),
+    ("space in host", ["--host", "bad host"],
+     "--host 'bad host' is not a valid DNS name or IP address: label 'bad host' is not letters, digits and inner '-'"),
+    ("underscore", ["--host", "my_svc.example"],
+     "--host 'my_svc.example' is not a valid DNS name or IP address: label 'my_svc' is not letters, digits and "
+     "inner '-'"),
+    ("leading hyphen", ["--host=-a.example"],
+     "--host '-a.example' is not a valid DNS name or IP address: label '-a' is not letters, digits and inner '-'"),
+    ("label too long", ["--host", "a" * 64 + ".example"],
+     f"--host '{'a' * 64}.example' is not a valid DNS name or IP address: label '{'a' * 20}'… is longer than 63 "
+     "characters"),
+    ("trailing dot", ["--host", "example.com."],
+     "--host 'example.com.' is not a valid DNS name or IP address: an empty label"),
+    ("wildcard inside", ["--host", "a.*.example"],
+     "--host 'a.*.example' is not a valid DNS name: a wildcard '*' may only be the whole leftmost label"),
+    ("partial wildcard", ["--host", "w*.example"],
+     "--host 'w*.example' is not a valid DNS name: a wildcard '*' may only be the whole leftmost label"),
+    ("bare wildcard", ["--host", "*"],
+     "--host '*' is not a valid DNS name: a wildcard '*' may only be the whole leftmost label"),
+    ("bad IPv4", ["--host", "10.0.0.300"],
+     "--host '10.0.0.300' is not a valid IP address, nor a DNS name (its last label is a number)"),
+    ("bad A-label", ["--host", "xn--zz.example"],
+     "--host 'xn--zz.example' is not a valid DNS name or IP address: label 'xn--zz' is not a valid IDNA A-label"),
+    ("invalid unicode", ["--host", "a\u200db.example"],
+     "--host 'a\\u200db.example' is not a valid internationalized domain name: Joiner U+200D not allowed"),
+    ("out-dir is a file", ["--out-dir", "D/file"], "--out-dir D/file: not a directory"),
+    ("out-dir under a file", ["--out-dir", "D/file/sub"],
+     "--out-dir D/file/sub: cannot write: [Errno 20] Not a directory: "),
+]
+
+
+@pytest.mark.parametrize(("extra", "says"), [c[1:] for c in CERTS_REFUSED], ids=[c[0] for c in CERTS_REFUSED])
+def test_certs_refuses_bad_input_with_one_line_and_exit_2(cli, tmp_path, extra, says):
+    (tmp_path / "file").write_text("not a directory")
+    extra = [a.replace("D/", f"{tmp_path}/") for a in extra]
+    if "--out-dir" not in extra:
+        extra += ["--out-dir", str(tmp_path / "out")]
+    code, out, err = cli("certs", "--service", "svc", "--namespace", "ns", *extra)
+    assert (code, out, len(err)) == (2, "", 1), err
+    assert err[0].startswith("gpu-webhook: " + says.replace("D/", f"{tmp_path}/")), err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("service", "namespace", "says"), [
+    ("", "ns", "--service '' is not a valid Service name"),
+    ("9svc", "ns", "--service '9svc' is not a valid Service name"),
+    ("Svc", "ns", "--service 'Svc' is not a valid Service name"),
+    ("svc", "", "--namespace '' is not a valid namespace"),
+    ("svc", "my.ns", "--namespace 'my.ns' is not a valid namespace"),
+], ids=["empty service", "service starts with a digit", "upper case", "empty namespace", "dotted namespace"])
+def test_certs_refuses_names_kubernetes_would_refuse(cli, tmp_path, service, namespace, says):
+    code, _, err = cli("certs", "--service", service, "--namespace", namespace, "--out-dir", str(tmp_path))
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"gpu-webhook: {says}"), err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_certs_refuses_an_unwritable_out_dir(cli, tmp_path):
+    tmp_path.chmod(0o555)
+    try:
+        code, _, err = cli("certs", "--service", "svc", "--namespace", "ns", "--out-dir", str(tmp_path / "x"))
+    finally:
+        tmp_path.chmod(0o755)
+    assert code == 2 and err[0].startswith(f"gpu-webhook: --out-dir {tmp_path / 'x'}: cannot write: "), err
+
+
+@pytest.mark.parametrize(("host", "san"), [
+    ("bücher.example", "xn--bcher-kva.example"),
+    ("faß.example", "xn--fa-hia.example"),  # IDNA 2008: not "fass.example" as Python's IDNA 2003 codec has it
+    ("*.日本.example", "*.xn--wgv71a.example"),
+    ("WEBHOOK.Example", "webhook.example"),
+], ids=["umlaut", "sharp s", "wildcard and CJK", "upper case"])
+def test_certs_idna_encodes_and_lower_cases_dns_names(cli, tmp_path, host, san):
+    code, _, err = cli("certs", "--service", "svc", "--namespace", "ns", "--host", host, "--out-dir", str(tmp_path))
+    assert code == 0, err
+    cert = x509.load_pem_x509_certificate((tmp_path / "tls.crt").read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName)[-1] == san
+
+
+def test_certs_refuses_to_overwrite_without_force(cli, tmp_path):
+    args = ["certs", "--service", "svc", "--namespace", "ns", "--out-dir", str(tmp_path)]
+    (tmp_path / "tls.crt").write_text("mine")
+    assert cli(*args) == (2, "", [f"gpu-webhook: {tmp_path / 'tls.crt'} exists; --force overwrites it"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tls.crt"] and (tmp_path / "tls.crt").read_text() == "mine"
+    (tmp_path / "tls.key").write_text("old key")
+    (tmp_path / "tls.key").chmod(0o644)
+    code, out, _ = cli(*args, "--force")
+    assert code == 0 and out.splitlines() == [str(tmp_path / n) for n in ("ca.crt", "tls.crt", "tls.key")]
+    x509.load_pem_x509_certificate((tmp_path / "tls.crt").read_bytes())
+    assert (tmp_path / "tls.key").stat().st_mode & 0o777 == 0o600

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import datetime
 import os
 import shutil
 import sys
@@ -48,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--host", action="append", default=[], help="extra SAN (DNS name or IP); repeatable")
     gen.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
     gen.add_argument("--out-dir", required=True, help="directory for ca.crt, tls.crt, tls.key")
+    gen.add_argument("--force", action="store_true", help="overwrite ca.crt, tls.crt and tls.key if they exist")
 
     lint = commands.add_parser("check", help="lint manifests offline with the webhook's rules")
     lint.add_argument("--policy", help="policy YAML file (default: built-in defaults)")
@@ -122,11 +124,19 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _certs(args: argparse.Namespace) -> int:
-    if args.days < 1:
-        print("gpu-webhook: --days must be at least 1", file=sys.stderr)
+    try:
+        hosts = certs.service_names(args.service, args.namespace)
+        for host in args.host:
+            try:
+                hosts.append(certs.san_host(host))
+            except certs.CertsError as exc:
+                raise certs.CertsError(f"--host {exc}") from None
+        certs.validity(args.days, datetime.datetime.now(datetime.UTC))
+        certs.targets(args.out_dir, overwrite=args.force)  # refuse before the work, not after it
+        paths = certs.write(certs.generate(hosts, days=args.days), args.out_dir, overwrite=args.force)
+    except certs.CertsError as exc:
+        print(f"gpu-webhook: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    hosts = certs.service_names(args.service, args.namespace) + args.host
-    paths = certs.write(certs.generate(hosts, days=args.days), args.out_dir)
     for path in paths.values():
         print(path)
     return 0
