@@ -485,3 +485,31 @@ def test_certs_refuses_to_overwrite_without_force(cli, tmp_path):
     assert code == 0 and out.splitlines() == [str(tmp_path / n) for n in ("ca.crt", "tls.crt", "tls.key")]
     x509.load_pem_x509_certificate((tmp_path / "tls.crt").read_bytes())
     assert (tmp_path / "tls.key").stat().st_mode & 0o777 == 0o600
+
+
+# ------------------------------------------------------------------ argument errors
+
+
+ARGUMENT_ERRORS = [  # (id, arguments, the error line; the usage above it is the subcommand's)
+    ("port too large", ["serve", "--self-signed", "--port", "99999"],
+     "gpu-webhook serve: error: argument --port: '99999' is not a port number (1-65535)"),
+    ("port zero", ["serve", "--self-signed", "--port", "0"],
+     "gpu-webhook serve: error: argument --port: '0' is not a port number (1-65535)"),
+    ("port not a number", ["serve", "--self-signed", "--port", "https"],
+     "gpu-webhook serve: error: argument --port: 'https' is not a port number (1-65535)"),
+    ("no certificate", ["serve"],
+     "gpu-webhook serve: error: serve needs either --self-signed or both --cert-file and --key-file"),
+    ("no workers", ["serve", "--self-signed", "--workers", "0"],
+     "gpu-webhook serve: error: --workers and --threads must be at least 1"),
+    ("certs without a service", ["certs", "--namespace", "ns", "--out-dir", "x"],
+     "gpu-webhook certs: error: the following arguments are required: --service"),
+    ("check with an unknown output", ["check", "-o", "yaml", "f.yaml"],
+     "gpu-webhook check: error: argument -o/--output: invalid choice: 'yaml' (choose from 'text', 'json')"),
+]
+
+
+@pytest.mark.parametrize(("args", "says"), [c[1:] for c in ARGUMENT_ERRORS], ids=[c[0] for c in ARGUMENT_ERRORS])
+def test_argument_errors_print_the_subcommands_usage_and_exit_2(cli, args, says):
+    code, out, err = cli(*args)
+    assert (code, out) == (2, "")
+    assert err[0].startswith(f"usage: gpu-webhook {args[0]} [-h]") and err[-1] == says, err

@@ -16,14 +16,27 @@ from webhook.policy import PolicyError, load_policy
 EXIT_USAGE = 2
 
 
+def _port(text: str) -> int:
+    """A TCP port for argparse: 1 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
+    return port
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-webhook", description="Kubernetes admission webhook for GPU resources.")
     parser.add_argument("--version", action="version", version=f"gpu-webhook {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="serve /validate and /mutate over TLS")
+    # Each subcommand's parser rides along in its arguments, so errors found later print its usage.
+    serve.set_defaults(subparser=serve)
     serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    serve.add_argument("--port", type=int, default=8443, help="port to listen on (default 8443)")
+    serve.add_argument("--port", type=_port, default=8443, help="port to listen on, 1-65535 (default 8443)")
     serve.add_argument("--cert-file", help="PEM serving certificate (watched; reloaded when it changes)")
     serve.add_argument("--key-file", help="PEM private key of the serving certificate")
     serve.add_argument(
@@ -44,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     gen = commands.add_parser("certs", help="write a CA and a serving certificate for the webhook Service")
+    gen.set_defaults(subparser=gen)
     gen.add_argument("--service", required=True, help="Service name")
     gen.add_argument("--namespace", required=True, help="Service namespace")
     gen.add_argument("--host", action="append", default=[], help="extra SAN (DNS name or IP); repeatable")
@@ -52,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--force", action="store_true", help="overwrite ca.crt, tls.crt and tls.key if they exist")
 
     lint = commands.add_parser("check", help="lint manifests offline with the webhook's rules")
+    lint.set_defaults(subparser=lint)
     lint.add_argument("--policy", help="policy YAML file (default: built-in defaults)")
     lint.add_argument("--namespace", default="default", help="namespace for objects that name none (default: default)")
     lint.add_argument(
@@ -163,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return _serve(args, parser)
+        return _serve(args, args.subparser)
     if args.command == "certs":
         return _certs(args)
     return _check(args)
