@@ -152,3 +152,13 @@ def test_warn_enforcement_softens_deny_checks_too():
     policy = parse_policy("enforcement: warn")
     answer = decide(pod(container(limits={GPU: 1, "nvidia.com/mig-1g.5gb": 1})), "", "Pod", "default", policy)
     assert answer.allowed and answer.warnings
+
+
+def test_the_response_carries_each_violations_action():
+    mixed = pod(
+        container(limits={GPU: 1, "nvidia.com/mig-1g.5gb": 1}), initContainers=[container("i", limits={GPU: 1})]
+    )
+    answer = decide(mixed, "", "Pod", "default", DEFAULT)
+    assert {(v.rule, action) for v, action in answer.judged()} == {
+        ("mixed-gpu-and-mig", "deny"), ("init-container-gpus", "warn")
+    }

@@ -70,7 +70,8 @@ def decide(
     place (list items by name), is not held against the update.
     """
     policy = policies.for_namespace(namespace)
-    found = [v for v in violations(obj, group, kind, policy, nodes) if policy.action(v.rule) != "off"]
+    judged = [(v, policy.action(v.rule)) for v in violations(obj, group, kind, policy, nodes)]
+    judged = [(v, action) for v, action in judged if action != "off"]
     if old is not None:
         # An update is judged on what it changes: a pod admitted under an older policy must still
         # accept a label or a finalizer, or controllers stall on objects they did not write. What it
@@ -78,14 +79,16 @@ def decide(
         # made 64, one disallowed accelerator swapped for another) is no longer excused, while one that
         # only moved (a container inserted before it) still is.
         before = {v.subject for v in violations(old, group, kind, policy, nodes)}
-        found = [v for v in found if v.subject not in before]
-    if not found:
+        judged = [(v, action) for v, action in judged if v.subject not in before]
+    if not judged:
         return review.allowed()
-    denials = [v for v in found if policy.action(v.rule) == "deny"]
-    warnings = [str(v) for v in found if policy.action(v.rule) == "warn"]
+    found = tuple(v for v, _ in judged)
+    actions = tuple(action for _, action in judged)
+    denials = [v for v, action in judged if action == "deny"]
+    warnings = [str(v) for v, action in judged if action == "warn"]
     if not denials:
-        return review.allowed(warnings=warnings, violations=tuple(found))
-    return review.denied(describe(denials), warnings=warnings, violations=tuple(found))
+        return review.allowed(warnings=warnings, violations=found, actions=actions)
+    return review.denied(describe(denials), warnings=warnings, violations=found, actions=actions)
 
 
 def validate(request: Mapping[str, Any], policies: PolicySet, nodes: NodeSummary | None = None) -> Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import datetime
 import os
 import shutil
 import sys
@@ -16,16 +17,29 @@ from webhook.policy import PolicyError, load_policy
 EXIT_USAGE = 2
 
 
+def _port(text: str) -> int:
+    """A TCP port for argparse: 1 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
+    return port
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-webhook", description="Kubernetes admission webhook for GPU resources.")
     parser.add_argument("--version", action="version", version=f"gpu-webhook {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="serve /validate and /mutate over TLS")
+    # Each subcommand's parser rides along in its arguments, so errors found later print its usage.
+    serve.set_defaults(subparser=serve)
     serve.add_argument(
         "--host", help="address to listen on (default 0.0.0.0; 127.0.0.1 with --self-signed, which is for trying out)"
     )
-    serve.add_argument("--port", type=int, default=8443, help="port to listen on (default 8443)")
+    serve.add_argument("--port", type=_port, default=8443, help="port to listen on, 1-65535 (default 8443)")
     serve.add_argument("--cert-file", help="PEM serving certificate (watched; reloaded when it changes)")
     serve.add_argument("--key-file", help="PEM private key of the serving certificate")
     serve.add_argument(
@@ -45,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--metrics-port",
-        type=int,
+        type=_port,
         help="serve GET /metrics, /healthz and /readyz over plain HTTP on this port instead of the TLS port",
     )
     serve.add_argument(
@@ -53,19 +67,31 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     gen = commands.add_parser("certs", help="write a CA and a serving certificate for the webhook Service")
+    gen.set_defaults(subparser=gen)
     gen.add_argument("--service", required=True, help="Service name")
     gen.add_argument("--namespace", required=True, help="Service namespace")
     gen.add_argument("--host", action="append", default=[], help="extra SAN (DNS name or IP); repeatable")
     gen.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
     gen.add_argument("--out-dir", required=True, help="directory for ca.crt, tls.crt, tls.key")
+    gen.add_argument("--force", action="store_true", help="overwrite ca.crt, tls.crt and tls.key if they exist")
 
     lint = commands.add_parser("check", help="lint manifests offline with the webhook's rules")
+    lint.set_defaults(subparser=lint)
     lint.add_argument("--policy", help="policy YAML file (default: built-in defaults)")
     lint.add_argument("--namespace", default="default", help="namespace for objects that name none (default: default)")
     lint.add_argument(
-        "--nodes", help="Node objects (kubectl get nodes -o yaml) to run the cluster-aware checks against"
+        "--nodes",
+        help="Node objects (kubectl get nodes -o yaml); turns the cluster-aware checks on and runs them against these",
     )
-    lint.add_argument("paths", nargs="+", metavar="PATH", help="YAML or JSON manifest files; - for stdin")
+    lint.add_argument(
+        "-o", "--output", choices=["text", "json"], default="text", help="text lines, or one JSON object per violation"
+    )
+    lint.add_argument(
+        "-R", "--recursive", action="store_true", help="read directories' subdirectories too (as kubectl -R)"
+    )
+    lint.add_argument(
+        "paths", nargs="+", metavar="PATH", help="YAML or JSON manifest files or directories of them; - for stdin"
+    )
     return parser
 
 
@@ -152,11 +178,19 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _certs(args: argparse.Namespace) -> int:
-    if args.days < 1:
-        print("gpu-webhook: --days must be at least 1", file=sys.stderr)
+    try:
+        hosts = certs.service_names(args.service, args.namespace)
+        for host in args.host:
+            try:
+                hosts.append(certs.san_host(host))
+            except certs.CertsError as exc:
+                raise certs.CertsError(f"--host {exc}") from None
+        certs.validity(args.days, datetime.datetime.now(datetime.UTC))
+        certs.targets(args.out_dir, overwrite=args.force)  # refuse before the work, not after it
+        paths = certs.write(certs.generate(hosts, days=args.days), args.out_dir, overwrite=args.force)
+    except certs.CertsError as exc:
+        print(f"gpu-webhook: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    hosts = certs.service_names(args.service, args.namespace) + args.host
-    paths = certs.write(certs.generate(hosts, days=args.days), args.out_dir)
     for path in paths.values():
         print(path)
     return 0
@@ -173,16 +207,17 @@ def _check(args: argparse.Namespace) -> int:
         try:
             nodes = check.read_nodes(args.nodes, policies.default.node_label)
         except check.UnreadableInput as exc:
-            print(f"gpu-webhook: {args.nodes}: {exc}", file=sys.stderr)
+            print(f"gpu-webhook: --nodes: {exc}", file=sys.stderr)
             return check.EXIT_UNREADABLE
-    return check.run(args.paths, policies, args.namespace, nodes=nodes)
+        policies = check.with_cluster_checks(policies)
+    return check.run(args.paths, policies, args.namespace, nodes=nodes, output=args.output, recursive=args.recursive)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return _serve(args, parser)
+        return _serve(args, args.subparser)
     if args.command == "certs":
         return _certs(args)
     return _check(args)

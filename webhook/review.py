@@ -43,6 +43,12 @@ class Response:
     patch: tuple[Mapping[str, Any], ...] = field(default=())
     # What the decision found, for logs and metrics; never sent (the message carries it).
     violations: tuple[Violation, ...] = field(default=(), compare=False)
+    # deny or warn for each of ``violations``, in order, as the policy in force decided it.
+    actions: tuple[str, ...] = field(default=(), compare=False)
+
+    def judged(self) -> tuple[tuple[Violation, str], ...]:
+        """Each violation with the action taken on it."""
+        return tuple(zip(self.violations, self.actions, strict=True))
 
     @property
     def decision(self) -> str:
@@ -53,14 +59,22 @@ class Response:
         return "warned" if self.warnings else "allowed"
 
 
-def allowed(warnings: tuple[str, ...] | list[str] = (), violations: tuple[Violation, ...] = ()) -> Response:
-    return Response(allowed=True, warnings=tuple(warnings), violations=violations)
+def allowed(
+    warnings: tuple[str, ...] | list[str] = (), violations: tuple[Violation, ...] = (), actions: tuple[str, ...] = ()
+) -> Response:
+    return Response(allowed=True, warnings=tuple(warnings), violations=violations, actions=actions)
 
 
 def denied(
-    message: str, warnings: tuple[str, ...] | list[str] = (), violations: tuple[Violation, ...] = (), code: int = 403
+    message: str,
+    warnings: tuple[str, ...] | list[str] = (),
+    violations: tuple[Violation, ...] = (),
+    code: int = 403,
+    actions: tuple[str, ...] = (),
 ) -> Response:
-    return Response(allowed=False, code=code, message=message, warnings=tuple(warnings), violations=violations)
+    return Response(
+        allowed=False, code=code, message=message, warnings=tuple(warnings), violations=violations, actions=actions
+    )
 
 
 def patched(ops: Sequence[Mapping[str, Any]], warnings: tuple[str, ...] | list[str] = ()) -> Response:

@@ -5,16 +5,23 @@ refuse, and ``gpu-webhook check`` decides exactly as ``/validate`` does."""
 from __future__ import annotations
 
 import base64
+import contextlib
+import datetime
+import io
 import json
 import os
+import tempfile
+from pathlib import Path
 
 import jsonpatch
+import yaml
 from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from tests.hardening.strategies import ANNOTATION, POLICIES, namespaces, objects, pods, policy_names, requests
 from tests.manifests import admission_request, container
 from tests.manifests import pod as make_pod
-from webhook import admission, review
+from webhook import admission, check, review
 from webhook.check import check_objects
 from webhook.mutate import mutated_pod, pod_patch
 
@@ -156,3 +163,96 @@ def test_check_and_validate_agree_on_every_object(figures):
         prop()
     finally:
         figures.update(runs)
+
+
+# ---------------------------------------------------------------------------- YAML aliases in `check`
+
+ALIAS_LEAVES = (
+    "lol",
+    "[lol, lol]",
+    "{x: 1, y: [1, 2]}",
+    "{name: c, resources: {requests: {nvidia.com/gpu: 1}}}",
+    "{containers: [{name: c, resources: {limits: {nvidia.com/gpu: 0.5}}}]}",
+)
+
+
+@st.composite
+def alias_documents(draw) -> tuple[str, set[str]]:
+    """A manifest whose spec holds levels of anchors, each made of aliases to the levels below (alias bombs
+    among them), as sequences, mappings, merge keys or, rarely, aliases to themselves; and the shapes used."""
+    levels = draw(st.integers(1, 12))
+    lines = [f"  l0: &l0 {draw(st.sampled_from(ALIAS_LEAVES))}"]
+    shapes = set()
+    for i in range(1, levels + 1):
+        fan = draw(st.integers(1, 12))
+        refs = [f"*l{draw(st.integers(max(0, i - 3), i - 1))}" for _ in range(fan)]
+        shape = draw(st.sampled_from(["sequence", "mapping", "merge", "block"] * 5 + ["itself"]))
+        shapes.add(shape)
+        if shape == "sequence":
+            body = "[" + ", ".join(refs) + "]"
+        elif shape == "mapping":
+            body = "{" + ", ".join(f"k{j}: {ref}" for j, ref in enumerate(refs)) + "}"
+        elif shape == "merge":
+            body = "{<<: [" + ", ".join(refs) + f"], own{i}: 1}}"
+        elif shape == "block":
+            body = "".join(f"\n    - {ref}" for ref in refs)
+        else:
+            body = f"[*l{i}, " + ", ".join(refs) + "]"
+        lines.append(f"  l{i}: &l{i} {body}")
+    kind, used = draw(st.sampled_from([("Pod", "containers"), ("TrainingJob", "template"), ("Deployment", "x")]))
+    lines.append(f"  {used}: *l{levels}")
+    head = f"apiVersion: example.com/v1\nkind: {kind}\nmetadata: {{name: bomb}}\nspec:\n"
+    return head + "\n".join(lines) + "\n", shapes
+
+
+def expanded_at_least(value: object, floor: int) -> bool:
+    """Whether ``value``, with shared parts counted each time, has more than ``floor`` nodes (stops there)."""
+    count, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        count += 1
+        if count > floor:
+            return True
+        if isinstance(item, dict):
+            count += len(item)  # the keys
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def test_check_ends_quickly_and_cleanly_on_nested_aliases(figures):
+    """Alias bombs are refused with one line, anything else is checked as plain YAML would have it, and the
+    output stays bounded; every example within the deadline (the unbounded loader ran for minutes)."""
+    runs = {"examples": 0, "refused": 0, "checked": 0}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "m.yaml"
+
+        @settings(max_examples=EXAMPLES // 2, deadline=datetime.timedelta(seconds=2), database=None,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+        @given(alias_documents())
+        def prop(drawn):
+            text, shapes = drawn
+            runs["examples"] += 1
+            path.write_text(text)
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stderr(err):
+                code = check.run([str(path)], POLICIES["defaults"], out=out)
+            problems = err.getvalue().splitlines()[:-1]
+            assert len(out.getvalue().splitlines()) <= check.ALIAS_NODE_FLOOR
+            if code == 2:
+                runs["refused"] += 1
+                assert len(problems) == 1, problems
+                assert problems[0].startswith(f"{path}: document 1: "), problems
+                assert any(s in problems[0] for s in ("too many YAML aliases", "refers to itself", "merg")), problems
+                if "too many YAML aliases" in problems[0] and not shapes & {"merge", "itself"}:
+                    assert expanded_at_least(yaml.load(text, check._SafeLoader), check.ALIAS_NODE_FLOOR)
+            else:
+                runs["checked"] += 1
+                assert code in (0, 1) and not problems
+                assert check.load(text)[0].value == yaml.load(text, check._SafeLoader)
+
+        try:
+            prop()
+        finally:
+            figures.update(runs)
