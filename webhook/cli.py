@@ -10,7 +10,7 @@ import shutil
 import sys
 import tempfile
 
-from webhook import __version__, certs, check, tls
+from webhook import __version__, check, tls
 from webhook.connections import port_problem
 from webhook.policy import PolicyError, load_policy
 
@@ -132,7 +132,8 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     host = args.host or ("127.0.0.1" if args.self_signed else "0.0.0.0")
     try:
         if not args.self_signed:
-            tls.check_files(cert_file, key_file, args.client_ca)
+            # ssl alone on the happy path: cryptography, imported here, would stay mapped in every worker.
+            tls.server_context(cert_file, key_file, args.client_ca)
         elif args.client_ca:
             tls.check_ca(args.client_ca)
     except tls.TLSFileError as exc:
@@ -147,6 +148,8 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"gpu-webhook: cannot serve: {problem}", file=sys.stderr)
         return EXIT_USAGE
     if args.self_signed:
+        from webhook import certs
+
         paths = certs.write(certs.generate(["localhost", "127.0.0.1", "::1"], days=7), _temp_dir("gpu-webhook-tls-"))
         cert_file, key_file = str(paths["cert"]), str(paths["key"])
         print(f"self-signed CA: {paths['ca']}", flush=True)
@@ -178,6 +181,8 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _certs(args: argparse.Namespace) -> int:
+    from webhook import certs
+
     try:
         hosts = certs.service_names(args.service, args.namespace)
         for host in args.host:
