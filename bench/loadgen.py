@@ -30,8 +30,9 @@ class LoadToolMissing(RuntimeError):
 def bin_dir() -> Path:
     if os.environ.get("GPU_WEBHOOK_BENCH_BIN"):
         return Path(os.environ["GPU_WEBHOOK_BENCH_BIN"])
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "gpu-webhook" / "bench" / "bin"
+    # The one cache root of the project's build steps (tests/prepare): GPU_WEBHOOK_CACHE.
+    cache = Path(os.environ.get("GPU_WEBHOOK_CACHE") or Path.home() / ".cache" / "gpu-webhook")
+    return cache / "bench" / "bin"
 
 
 def find_vegeta() -> Path:
@@ -43,7 +44,7 @@ def find_vegeta() -> Path:
     if on_path:
         return Path(on_path)
     raise LoadToolMissing(
-        f"vegeta not found in {bin_dir()} or on PATH; build it with bench/install-vegeta (needs go)"
+        f"vegeta not found in {bin_dir()} or on PATH"
     )
 
 

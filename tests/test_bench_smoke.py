@@ -2,18 +2,19 @@
 seconds against a real server. Nothing about timing is asserted: only that every request got a 200
 with a correct AdmissionReview and that the JSON result and the PNG plot were written.
 
-In CI (``CI=true``) a missing load tool or plotting library fails this test; locally it skips.
+vegeta is built by ``tests/prepare vegeta``; in CI (``CI=true``) a missing load tool fails this test, locally it skips.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.tools import unavailable
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -23,16 +24,8 @@ def _missing() -> str | None:
 
     try:
         loadgen.find_vegeta()
-    except loadgen.LoadToolMissing:
-        # Like the e2e control plane, the load tool is built from source when a machine lacks it.
-        built = subprocess.run(["bash", str(REPO / "bench" / "install-vegeta")], capture_output=True, text=True,
-                               timeout=900)
-        if built.returncode != 0:
-            return f"bench/install-vegeta failed: {built.stderr[-2000:]}"
-        try:
-            loadgen.find_vegeta()
-        except loadgen.LoadToolMissing as exc:
-            return str(exc)
+    except loadgen.LoadToolMissing as exc:
+        return str(exc)
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -44,9 +37,7 @@ def _missing() -> str | None:
 def test_the_benchmark_smoke_run_answers_every_request(tmp_path):
     missing = _missing()
     if missing:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the benchmark's load tool is not installed in CI: {missing}")
-        pytest.skip(missing)
+        unavailable("the benchmark's load tool", missing, "vegeta")
     out = tmp_path / "smoke.json"
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--smoke", "--out", str(out)],

@@ -49,6 +49,16 @@ def test_check_admits_the_seed_pod_with_exit_0():
     assert (result.returncode, result.stdout) == (0, "")
 
 
+def test_check_reports_an_absurd_quantity_in_a_custom_resource_instead_of_crashing(tmp_path):
+    runner = {"apiVersion": "example.com/v1", "kind": "Runner", "metadata": {"name": "r"},
+              "spec": {"podSpec": {"containers": [container(limits={GPU: "1e5000"})]}}}
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("limits: {perContainer: 2}\n")
+    result = gpu_webhook("check", "--policy", str(policy), write_manifests(tmp_path / "m.yaml", runner))
+    assert (result.returncode, result.stderr) == (1, "")
+    assert result.stdout.endswith('"1e5000" is not a sensible GPU count (at most 1000000)\n')
+
+
 def test_check_prints_one_line_per_violation_and_exits_1(tmp_path):
     path = write_manifests(
         tmp_path / "m.yaml",

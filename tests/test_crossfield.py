@@ -90,6 +90,8 @@ CASES = [
     ),
     ("PyTorchJob nprocPerNode equal to the GPUs", torch(nproc="4"), set()),
     ("PyTorchJob nprocPerNode auto is not a number to compare", torch(nproc="auto"), set()),
+    ("nor is a superscript two, which str.isdigit() accepts", torch(nproc="²"), set()),
+    ("nor are 5000 digits, which int() refuses", torch(nproc="9" * 5000), set()),
     (
         "RayCluster num-gpus differs from the worker's limit",
         ray("2", 1),

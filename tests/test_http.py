@@ -265,3 +265,31 @@ def test_idle_handshaken_connections_do_not_hold_the_worker_threads(webhook):
     finally:
         for tls in idle:
             tls.close()
+
+
+def test_a_metrics_port_serves_metrics_and_probes_over_plain_http_and_nothing_else(tmp_path):
+    """With --metrics-port the admission port can be opened to the apiserver alone (NetworkPolicy) and the
+    monitoring scrapes elsewhere; probes work there even when the admission port demands client certificates."""
+    import http.client
+
+    from tests.server import free_port
+
+    metrics_port = free_port()
+    server = start_webhook(tmp_path, "--metrics-port", str(metrics_port))
+    try:
+        assert server.post("/validate", admission_review(seed_pod())).status == 200
+
+        def plain(method: str, path: str) -> int:
+            conn = http.client.HTTPConnection("127.0.0.1", metrics_port, timeout=5)
+            try:
+                conn.request(method, path, body=b"{}" if method == "POST" else None)
+                return conn.getresponse().status
+            finally:
+                conn.close()
+
+        assert [plain("GET", p) for p in ("/metrics", "/healthz", "/readyz")] == [200, 200, 200]
+        assert plain("POST", "/validate") == 404 and plain("POST", "/mutate") == 404
+        assert server.request("GET", "/metrics").status == 404
+        assert server.request("GET", "/readyz").status == 200
+    finally:
+        server.stop()

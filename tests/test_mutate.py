@@ -144,6 +144,11 @@ def test_the_mutate_handler_returns_a_base64_json_patch_only_for_new_pods():
         assert answer.allowed and not answer.patch
 
 
+@pytest.mark.parametrize("value", ["500m", "1Ei", "8Ei", "1e400", "1e600000"])
+def test_a_limit_that_is_no_sensible_count_is_not_copied_into_requests(value):
+    assert pod_patch(pod(container(limits={GPU: value})), DEFAULT.for_namespace("default")) == []
+
+
 def test_mutate_never_denies_an_invalid_pod():
     answer = admission.mutate(admission_request(pod(container(limits={GPU: "two"}))), DEFAULT)
     assert answer.allowed

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from webhook.policy import PolicyError, load_policy, parse_policy
+from webhook.policy import PolicyError, build_policy, load_policy, parse_policy
 
 
 def test_no_file_means_the_documented_defaults():
@@ -45,14 +45,26 @@ def test_glob_patterns_name_gpu_resources():
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
-        ("enforcment: warn", "(top level): unknown key(s) 'enforcment'"),
-        ("accelerator: {label: x}", "accelerator: unknown key(s) 'label'"),
-        ("enforcement: block", "enforcement: 'block' is not one of ['deny', 'warn']"),
+        ("enforcment: warn", "(top level): unknown key(s) 'enforcment' (did you mean 'enforcement'?)"),
+        ("checks: {cpuPodOnGPUNodes: warn}",
+         "checks: unknown key(s) 'cpuPodOnGPUNodes' (did you mean 'cpuPodOnGpuNodes'?)"),
+        ("accelerator: {label: x}", "accelerator: unknown key(s) 'label'"),  # nothing close enough to suggest
+        ("enforcement: block", "enforcement: block is not a setting; use deny or warn"),
+        ("checks: {mixedGpuAndMig: on}", "checks.mixedGpuAndMig: true is not a setting; use deny, warn or off"),
+        ("cluster: {unknownAccelerator: yes}", "cluster.unknownAccelerator: true is not a setting; use deny, warn"),
         ("limits: {perPod: -1}", "limits.perPod: -1 is less than the minimum of 0"),
         ("limits: {perPod: two}", "limits.perPod: 'two' is not of type 'integer'"),
         ("tolerations: yes please", "tolerations: 'yes please' is not of type 'boolean'"),
-        ("namespaces: {a: {enforcement: off}}", "namespaces.a.enforcement: False is not one of ['deny', 'warn']"),
+        ("namespaces: {a: {enforcement: off}}", "namespaces.a.enforcement: false is not a setting; use deny or warn"),
         ("namespaces: {a: {accelerator: {nodeLabel: x}}}", "namespaces.a.accelerator: unknown key(s) 'nodeLabel'"),
+        ("namespaces: {Research: {}}", "namespaces: 'Research' is not a namespace name"),
+        ("namespaces: {~: {}}", "namespaces: '~' is not a namespace name"),
+        ("namespaces: {1.5: {}}", "namespaces: '1.5' is not a namespace name"),
+        ("namespaces: {a: {}, a: {enforcement: warn}}", "found duplicate key 'a'"),
+        ('resources: ["*"]', "resources[0]: '*' matches cpu, ephemeral-storage, hugepages-*, memory, pods, storage"),
+        ('resources: [nvidia.com/gpu, "huge*"]', "resources[1]: 'huge*' matches hugepages-*, which are not GPUs"),
+        ("resources: [nvidia.com/gpu, gpu]", "resources[1]: 'gpu' has no domain; GPUs are extended resources"),
+        ('resources: ["*gpu*"]', "resources[0]: '*gpu*' has no domain"),
         ("accelerator: {allowed: [a], default: b}", "accelerator.default: 'b' is not in the allowed list ['a']"),
         ("- a list", "(top level): ['a list'] is not of type 'object'"),
         ("a: [unclosed", "not valid YAML"),
@@ -66,8 +78,35 @@ def test_a_bad_policy_is_refused_naming_the_key(text, problem):
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(PolicyError) as caught:
-        parse_policy("enforcement: x\nlimits: {perPod: -1}\nfoo: 1")
-    assert len(caught.value.problems) == 3
+        parse_policy('enforcement: x\nlimits: {perPod: -1}\nfoo: 1\nresources: ["*"]\nnamespaces: {A: {}}')
+    assert len(caught.value.problems) == 5
+
+
+def test_namespace_keys_are_read_as_written_not_as_yaml_numbers_or_booleans():
+    policies = parse_policy("namespaces:\n  2024: {enforcement: warn}\n  on: {enforcement: warn}\n  '7': {}")
+    assert sorted(policies.by_namespace) == ["2024", "7", "on"]
+    assert policies.for_namespace("2024").enforcement == "warn"
+    assert policies.for_namespace("on").enforcement == "warn"
+
+
+@pytest.mark.parametrize(
+    ("key", "problem"),
+    [
+        (True, "namespaces: key True (YAML read 'on'/'yes'/'true' as a boolean): quote it"),
+        (False, "namespaces: key False (YAML read 'off'/'no'/'false' as a boolean): quote it"),
+        (2024, "namespaces: key 2024 is a number, not a name: quote it"),
+    ],
+)
+def test_a_decoded_policy_with_a_namespace_key_that_is_no_string_is_refused(key, problem):
+    """Documents decoded elsewhere (not by parse_policy's loader) may still carry YAML 1.1's numbers and booleans."""
+    with pytest.raises(PolicyError) as caught:
+        build_policy({"namespaces": {key: {"enforcement": "warn"}}})
+    assert caught.value.problems == [problem]
+
+
+def test_merged_keys_may_be_overridden_but_not_written_twice():
+    policies = parse_policy("namespaces: {<<: {research: {enforcement: warn}}, research: {}}")
+    assert policies.for_namespace("research").enforcement == "deny"
 
 
 def test_an_unreadable_file_is_a_policy_error(tmp_path):
@@ -83,4 +122,4 @@ def test_serve_refuses_an_invalid_policy_with_exit_code_2(tmp_path):
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2
-    assert "enforcement: 'maybe' is not one of ['deny', 'warn']" in result.stderr
+    assert "enforcement: maybe is not a setting; use deny or warn" in result.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from tests.manifests import container, pod, pytorch_job, ray_cluster, seed_pod, workload
@@ -80,6 +82,9 @@ DENIED = [  # violations found; decide() turns each into a denial or a warning b
     ("NaN, which Python's Decimal would accept", pod(container(limits={GPU: "NaN"})), DEFAULT,
      {(L0, "invalid-quantity")}),
     ("a boolean", pod(container(limits={GPU: True})), DEFAULT, {(L0, "invalid-quantity")}),
+    ("an absurd count: 1Ei", pod(container(limits={GPU: "1Ei"})), DEFAULT, {(L0, "invalid-quantity")}),
+    ("an absurd exponent under a cap is a violation, not an internal error",
+     pod(container(limits={GPU: "1e5000"})), CAPPED, {(L0, "invalid-quantity")}),
     ("requests differ from limits", pod(container(limits={GPU: 2}, requests={GPU: 1})), DEFAULT,
      {(R0, "requests-differ")}),
     (
@@ -272,3 +277,83 @@ def test_an_update_is_judged_on_what_it_changes():
     answer = validate(request, capped)
     assert not answer.allowed
     assert [str(v.path) for v in answer.violations] == [f"spec.containers[1].resources.limits[{GPU}]"]
+
+
+def labelled(obj):
+    obj = copy.deepcopy(obj)
+    obj["metadata"]["labels"] = {"team": "a"}
+    obj["metadata"]["finalizers"] = ["example.com/cleanup"]
+    return obj
+
+
+def deployment(*containers, **spec):
+    return workload("Deployment", pod(*containers, **spec))
+
+
+def ray_groups(*groups):
+    """A RayCluster whose worker groups are (groupName, container) pairs, in order."""
+    cluster = ray_cluster(pod(container("head")), [pod(c) for _, c in groups])
+    for spec, (name, _) in zip(cluster["spec"]["workerGroupSpecs"], groups, strict=True):
+        spec["groupName"] = name
+    return cluster
+
+
+CAP1 = parse_policy("limits: {perContainer: 1}")
+POD_CAP2 = parse_policy("limits: {perPod: 2}")
+T = "spec.template.spec"
+TL0 = f"{T}.containers[0].resources.limits[{GPU}]"
+A100 = {"accelerator": "nvidia-a100"}
+H100 = {"accelerator": "nvidia-h100"}
+TOLERATE_GPU = {"key": GPU, "operator": "Exists"}
+
+UPDATES = [  # (old object, new object, policy, violations held against the UPDATE)
+    # An object admitted under an older policy still takes new labels and finalizers.
+    ("metadata on a pod over a newer cap", pod(container(limits={GPU: 2})), labelled(pod(container(limits={GPU: 2}))),
+     CAP1, set()),
+    ("metadata on a Deployment over the per-pod cap", deployment(container(limits={GPU: 3})),
+     labelled(deployment(container(limits={GPU: 3}))), POD_CAP2, set()),
+    ("metadata on a Deployment with a disallowed accelerator",
+     deployment(container(limits={GPU: 1}), nodeSelector=A100),
+     labelled(deployment(container(limits={GPU: 1}), nodeSelector=A100)), ALLOWED, set()),
+    ("metadata on a Deployment requesting without limits", deployment(container(requests={GPU: 1})),
+     labelled(deployment(container(requests={GPU: 1}))), DEFAULT, set()),
+    # Containers are matched by name: problems that only moved are the same problems.
+    ("a CPU container inserted before an old problem", deployment(container("gpu", limits={GPU: 2})),
+     deployment(container("cpu"), container("gpu", limits={GPU: 2})), CAP1, set()),
+    ("containers reordered", deployment(container("a", limits={GPU: 2}), container("b", requests={GPU: 1})),
+     deployment(container("b", requests={GPU: 1}), container("a", limits={GPU: 2})), CAP1, set()),
+    ("a toleration inserted before an old one", pod(container(), tolerations=[TOLERATE_GPU]),
+     pod(container(), tolerations=[{"key": "other", "operator": "Exists"}, TOLERATE_GPU]), DEFAULT, set()),
+    ("a RayCluster worker group inserted before an old problem", ray_groups(("big", container(limits={GPU: 2}))),
+     ray_groups(("cpu", container()), ("big", container(limits={GPU: 2}))), CAP1, set()),
+    # A problem made different is held to the policy in force, whether it grew or shrank.
+    ("a Deployment over a per-pod cap of 2 grown from 3 to 64 GPUs", deployment(container(limits={GPU: 3})),
+     deployment(container(limits={GPU: 64})), POD_CAP2, {(T, "per-pod-limit")}),
+    ("shrunk from 64 to 3, still over the cap", deployment(container(limits={GPU: 64})),
+     deployment(container(limits={GPU: 3})), POD_CAP2, {(T, "per-pod-limit")}),
+    ("over the per-container cap, from 2 to 3", deployment(container(limits={GPU: 2})),
+     deployment(container(limits={GPU: 3})), CAP1, {(TL0, "per-container-limit")}),
+    ("a disallowed accelerator swapped for another", deployment(container(limits={GPU: 1}), nodeSelector=A100),
+     deployment(container(limits={GPU: 1}), nodeSelector=H100), ALLOWED,
+     {(f"{T}.nodeSelector[accelerator]", "accelerator-not-allowed")}),
+    ("requests without limits, from 1 to 2", deployment(container(requests={GPU: 1})),
+     deployment(container(requests={GPU: 2})), DEFAULT,
+     {(f"{T}.containers[0].resources.requests[{GPU}]", "requests-without-limits")}),
+    ("one invalid quantity for another", deployment(container(limits={GPU: "500m"})),
+     deployment(container(limits={GPU: "1.5"})), DEFAULT, {(TL0, "invalid-quantity")}),
+    ("a renamed container is a new container", deployment(container("a", limits={GPU: 2})),
+     deployment(container("b", limits={GPU: 2})), CAP1, {(TL0, "per-container-limit")}),
+    ("a CPU container inserted and the GPU container grown", deployment(container("gpu", limits={GPU: 2})),
+     deployment(container("cpu"), container("gpu", limits={GPU: 3})), CAP1,
+     {(f"{T}.containers[1].resources.limits[{GPU}]", "per-container-limit")}),
+    ("a new problem beside an old one", deployment(container("a", limits={GPU: 2})),
+     deployment(container("a", limits={GPU: 2}), container("b", limits={GPU: 3})), CAP1,
+     {(f"{T}.containers[1].resources.limits[{GPU}]", "per-container-limit")}),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "policy", "expected"), [c[1:] for c in UPDATES], ids=[c[0] for c in UPDATES])
+def test_an_update_is_held_to_the_violations_it_introduces_or_changes(old, new, policy, expected):
+    answer = decide(new, group_of(new["apiVersion"]), new["kind"], "default", policy, old=old)
+    assert {(str(v.path), v.rule) for v in answer.violations} == expected
+    assert answer.allowed is not expected

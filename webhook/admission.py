@@ -66,15 +66,19 @@ def decide(
 ) -> Response:
     """The validation decision for one object, shared by ``/validate`` and ``gpu-webhook check``.
 
-    ``old`` is the object before an UPDATE; violations it already had are not held against the update.
+    ``old`` is the object before an UPDATE; a violation it already had, about the same value at the same
+    place (list items by name), is not held against the update.
     """
     policy = policies.for_namespace(namespace)
     found = [v for v in violations(obj, group, kind, policy, nodes) if policy.action(v.rule) != "off"]
     if old is not None:
         # An update is judged on what it changes: a pod admitted under an older policy must still
-        # accept a label or a finalizer, or controllers stall on objects they did not write.
-        before = {(v.path, v.rule) for v in violations(old, group, kind, policy, nodes)}
-        found = [v for v in found if (v.path, v.rule) not in before]
+        # accept a label or a finalizer, or controllers stall on objects they did not write. What it
+        # changes is held to the policy in force, so a violation made different (3 GPUs over the cap
+        # made 64, one disallowed accelerator swapped for another) is no longer excused, while one that
+        # only moved (a container inserted before it) still is.
+        before = {v.subject for v in violations(old, group, kind, policy, nodes)}
+        found = [v for v in found if v.subject not in before]
     if not found:
         return review.allowed()
     denials = [v for v in found if policy.action(v.rule) == "deny"]

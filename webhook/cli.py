@@ -9,7 +9,8 @@ import shutil
 import sys
 import tempfile
 
-from webhook import __version__, certs, check
+from webhook import __version__, certs, check, tls
+from webhook.connections import port_problem
 from webhook.policy import PolicyError, load_policy
 
 EXIT_USAGE = 2
@@ -21,7 +22,9 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="serve /validate and /mutate over TLS")
-    serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    serve.add_argument(
+        "--host", help="address to listen on (default 0.0.0.0; 127.0.0.1 with --self-signed, which is for trying out)"
+    )
     serve.add_argument("--port", type=int, default=8443, help="port to listen on (default 8443)")
     serve.add_argument("--cert-file", help="PEM serving certificate (watched; reloaded when it changes)")
     serve.add_argument("--key-file", help="PEM private key of the serving certificate")
@@ -31,12 +34,19 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--client-ca", help="require client certificates signed by this CA (PEM)")
     serve.add_argument("--policy", help="policy YAML file (watched; default: built-in defaults)")
     serve.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
-    serve.add_argument("--threads", type=int, default=8, help="threads per worker (default 8)")
+    serve.add_argument(
+        "--threads", type=int, default=4, help="handler threads per worker, for complete requests only (default 4)"
+    )
     serve.add_argument(
         "--max-body-bytes", type=int, default=7 * 1024 * 1024, help="larger bodies get 413 (default 7 MiB)"
     )
     serve.add_argument(
         "--kubeconfig", help="kubeconfig for cluster-aware checks (default: the in-cluster service account)"
+    )
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve GET /metrics, /healthz and /readyz over plain HTTP on this port instead of the TLS port",
     )
     serve.add_argument(
         "--drain-seconds", type=float, default=3.0, help="after SIGTERM, fail /readyz this long before stopping"
@@ -68,8 +78,19 @@ def _policy_or_exit(path: str | None) -> None:
 
 
 def _temp_dir(prefix: str) -> str:
+    """A directory removed when the process that made it exits, and only then.
+
+    gunicorn forks workers that inherit atexit handlers: without the owner check a worker that exits
+    (a timeout, a respawn) would delete the directory the master and the other workers still use.
+    """
     path = tempfile.mkdtemp(prefix=prefix)
-    atexit.register(shutil.rmtree, path, True)
+    owner = os.getpid()
+
+    def remove() -> None:
+        if os.getpid() == owner:
+            shutil.rmtree(path, ignore_errors=True)
+
+    atexit.register(remove)
     return path
 
 
@@ -82,6 +103,23 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--workers and --threads must be at least 1")
     _policy_or_exit(args.policy)
     cert_file, key_file = args.cert_file, args.key_file
+    host = args.host or ("127.0.0.1" if args.self_signed else "0.0.0.0")
+    try:
+        if not args.self_signed:
+            tls.check_files(cert_file, key_file, args.client_ca)
+        elif args.client_ca:
+            tls.check_ca(args.client_ca)
+    except tls.TLSFileError as exc:
+        print(f"gpu-webhook: cannot serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    problem = port_problem(host, args.port)
+    if args.metrics_port is not None:
+        if args.metrics_port == args.port:
+            problem = problem or "--metrics-port must differ from --port"
+        problem = problem or port_problem(host, args.metrics_port)
+    if problem:
+        print(f"gpu-webhook: cannot serve: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     if args.self_signed:
         paths = certs.write(certs.generate(["localhost", "127.0.0.1", "::1"], days=7), _temp_dir("gpu-webhook-tls-"))
         cert_file, key_file = str(paths["cert"]), str(paths["key"])
@@ -94,7 +132,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     config = ServeConfig(
         cert_file=cert_file,
         key_file=key_file,
-        host=args.host,
+        host=host,
         port=args.port,
         policy_file=args.policy,
         client_ca=args.client_ca,
@@ -103,6 +141,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         max_body=args.max_body_bytes,
         kubeconfig=args.kubeconfig,
         drain_seconds=args.drain_seconds,
+        metrics_port=args.metrics_port,
     )
     try:
         serve(config)

@@ -16,6 +16,7 @@ from webhook.quantity import QuantityError, gpu_count, quoted
 
 
 def _toleration_keys(spec: Mapping[str, Any]) -> list[tuple[int, str]]:
+    """(index, key) of every toleration with a key."""
     tolerations = spec.get("tolerations")
     if not isinstance(tolerations, list):
         return []
@@ -33,9 +34,10 @@ def check_cpu_pod_on_gpu_nodes(ref: PodSpecRef, policy: Policy) -> list[Violatio
         if policy.is_gpu(key):
             out.append(
                 Violation(
-                    ref.path.child("tolerations").index(i),
+                    ref.path.child("tolerations").item(i, "key", key),
                     "cpu-pod-on-gpu-nodes",
                     f"the pod uses no GPU but tolerates the {key} taint, so it can land on a GPU node",
+                    key,
                 )
             )
     selector = as_mapping(ref.spec.get("nodeSelector"))
@@ -45,6 +47,7 @@ def check_cpu_pod_on_gpu_nodes(ref: PodSpecRef, policy: Policy) -> list[Violatio
                 ref.path.child("nodeSelector").key(policy.node_label),
                 "cpu-pod-on-gpu-nodes",
                 f"the pod uses no GPU but selects {policy.node_label}={selector[policy.node_label]}",
+                str(selector[policy.node_label]),
             )
         )
     return out
@@ -65,6 +68,7 @@ def check_mixed_gpu_and_mig(
             path.child("resources"),
             "mixed-gpu-and-mig",
             f"container {quoted(name)} mixes nvidia.com/gpu with MIG slices ({', '.join(slices)})",
+            ", ".join(slices),
         )
     ]
 
@@ -81,6 +85,7 @@ def check_init_container_gpus(
             path.child("resources"),
             "init-container-gpus",
             f"an init container asks for GPUs ({held}); they stay reserved for the pod's lifetime",
+            held,
         )
     ]
 
@@ -90,8 +95,10 @@ def _number(value: object) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
+    # ASCII digits only ("²".isdigit() is true, and int() refuses it), and few enough to convert cheaply.
+    digits = value.strip() if isinstance(value, str) else ""
+    if digits.isascii() and digits.isdigit() and len(digits) <= 18:
+        return int(digits)
     return None
 
 
@@ -135,6 +142,7 @@ def check_process_count(obj: Mapping[str, Any], group: str, kind: str, policy: P
                         path,
                         "process-count-mismatch",
                         f"{procs} processes per node but the Worker container has {found[1]} GPUs",
+                        f"{procs} != {found[1]}",
                     )
                 )
     if (group, kind) == ("ray.io", "RayCluster"):
@@ -144,11 +152,15 @@ def check_process_count(obj: Mapping[str, Any], group: str, kind: str, policy: P
             declared = _number(params.get("num-gpus"))
             found = _gpu_limit(as_mapping(as_mapping(worker_group).get("template")), policy)
             if declared is not None and found and declared != found[1]:
+                group_path = FieldPath("spec").child("workerGroupSpecs").item(
+                    i, "groupName", as_mapping(worker_group).get("groupName")
+                )
                 out.append(
                     Violation(
-                        FieldPath("spec").child("workerGroupSpecs").index(i).child("rayStartParams").key("num-gpus"),
+                        group_path.child("rayStartParams").key("num-gpus"),
                         "process-count-mismatch",
                         f"Ray is told num-gpus={declared} but the container's GPU limit is {found[1]}",
+                        f"{declared} != {found[1]}",
                     )
                 )
     return out
@@ -168,6 +180,7 @@ def check_replica_accelerators(
             ref.path.child("nodeSelector").key(policy.node_label),
             "replica-accelerator-mismatch",
             f"replicas of one job ask for different accelerators ({listed})",
+            f"{a} != {accelerators[0][1]}",
         )
         for ref, a in accelerators[1:]
         if a != accelerators[0][1]

@@ -3,7 +3,9 @@ directory (``PROMETHEUS_MULTIPROC_DIR``), so ``/metrics`` reports the whole serv
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Callable
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -16,6 +18,8 @@ from prometheus_client import (
     multiprocess,
 )
 
+from webhook import logs
+
 REQUESTS = Counter(
     "gpu_webhook_requests",
     "Admission requests answered, by endpoint, object kind and decision.",
@@ -25,7 +29,13 @@ LATENCY = Histogram(
     "gpu_webhook_request_duration_seconds",
     "Time from request body read to response ready.",
     ["endpoint"],
-    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+    # Up to 10 s: the apiserver's webhook timeouts range from 1 to 30 s (default 10).
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+REFUSED = Counter(
+    "gpu_webhook_connection_refusals",
+    "Requests the connection layer answered itself (400 malformed, 408 too slow, 413 too large, 431 headers).",
+    ["status"],
 )
 RELOADS = Counter(
     "gpu_webhook_reloads",
@@ -49,6 +59,32 @@ NODE_INDEX_STALE = Gauge(
 
 def record_reload(what: str, ok: bool) -> None:
     RELOADS.labels(what=what, result="success" if ok else "failure").inc()
+
+
+def count_request(endpoint: str, kind: str, decision: str) -> None:
+    REQUESTS.labels(endpoint=endpoint, kind=kind, decision=decision).inc()
+
+
+def observe_latency(endpoint: str, seconds: float) -> None:
+    LATENCY.labels(endpoint=endpoint).observe(seconds)
+
+
+def count_refusal(status: int) -> None:
+    safely(lambda: REFUSED.labels(status=str(status)).inc())
+
+
+_failed_once = False
+
+
+def safely(record: Callable[..., None], *args: object) -> None:
+    """Record a metric; a metrics failure (say, its directory is gone) never fails an admission."""
+    global _failed_once
+    try:
+        record(*args)
+    except (OSError, ValueError) as exc:
+        if not _failed_once:
+            _failed_once = True
+            logs.event("metrics_failed", logging.ERROR, error=str(exc))
 
 
 def render() -> tuple[bytes, str]:

@@ -143,6 +143,7 @@ def check_cluster(
                         "unknown-accelerator",
                         f"no node has {summary.node_label}={accelerator}, so the pod would stay "
                         f"Pending ({summary.describe()})",
+                        accelerator,
                     )
                 )
             return out
@@ -155,7 +156,7 @@ def check_cluster(
             if policy.checks("unadvertised-resource"):
                 out.append(
                     Violation(
-                        path, "unadvertised-resource", f"no node advertises {name} (nodes: {summary.total.nodes})"
+                        path, "unadvertised-resource", f"no node advertises {name} (nodes: {summary.total.nodes})", name
                     )
                 )
             continue
@@ -166,6 +167,7 @@ def check_cluster(
                     path,
                     "exceeds-node-capacity",
                     f"the pod needs {wanted} {name} on one node; {where}, largest allocatable {name}: {largest}",
+                    f"{wanted} {name}",
                 )
             )
     return out

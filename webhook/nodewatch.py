@@ -13,10 +13,9 @@ import threading
 import time
 from typing import Any
 
-from webhook import metrics
+from webhook import logs, metrics
 from webhook.nodes import NodeIndex
 
-log = logging.getLogger("gpu_webhook")
 WATCH_SECONDS = 240  # the server ends a watch after this; we resume from the last version
 
 
@@ -62,7 +61,7 @@ class NodeWatcher:
         body = json.loads(response.data)
         self.index.replace(body.get("items") or [])
         self.resource_version = body["metadata"]["resourceVersion"]
-        log.info('{"event": "nodes_listed", "nodes": %d}', len(self.index))
+        logs.event("nodes_listed", nodes=len(self.index))
 
     def watch_nodes(self) -> None:
         from kubernetes.watch.watch import iter_resp_lines
@@ -105,15 +104,13 @@ class NodeWatcher:
                 self.watch_nodes()
                 backoff = 0.5
             except Gone:
-                log.info('{"event": "node_watch_gone", "action": "relist"}')
+                logs.event("node_watch_gone", action="relist")
                 self.resource_version = None
             except Exception as exc:  # the apiserver may be away: keep the index, retry later
                 self.connected = False
                 if getattr(exc, "status", None) == 410:
                     self.resource_version = None
-                log.warning(
-                    '{"event": "node_watch_failed", "error": %s, "retry_in": %.1f}', json.dumps(str(exc)[:300]), backoff
-                )
+                logs.event("node_watch_failed", logging.WARNING, error=str(exc)[:300], retry_in=round(backoff, 1))
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, self.max_backoff)
 

@@ -105,5 +105,10 @@ def _walk(node: object, path: FieldPath, depth: int) -> Iterator[PodSpecRef]:
                 yield from _walk(value, path.child(key), depth + 1)
     elif isinstance(node, list):
         for i, item in enumerate(node):
-            if isinstance(item, (Mapping, list)):
+            if isinstance(item, Mapping):
+                # Items known by name (a RayCluster's worker groups) keep their violations' subjects when
+                # an update inserts an item before them; the path shown is still by index.
+                by = "name" if isinstance(item.get("name"), str) else "groupName"
+                yield from _walk(item, path.item(i, by, item.get(by)), depth + 1)
+            elif isinstance(item, list):
                 yield from _walk(item, path.index(i), depth + 1)

@@ -3,12 +3,17 @@
 Loading and validation live here and nowhere else; the server, the CLI and the tests all
 call :func:`load_policy` or :func:`parse_policy`. A policy is refused as a whole, with
 every bad key named, so a typo never half-applies.
+
+Mapping keys are read as written: YAML 1.1 would turn a namespace ``2024:`` into a number and
+``on:`` into ``True``, which no namespace name ever equals.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
 import fnmatch
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +21,7 @@ from typing import Any
 
 import jsonschema
 import yaml
+from yaml.constructor import ConstructorError
 
 DEFAULTS: dict[str, Any] = {
     "resources": ["nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/*", "nvidia.com/mig-*"],
@@ -122,6 +128,45 @@ SCHEMA: dict[str, Any] = {
 }
 
 
+# Native resources: never GPUs, and a pattern matching one would make cpu and memory count as GPUs.
+_CORE_RESOURCES = {
+    "cpu": "cpu", "memory": "memory", "ephemeral-storage": "ephemeral-storage", "storage": "storage",
+    "pods": "pods", "hugepages-2Mi": "hugepages-*", "hugepages-1Gi": "hugepages-*",
+}
+# A namespace name is a DNS-1123 label; a key that is not one can never match a namespace.
+_NAMESPACE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML with every scalar mapping key kept as the text written, and duplicate keys refused.
+
+    Keys a merge (``<<: *anchor``) brings in may be overridden, as YAML allows; keys written twice may not.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        written = {id(key_node) for key_node, _ in node.value}
+        self.flatten_mapping(node)  # merge keys (<<) first, as SafeLoader does
+        mapping: dict[Any, Any] = {}
+        seen: set[Any] = set()
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else self.construct_object(key_node, deep)
+            try:
+                duplicate = key in seen
+            except TypeError:
+                raise ConstructorError(
+                    "while constructing a mapping", node.start_mark, "found unhashable key", key_node.start_mark
+                ) from None
+            if id(key_node) in written:
+                seen.add(key)
+            if duplicate:
+                raise ConstructorError(
+                    "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}",
+                    key_node.start_mark,
+                )
+            mapping[key] = self.construct_object(value_node, deep)
+        return mapping
+
+
 CLUSTER_RULES = frozenset(rule for rule, (section, _) in CHECK_SETTINGS.items() if section == "cluster")
 
 
@@ -197,17 +242,75 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _written(value: object) -> str:
+    """A value as it reads in YAML: ``true`` rather than Python's ``True``."""
+    if isinstance(value, bool) or value is None:
+        return yaml.safe_dump(value).removesuffix("\n...\n")
+    if isinstance(value, str) and value and value == value.strip():
+        return value
+    return repr(value)
+
+
+def _unknown_key(key: object, known: list[str]) -> str:
+    """``'cpuPodOnGPUNodes' (did you mean 'cpuPodOnGpuNodes'?)``, the suggestion when one is close."""
+    by_lower = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(str(key).lower(), list(by_lower), n=1)
+    return f"{key!r} (did you mean {by_lower[close[0]]!r}?)" if close else repr(key)
+
+
+def _choices(options: list[object]) -> str:
+    names = [o for o in options if isinstance(o, str)]  # False stands in for a bare off
+    return ", ".join(names[:-1]) + f" or {names[-1]}"
+
+
 def _schema_problems(document: object) -> list[str]:
     validator = jsonschema.Draft202012Validator(SCHEMA)
     problems = []
     for error in sorted(validator.iter_errors(document), key=lambda e: list(map(str, e.path))):
         where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
         if error.validator == "additionalProperties":
-            known = set(error.schema.get("properties", {}))
-            unknown = sorted(set(error.instance) - known)
-            problems.append(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}")
+            known = sorted(error.schema.get("properties", {}))
+            unknown = sorted(set(error.instance) - set(known), key=str)
+            problems.append(f"{where}: unknown key(s) {', '.join(_unknown_key(k, known) for k in unknown)}")
+        elif error.validator == "enum":
+            choices = _choices(error.validator_value)
+            problems.append(f"{where}: {_written(error.instance)} is not a setting; use {choices}")
         else:
             problems.append(f"{where}: {error.message}")
+    return problems
+
+
+def _key_problems(document: Mapping[str, Any]) -> list[str]:
+    """Namespace keys that can never match a namespace (read as a number or boolean, or no DNS label)."""
+    namespaces = document.get("namespaces")
+    problems = []
+    for key in namespaces if isinstance(namespaces, Mapping) else ():
+        if isinstance(key, bool):
+            spelled = "'on'/'yes'/'true'" if key else "'off'/'no'/'false'"
+            problems.append(f"namespaces: key {key} (YAML read {spelled} as a boolean): quote it")
+        elif not isinstance(key, str):
+            kind = "a number" if isinstance(key, (int, float)) else f"a {type(key).__name__}"
+            problems.append(f"namespaces: key {key!r} is {kind}, not a name: quote it")
+        elif not _NAMESPACE.fullmatch(key):
+            problems.append(
+                f"namespaces: {key!r} is not a namespace name (lowercase letters, digits and '-', at most 63)"
+            )
+    return problems
+
+
+def _resource_problems(patterns: object) -> list[str]:
+    """GPU resource patterns that would take native resources for GPUs, or could name no extended resource."""
+    problems: list[str] = []
+    for i, pattern in enumerate(patterns if isinstance(patterns, list) else []):
+        if not isinstance(pattern, str):
+            continue  # the schema has said so
+        core = sorted({label for name, label in _CORE_RESOURCES.items() if fnmatch.fnmatchcase(name, pattern)})
+        if core:
+            problems.append(f"resources[{i}]: {pattern!r} matches {', '.join(core)}, which are not GPUs")
+        elif "/" not in pattern:
+            problems.append(
+                f"resources[{i}]: {pattern!r} has no domain; GPUs are extended resources such as nvidia.com/gpu"
+            )
     return problems
 
 
@@ -233,6 +336,9 @@ def build_policy(document: object, source: str = "policy") -> PolicySet:
     if document is None:
         document = {}
     problems = _schema_problems(document)
+    if isinstance(document, Mapping):
+        problems += _key_problems(document)
+        problems += _resource_problems(document.get("resources"))
     if problems:
         raise PolicyError(source, problems)
     assert isinstance(document, Mapping)
@@ -252,7 +358,7 @@ def build_policy(document: object, source: str = "policy") -> PolicySet:
 
 def parse_policy(text: str, source: str = "policy") -> PolicySet:
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_Loader)  # a SafeLoader: keys as written
     except yaml.YAMLError as exc:
         raise PolicyError(source, [f"not valid YAML: {exc}"]) from None
     return build_policy(document, source)

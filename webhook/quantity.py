@@ -4,6 +4,11 @@
 apiserver refuses (``NaN``, ``1_000``, surrounding spaces), so strings are first held to
 the apimachinery grammar. Custom resources reach us without server-side parsing, so the
 guard matters there.
+
+Cost is bounded before any conversion: a string longer than :data:`MAX_LENGTH` or with an
+exponent beyond :data:`MAX_EXPONENT` is refused as it stands (``int(Decimal("1e600000"))``
+alone held a worker for 20 s), and a count above :data:`CEILING` is refused before it is
+turned into an ``int``. Both say the same thing: not a sensible GPU count.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import json
 import re
 import sys
 from collections.abc import Callable
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from pathlib import Path
 
 
@@ -40,7 +45,15 @@ def _kubernetes_parse_quantity() -> Callable[[object], Decimal]:
 parse_quantity = _kubernetes_parse_quantity()
 
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
-_QUANTITY = re.compile(rf"[+-]?{_NUMBER}(?:[KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?")
+_QUANTITY = re.compile(rf"[+-]?{_NUMBER}(?:[KMGTPE]i|[numkMGTPE]|[eE](?P<exponent>[+-]?\d+))?", re.ASCII)
+
+# No cluster has a million devices of one kind on one pod; above this a count is a typo or an attack.
+CEILING = 10**6
+# Bounds that keep parsing constant-cost; a real GPU count needs a few characters and no exponent.
+MAX_LENGTH = 64
+MAX_EXPONENT = 64
+# Digits kept exactly while a suffix is applied (64 digits times 1024**6 stays within this).
+_PRECISION = 100
 
 
 def quoted(value: object) -> str:
@@ -48,17 +61,42 @@ def quoted(value: object) -> str:
     return json.dumps(value) if isinstance(value, str) else str(value)
 
 
+def shown(value: object) -> str:
+    """``quoted``, cut short for values too long to echo back whole in a message."""
+    if isinstance(value, str) and len(value) > MAX_LENGTH:
+        return f"{json.dumps(value[:16])[:-1]}…\" ({len(value)} characters)"
+    if isinstance(value, int) and value.bit_length() > 4 * MAX_LENGTH:  # str() of it may even raise
+        return f"an integer of {value.bit_length()} bits"
+    text = quoted(value)
+    return text if len(text) <= MAX_LENGTH else f"{text[:16]}… ({len(text)} characters)"
+
+
 class QuantityError(ValueError):
     """A value that is not a whole, non-negative GPU count; the message says which way."""
 
 
+def _not_sensible(value: object) -> QuantityError:
+    return QuantityError(f"{shown(value)} is not a sensible GPU count (at most {CEILING})")
+
+
 def parse(value: object) -> Decimal:
+    """The exact number a quantity stands for; refuses, without converting, what would cost too much."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise QuantityError(f"{quoted(value)} is not a quantity")
-    if isinstance(value, str) and not _QUANTITY.fullmatch(value):
-        raise QuantityError(f"{quoted(value)} is not a quantity")
+        raise QuantityError(f"{shown(value)} is not a quantity")
+    if isinstance(value, str):
+        if len(value) > MAX_LENGTH:
+            raise _not_sensible(value)
+        match = _QUANTITY.fullmatch(value)
+        if not match:
+            raise QuantityError(f"{quoted(value)} is not a quantity")
+        exponent = match.group("exponent")
+        if exponent is not None and abs(int(exponent)) > MAX_EXPONENT:
+            raise _not_sensible(value)
+    elif isinstance(value, int) and abs(value) > CEILING:
+        raise _not_sensible(value)  # before Decimal(value): a JSON integer may have thousands of digits
     try:
-        number = parse_quantity(value)
+        with localcontext(prec=_PRECISION):  # the suffix multiplication must not round 1.000…1 to 1
+            number = parse_quantity(value)
     except (ValueError, ArithmeticError):
         raise QuantityError(f"{quoted(value)} is not a quantity") from None
     if not number.is_finite():
@@ -71,6 +109,8 @@ def gpu_count(value: object) -> int:
     number = parse(value)
     if number < 0:
         raise QuantityError(f"{quoted(value)} is negative (GPU counts are zero or more)")
+    if number > CEILING:
+        raise _not_sensible(value)  # before int(number), which would build every digit
     if number != number.to_integral_value():
         raise QuantityError(f"{quoted(value)} is not a whole number (GPUs cannot be shared)")
     return int(number)

@@ -1,17 +1,18 @@
 """AdmissionReview in and out, and the Response a handler returns.
 
 Like controller-runtime's ``admission.Response``: handlers build one with
-:func:`allowed`, :func:`denied`, :func:`patched` or :func:`errored`; only
+:func:`allowed`, :func:`denied` or :func:`patched`; only
 :func:`encode` turns it into the wire format, echoing the version it was asked in.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from webhook.field import Violation
 
@@ -66,18 +67,19 @@ def patched(ops: Sequence[Mapping[str, Any]], warnings: tuple[str, ...] | list[s
     return Response(allowed=True, patch=tuple(ops), warnings=tuple(warnings))
 
 
-def errored(message: str, code: int = 500) -> Response:
-    """A failure of ours, answered as a review so the apiserver applies its failurePolicy knowingly."""
-    return Response(allowed=False, code=code, message=message)
-
-
 def decode(body: bytes) -> Review:
+    """The AdmissionReview in ``body``. orjson parses it (strict RFC 8259, about 3x the standard library's
+    speed, nesting bounded at 1024 levels)."""
     try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        reason = str(exc)
+        if "depth limit" in reason:  # a nesting bomb: no AdmissionReview is nested this deep
+            raise BadReview("body is nested too deeply") from None
+        if "infinity" in reason:
+            # Beyond a float64, as the apiserver's own decoder sees it (1e400, a 400-digit integer).
+            raise BadReview("body has a number out of range") from None
         raise BadReview("body is not JSON") from None
-    except RecursionError:  # a nesting bomb: no AdmissionReview is nested this deep
-        raise BadReview("body is nested too deeply") from None
     if not isinstance(document, dict):
         raise BadReview("body is not a JSON object")
     api_version, kind = document.get("apiVersion"), document.get("kind")
@@ -87,8 +89,10 @@ def decode(body: bytes) -> Review:
     if not isinstance(request, dict):
         raise BadReview("AdmissionReview has no request")
     uid = request.get("uid")
-    if not isinstance(uid, str) or not uid:
+    if uid is None or uid == "":
         raise BadReview("request.uid is missing")
+    if not isinstance(uid, str):
+        raise BadReview(f"request.uid must be a string, not {type(uid).__name__}")
     return Review(api_version=api_version, request=request)
 
 
@@ -104,5 +108,5 @@ def encode(review: Review, response: Response) -> dict[str, Any]:
         body["warnings"] = list(response.warnings)
     if response.patch:
         body["patchType"] = "JSONPatch"
-        body["patch"] = base64.b64encode(json.dumps(list(response.patch)).encode()).decode()
+        body["patch"] = base64.b64encode(orjson.dumps(list(response.patch))).decode()
     return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": body}

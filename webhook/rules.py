@@ -2,7 +2,8 @@
 
 Each check has the shape ``check_x(thing, path, policy) -> list[Violation]``: it starts
 empty, extends, and returns everything it found, so one denial names every problem.
-Nothing here raises on odd input; odd shapes are violations of their own.
+Nothing here raises on odd input; odd shapes are violations of their own. Each violation carries
+the value it is about, so an UPDATE that changes an old problem is held to it (see ``admission``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from webhook.field import FieldPath, Violation
 from webhook.nodes import NodeSummary, check_cluster
 from webhook.podspecs import PodSpecRef, find_pod_specs
 from webhook.policy import Policy
-from webhook.quantity import quoted
+from webhook.quantity import quoted, shown
 
 CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 
@@ -42,12 +43,18 @@ def container_label(container: Mapping[str, Any], path: FieldPath) -> str:
     return f"container {quoted(name)}" if isinstance(name, str) and name else f"container {path}"
 
 
+def about(raw: object) -> str:
+    """A value as a violation records it: as written, cut short if long (``1`` and ``"1"`` are one quantity)."""
+    return raw if isinstance(raw, str) else shown(raw)
+
+
 def _mapping_at(parent: Mapping[str, Any], key: str, path: FieldPath, out: list[Violation]) -> Mapping[str, Any]:
     value = parent.get(key)
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        out.append(Violation(path.child(key), "structure", f"must be a mapping, not {type(value).__name__}"))
+        kind = type(value).__name__
+        out.append(Violation(path.child(key), "structure", f"must be a mapping, not {kind}", kind))
         return {}
     return value
 
@@ -73,20 +80,21 @@ def check_container(
         try:
             limit_counts[name] = quantity.gpu_count(raw)
         except quantity.QuantityError as exc:
-            out.append(Violation(where, "invalid-quantity", f"{label}: {exc}"))
+            out.append(Violation(where, "invalid-quantity", f"{label}: {exc}", about(raw)))
     for name, raw in requests.items():
         where = resources_path.child("requests").key(name)
         count: int | None = None
         try:
             count = quantity.gpu_count(raw)
         except quantity.QuantityError as exc:
-            out.append(Violation(where, "invalid-quantity", f"{label}: {exc}"))
+            out.append(Violation(where, "invalid-quantity", f"{label}: {exc}", about(raw)))
         if name not in limits:
             out.append(
                 Violation(
                     where,
                     "requests-without-limits",
                     f"{label}: {name} is requested without a limit, set it in limits (requests default to limits)",
+                    about(raw),
                 )
             )
         elif count is not None and name in limit_counts and count != limit_counts[name]:
@@ -95,6 +103,7 @@ def check_container(
                     where,
                     "requests-differ",
                     f"{label}: {name} requests ({quoted(raw)}) must equal limits ({quoted(limits[name])})",
+                    f"{count} != {limit_counts[name]}",
                 )
             )
         if count is not None:
@@ -107,6 +116,7 @@ def check_container(
                     resources_path.child("limits").key(name),
                     "per-container-limit",
                     f"{label}: {count} {name} is over the limit of {policy.per_container} per container",
+                    str(count),
                 )
             )
     return out
@@ -145,6 +155,7 @@ class PodGPUs:
     app: list[ContainerGPUs] = field(default_factory=list)
     init: list[ContainerGPUs] = field(default_factory=list)
     ephemeral: list[ContainerGPUs] = field(default_factory=list)
+    ephemeral_paths: list[FieldPath] = field(default_factory=list)
 
     @property
     def uses_gpus(self) -> bool:
@@ -168,24 +179,24 @@ def check_containers(spec: Mapping[str, Any], path: FieldPath, policy: Policy, g
             out.append(Violation(list_path, "structure", "must be a list of containers"))
             continue
         for i, container in enumerate(items):
-            where = list_path.index(i)
             if not isinstance(container, Mapping):
-                out.append(Violation(where, "structure", "must be a container mapping"))
+                out.append(Violation(list_path.index(i), "structure", "must be a container mapping"))
                 continue
+            # By name, so that a container inserted before this one changes no violation's subject.
+            where = list_path.item(i, "name", container.get("name"))
             c = ContainerGPUs(sidecar=container.get("restartPolicy") == "Always")
             out.extend(check_container(container, where, policy, c))
             out.extend(check_mixed_gpu_and_mig(container, where, set(c.counts), policy))
             if list_name == "initContainers":
                 out.extend(check_init_container_gpus(where, c.counts, c.sidecar, policy))
             bucket.append(c)
-    for i, c in enumerate(gpus.ephemeral):
+            if list_name == "ephemeralContainers":
+                gpus.ephemeral_paths.append(where)
+    for where, c in zip(gpus.ephemeral_paths, gpus.ephemeral, strict=True):
         if c.counts:
+            held = ", ".join(f"{n} {name}" for name, n in sorted(c.counts.items()))
             out.append(
-                Violation(
-                    path.child("ephemeralContainers").index(i).child("resources"),
-                    "ephemeral-gpu",
-                    "ephemeral containers may not use GPUs",
-                )
+                Violation(where.child("resources"), "ephemeral-gpu", "ephemeral containers may not use GPUs", held)
             )
     return out
 
@@ -195,12 +206,13 @@ def check_pod_level_resources(spec: Mapping[str, Any], path: FieldPath, policy: 
     out: list[Violation] = []
     resources = _mapping_at(spec, "resources", path, out)
     for kind in ("limits", "requests"):
-        for name in gpu_entries(_mapping_at(resources, kind, path.child("resources"), out), policy):
+        for name, raw in gpu_entries(_mapping_at(resources, kind, path.child("resources"), out), policy).items():
             out.append(
                 Violation(
                     path.child("resources").child(kind).key(name),
                     "pod-level-gpu",
                     f"{name} cannot be set in pod-level resources; set it on a container",
+                    about(raw),
                 )
             )
     return out
@@ -210,7 +222,9 @@ def check_pod_limit(totals: Mapping[str, int], path: FieldPath, policy: Policy) 
     if not policy.per_pod:
         return []
     return [
-        Violation(path, "per-pod-limit", f"pod asks for {n} {name}, over the limit of {policy.per_pod} per pod")
+        Violation(
+            path, "per-pod-limit", f"pod asks for {n} {name}, over the limit of {policy.per_pod} per pod", f"{n} {name}"
+        )
         for name, n in sorted(totals.items())
         if n > policy.per_pod
     ]
@@ -223,12 +237,12 @@ def accelerator_of(ref: PodSpecRef, policy: Policy, out: list[Violation]) -> tup
     annotated = annotations.get(policy.annotation) or None  # an empty annotation asks for nothing
     selected = node_selector.get(policy.node_label)
     if annotated is not None and not isinstance(annotated, str):
-        out.append(
-            Violation(ref.metadata_path.child("annotations").key(policy.annotation), "structure", "must be a string")
-        )
+        where = ref.metadata_path.child("annotations").key(policy.annotation)
+        out.append(Violation(where, "structure", "must be a string", type(annotated).__name__))
         annotated = None
     if selected is not None and not isinstance(selected, str):
-        out.append(Violation(ref.path.child("nodeSelector").key(policy.node_label), "structure", "must be a string"))
+        where = ref.path.child("nodeSelector").key(policy.node_label)
+        out.append(Violation(where, "structure", "must be a string", type(selected).__name__))
         selected = None
     return annotated, selected
 
@@ -244,6 +258,7 @@ def check_accelerator(ref: PodSpecRef, policy: Policy, annotated: str | None, se
                     where,
                     "accelerator-not-allowed",
                     f"accelerator {quoted(value)} is not allowed here (allowed: {', '.join(policy.allowed)})",
+                    value,
                 )
             )
     if annotated is not None and selected is not None and annotated != selected:
@@ -253,6 +268,7 @@ def check_accelerator(ref: PodSpecRef, policy: Policy, annotated: str | None, se
                 "accelerator-conflict",
                 f"annotation {policy.annotation}={annotated} conflicts with "
                 f"nodeSelector {policy.node_label}={selected}",
+                f"{annotated} != {selected}",
             )
         )
     return out

@@ -1,27 +1,33 @@
-"""Run the app under gunicorn: threaded workers, TLS from a watched certificate, graceful drain.
+"""Run the app: gunicorn's master process, and workers that serve on an asyncio loop.
 
-Each worker process owns its reloaders (threads do not survive fork). gunicorn asks for an
-SSLContext per connection; we hand it the one built at the last certificate load, so a
-rotated Secret reaches new connections within a poll interval and a handshake never
-loads files.
+gunicorn does what a master does well (fork the workers, respawn one that exits, kill one that stops
+heartbeating, pass SIGTERM on); each worker runs ``webhook.connections`` on its own loop, so a connection
+costs no thread and only complete requests reach Flask, on a small thread pool. Each worker owns its
+reloaders (threads do not survive fork): policy and certificate files are re-read when their bytes
+change, and every new TLS handshake gets the certificate loaded last.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
-import sys
-import threading
+import os
+import signal
+import ssl
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
-from gunicorn.workers.gthread import _DEFER, DEFAULT_WORKER_DATA_TIMEOUT, ThreadWorker
+from gunicorn.workers.base import Worker
 
-from webhook import metrics
+from webhook import logs, metrics
 from webhook.admission import Handler
 from webhook.app import DEFAULT_HANDLERS, DEFAULT_MAX_BODY, create_app
+from webhook.connections import Front, Limits
 from webhook.nodes import NodeIndex, NodeSummary
 from webhook.nodewatch import NodeWatcher
 from webhook.policy import load_policy
@@ -38,7 +44,7 @@ class ServeConfig:
     policy_file: str | None = None
     client_ca: str | None = None
     workers: int = 1
-    threads: int = 8
+    threads: int = 4  # handler threads per worker: complete requests only, never a waiting client
     max_body: int = DEFAULT_MAX_BODY
     # Longer than the apiserver's 90 s idle timeout, or it reuses connections we just closed.
     keepalive: int = 120
@@ -47,6 +53,19 @@ class ServeConfig:
     reload_interval: float = 1.0
     # For cluster-aware checks (policy cluster.enabled): None means the in-cluster service account.
     kubeconfig: str | None = None
+    # A TLS handshake, and a request from its first byte to its last, must finish within this.
+    read_timeout: float = 10.0
+    # Plain-HTTP operations port: GET /metrics, /healthz, /readyz. When set, /metrics leaves the admission
+    # port, so a NetworkPolicy can open that port to the apiserver only and this one to the monitoring.
+    metrics_port: int | None = None
+
+    def limits(self) -> Limits:
+        return Limits(
+            handshake_timeout=self.read_timeout,
+            request_timeout=self.read_timeout,
+            idle_timeout=float(self.keepalive),
+            max_body=self.max_body,
+        )
 
 
 class _WorkerState:
@@ -96,44 +115,119 @@ class _WorkerState:
 _state: _WorkerState | None = None
 
 
-def _ssl_context(conf: Any, default_factory: Any) -> Any:
-    assert _state is not None, "TLS requested before the worker loaded its state"
-    return _state.tls.value
+class AsyncWorker(Worker):
+    """A gunicorn worker whose connections live on an asyncio loop (uvloop when installed)."""
 
+    def init_signals(self) -> None:
+        # The loop installs its own handlers in run(); until then the defaults apply.
+        for sig in self.SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
 
-class DrainingWorker(ThreadWorker):
-    """On SIGTERM: fail readiness first, keep serving for ``drain_seconds``, then stop gracefully.
+    def run(self) -> None:
+        import uvloop
 
-    A new TLS connection gets its handshake on a worker thread, then goes back to the poller unless
-    its first request is already there. gunicorn would block the thread until that request; Go
-    clients, the apiserver among them, keep freshly handshaken connections idle in their pool, and
-    ``threads`` such connections stall the whole worker (bench/README.md, "idle TLS connections").
-    """
+        loop = asyncio.new_event_loop() if os.environ.get("GW_LOOP") == "asyncio" else uvloop.new_event_loop()
+        loop.set_exception_handler(_loop_error)
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._serve())
+        finally:
+            loop.close()
 
-    def handle(self, conn: Any) -> Any:
-        if self.cfg.is_ssl and not conn.initialized:
-            if not conn.data_ready and not conn.wait_for_data(DEFAULT_WORKER_DATA_TIMEOUT):
-                return _DEFER
-            try:
-                conn.sock.setblocking(True)
-                conn.init()  # the TLS handshake
-            except (OSError, ValueError) as exc:
-                self.log.debug("TLS handshake failed: %s", exc)
-                return False
-            conn.data_ready = False
-            if not conn.sock.pending() and not conn.wait_for_data(0.01):
-                return _DEFER  # the poller gives it back to a thread when the request arrives
-        return super().handle(conn)
-
-    def handle_exit(self, sig: int, frame: Any) -> None:
+    async def _serve(self) -> None:
+        assert _state is not None, "the worker serves before its state loaded"
         state = _state
-        if state is None or state.draining:
-            super().handle_exit(sig, frame)
-            return
-        state.draining = True
-        timer = threading.Timer(state.config.drain_seconds, super().handle_exit, (sig, frame))
-        timer.daemon = True
-        timer.start()
+        config = state.config
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        draining = asyncio.Event()
+        pool = ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="handler")
+        limits = config.limits()
+        admission_app = self.wsgi if config.metrics_port is None else _without(OPERATIONS_ONLY, self.wsgi)
+        fronts = {
+            "admission": Front(admission_app, pool, limits, config.port, lambda: state.tls.value, _log_refusal),
+            "operations": Front(_only(OPERATIONS, self.wsgi), pool, limits, config.metrics_port or 0, None,
+                                _log_refusal),
+        }
+        servers = []
+        for listener in self.sockets:
+            port = listener.sock.getsockname()[1]
+            front = fronts["operations" if port == config.metrics_port else "admission"]
+            servers.append(await loop.create_server(front.protocol, sock=listener.sock, backlog=self.cfg.backlog))
+        loop.add_signal_handler(signal.SIGTERM, draining.set)
+        for sig in (signal.SIGINT, signal.SIGQUIT):
+            loop.add_signal_handler(sig, stop.set)
+
+        async def heartbeat() -> None:
+            # The master kills a worker that stops notifying; the loop notifying means it is not stuck.
+            while True:
+                self.notify()
+                if self.ppid != os.getppid():  # the master is gone: stop with it
+                    stop.set()
+                await asyncio.sleep(1.0)
+
+        beat = loop.create_task(heartbeat())
+        drained = loop.create_task(draining.wait())
+        stopped = loop.create_task(stop.wait())
+        await asyncio.wait([drained, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if draining.is_set() and not stop.is_set():
+            # Readiness fails first; requests are still served while endpoints catch up.
+            state.draining = True
+            logs.event("draining", seconds=config.drain_seconds)
+            await asyncio.wait([stopped], timeout=config.drain_seconds)
+        for server in servers:
+            server.close()
+        grace = 0 if stop.is_set() else max(1.0, self.cfg.graceful_timeout - config.drain_seconds - 2)
+        cut = sum(await asyncio.gather(*(front.drain(grace) for front in fronts.values())))
+        logs.event("stopped", connections_cut=cut)
+        beat.cancel()
+        drained.cancel()
+        stopped.cancel()
+        pool.shutdown(wait=False, cancel_futures=True)
+        self.alive = False
+
+
+OPERATIONS = frozenset({"/metrics", "/healthz", "/readyz"})
+OPERATIONS_ONLY = frozenset({"/metrics"})
+
+
+def _only(paths: frozenset[str], app: Any) -> Any:
+    """The app for the paths given; 404 for anything else (the operations port serves no admissions)."""
+
+    def wsgi(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO") in paths:
+            return app(environ, start_response)
+        start_response("404 Not Found", [("Content-Type", "application/json")])
+        return [b'{"error":"not served on this port","code":404}']
+
+    return wsgi
+
+
+def _without(paths: frozenset[str], app: Any) -> Any:
+    def wsgi(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO") not in paths:
+            return app(environ, start_response)
+        start_response("404 Not Found", [("Content-Type", "application/json")])
+        return [b'{"error":"served on the metrics port","code":404}']
+
+    return wsgi
+
+
+def _loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """What the loop cannot hand to anybody (a transport's fatal error), as one JSON line."""
+    exc = context.get("exception")
+    logs.event(
+        "loop_error",
+        logging.ERROR,
+        exc_info=exc is not None and not isinstance(exc, (ConnectionError, ssl.SSLError, TimeoutError)),
+        message=str(context.get("message", "")),
+        error=repr(exc) if exc is not None else None,
+    )
+
+
+def _log_refusal(status: int, reason: str, peer: str) -> None:
+    logs.event("refused", status=status, reason=reason, remote=peer)
+    metrics.count_refusal(status)
 
 
 def _child_exit(server: Any, worker: Any) -> None:
@@ -142,14 +236,14 @@ def _child_exit(server: Any, worker: Any) -> None:
     multiprocess.mark_process_dead(worker.pid)
 
 
-def _configure_logging() -> None:
-    logger = logging.getLogger("gpu_webhook")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
+class JsonGunicornLogger(glogging.Logger):
+    """gunicorn's own lines (worker boot, exit, timeouts) as JSON, like every other line."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        for handler in list(self.error_log.handlers):
+            self.error_log.removeHandler(handler)
+        self.error_log.addHandler(logs.JsonHandler())
 
 
 class _Application(BaseApplication):
@@ -161,30 +255,32 @@ class _Application(BaseApplication):
     def load_config(self) -> None:
         c = self.config
         host = f"[{c.host}]" if ":" in c.host else c.host
+        binds = [f"{host}:{c.port}"] + ([f"{host}:{c.metrics_port}"] if c.metrics_port else [])
         settings = {
-            "bind": [f"{host}:{c.port}"],
+            "bind": binds,
             "workers": c.workers,
-            "worker_class": "webhook.server.DrainingWorker",
-            "threads": c.threads,
-            "keepalive": c.keepalive,
+            "worker_class": "webhook.server.AsyncWorker",
             "timeout": 30,
             "graceful_timeout": int(c.drain_seconds) + 20,
-            "certfile": c.cert_file,
-            "keyfile": c.key_file,
-            "ssl_context": _ssl_context,
             "child_exit": _child_exit,
             "accesslog": None,
             "errorlog": "-",
             "loglevel": "warning",
+            "logger_class": "webhook.server.JsonGunicornLogger",
             "proc_name": "gpu-webhook",
+            "backlog": 2048,
         }
+        # gunicorn 25+ opens a control socket (it accepts "worker kill") under $HOME by default: several
+        # servers on one host would share it, and a read-only container cannot create it.
+        if "control_socket_disable" in self.cfg.settings:
+            settings["control_socket_disable"] = True
         for key, value in settings.items():
             self.cfg.set(key, value)
 
     def load(self) -> Any:
         # Runs in each worker after fork.
         global _state
-        _configure_logging()
+        logs.configure()
         _state = _WorkerState(self.config)
         _state.start()
         state = _state
@@ -202,8 +298,7 @@ def serve(config: ServeConfig, handlers: Mapping[str, Handler] = DEFAULT_HANDLER
     """Block serving until stopped. Policy and certificate must load now, or this raises."""
     load_policy(config.policy_file)
     server_context(config.cert_file, config.key_file, config.client_ca)
-    _configure_logging()
-    logging.getLogger("gpu_webhook").info(
-        '{"event": "serving", "host": "%s", "port": %d, "workers": %d}', config.host, config.port, config.workers
-    )
+    logs.configure()
+    logs.event("serving", host=config.host, port=config.port, workers=config.workers)
     _Application(config, handlers).run()
+

@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from webhook import logs
+
 T = TypeVar("T")
-log = logging.getLogger("gpu_webhook")
 
 
 def _read_all(paths: Sequence[Path]) -> tuple[bytes | None, ...]:
@@ -59,7 +60,7 @@ class Reloader(Generic[T]):
         except Exception as exc:  # any failure keeps the last good value: that is the point
             self._seen = seen
             self.last_error = str(exc)
-            log.error('{"event": "reload_failed", "what": "%s", "error": %r}', self.name, str(exc))
+            logs.event("reload_failed", logging.ERROR, what=self.name, error=str(exc))
             self._on_reload(False)
             return False
         # A swap between our read and the load would pair new bytes with an old signature;
@@ -67,7 +68,7 @@ class Reloader(Generic[T]):
         self._seen = seen if _read_all(self.paths) == seen else ()
         self.value = value
         self.last_error = None
-        log.info('{"event": "reloaded", "what": "%s"}', self.name)
+        logs.event("reloaded", what=self.name)
         self._on_reload(True)
         return True
 

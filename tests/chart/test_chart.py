@@ -1,7 +1,7 @@
 """The Helm chart in charts/gpu-webhook: lint, render, schema, Kubernetes validity, matchConditions.
 
-Rendering needs a real ``helm``: ``$HELM``, else the one tests/e2e/build-control-plane.sh caches.
-Without it the module is skipped locally and fails in CI (``CI=true``). Every rendered document
+Rendering needs a real ``helm``: ``$HELM``, else the one ``tests/prepare`` builds beside the e2e control
+plane. Without it the module is skipped locally and fails in CI (``CI=true``). Every rendered document
 is validated against the OpenAPI schemas of the e2e apiserver's Kubernetes version with
 kubernetes-validate (offline, strict: unknown fields fail); cert-manager and Prometheus Operator
 kinds are CRDs it has no schema for, and are skipped by name. The matchConditions expression is
@@ -29,13 +29,12 @@ import yaml
 from cryptography import x509
 
 from tests.chart import sync_schema
+from tests.tools import control_plane_bin, missing_binaries, unavailable, versions
 from webhook.admission import decide
 from webhook.policy import DEFAULTS, PolicyError, parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gpu-webhook"
-VERSIONS_ENV = ROOT / "tests" / "e2e" / "versions.env"
-BUILD_SCRIPT = ROOT / "tests" / "e2e" / "build-control-plane.sh"
 
 RELEASE = "gw"
 NAMESPACE = "gpu-system"
@@ -75,61 +74,23 @@ CUSTOM_POLICY = {
 # --- tools ------------------------------------------------------------------------------------
 
 
-def read_versions() -> dict[str, str]:
-    """KEY=value lines of tests/e2e/versions.env (the e2e control plane's pinned versions)."""
-    versions: dict[str, str] = {}
-    if VERSIONS_ENV.exists():
-        for line in VERSIONS_ENV.read_text(encoding="utf-8").splitlines():
-            line = line.split("#", 1)[0].strip()
-            if "=" in line:
-                key, value = line.split("=", 1)
-                versions[key.strip()] = value.strip()
-    return versions
-
-
-VERSIONS = read_versions()
+VERSIONS = versions()
 KUBE_VERSION = VERSIONS.get("KUBERNETES_VERSION", "v1.36.0").lstrip("v")  # e.g. 1.36.3
 KUBE_MINOR = ".".join(KUBE_VERSION.split(".")[:2])  # e.g. 1.36
 
 
-def _no_helm(reason: str) -> str:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"helm is required in CI: {reason}", pytrace=False)
-    pytest.skip(f"no helm binary ({reason}); set HELM or run tests/e2e/build-control-plane.sh")
-
-
-@functools.cache
-def _find_helm() -> tuple[str | None, str]:
-    """(path, reason): $HELM, the build script's cached helm, or (in CI) the build script's output."""
-    if os.environ.get("HELM"):
-        path = os.environ["HELM"]
-        return (path, "") if os.access(path, os.X_OK) else (None, f"HELM={path} is not executable")
-    key = "-".join(VERSIONS.get(k, "?") for k in ("KUBERNETES_VERSION", "ETCD_VERSION", "HELM_VERSION"))
-    cache = Path(os.environ.get("GPU_WEBHOOK_CACHE", Path.home() / ".cache" / "gpu-webhook"))
-    cached = cache / "control-plane" / key / "bin" / "helm"
-    if os.access(cached, os.X_OK):
-        return str(cached), ""
-    if os.environ.get("CI") != "true":
-        # Building helm from source takes many minutes: only CI does that from here.
-        return None, f"{cached} is not built"
-    try:
-        done = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=5400, check=False)
-    except subprocess.TimeoutExpired:
-        return None, f"{BUILD_SCRIPT} timed out"
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        return None, f"{BUILD_SCRIPT} failed ({done.returncode}): {done.stderr[-2000:]}"
-    path = Path(lines[-1]) / "helm"
-    return (str(path), "") if os.access(path, os.X_OK) else (None, f"{path} missing after the build")
-
-
 @pytest.fixture(scope="session")
 def helm_bin() -> str:
-    path, reason = _find_helm()
-    if path is None:
-        _no_helm(reason)
-    assert path is not None
-    return path
+    """``$HELM``, else the helm that tests/prepare builds beside the e2e control plane."""
+    if os.environ.get("HELM"):
+        path = Path(os.environ["HELM"])
+        if not os.access(path, os.X_OK):
+            unavailable("helm", f"HELM={path} is not executable", "control-plane")
+        return str(path)
+    directory = control_plane_bin()
+    if missing_binaries(directory, ("helm",)):
+        unavailable("helm", f"{directory / 'helm'} is not built", "control-plane")
+    return str(directory / "helm")
 
 
 @pytest.fixture(scope="session")

@@ -19,29 +19,11 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from tests.server import free_port
 from webhook import certs
 
-HERE = Path(__file__).resolve().parent
 ADMIN_TOKEN = "e2e-admin-token"
 # The apiserver's webhook client honours proxy variables; loopback must never go through one.
 NO_PROXY_ENV = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
 
 
-def versions() -> dict[str, str]:
-    pairs = {}
-    for line in (HERE / "versions.env").read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, value = line.split("=", 1)
-            pairs[key] = value
-    return pairs
-
-
-def build_binaries() -> Path:
-    """Build (or reuse from the cache) the binaries; returns their directory."""
-    result = subprocess.run(["bash", str(HERE / "build-control-plane.sh")], capture_output=True, text=True,
-                            timeout=3600, env=NO_PROXY_ENV)
-    if result.returncode != 0:
-        raise RuntimeError(f"build-control-plane.sh failed ({result.returncode}):\n{result.stderr[-4000:]}")
-    return Path(result.stdout.strip().splitlines()[-1])
 
 
 @dataclass

@@ -2,31 +2,25 @@
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.cluster import ControlPlane, build_binaries
+from tests.e2e.cluster import ControlPlane
+from tests.tools import CONTROL_PLANE_BINARIES, control_plane_bin, missing_binaries, unavailable
 
 pytestmark = pytest.mark.e2e
 
 
-def _unavailable(reason: str):
-    # In CI a missing control plane is a failure, never a silent skip; locally a skip says why.
-    if os.environ.get("CI"):
-        pytest.fail(f"e2e control plane unavailable: {reason}", pytrace=False)
-    pytest.skip(f"e2e control plane unavailable: {reason}")
-
-
 @pytest.fixture(scope="session")
 def bin_dir() -> Path:
-    try:
-        return build_binaries()
-    except Exception as exc:  # a build that cannot run here is reported, not hidden
-        _unavailable(str(exc))
-        raise
+    """The control plane tests/prepare built; never built here (a fixture has only the test timeout)."""
+    directory = control_plane_bin()
+    missing = missing_binaries(directory, CONTROL_PLANE_BINARIES)
+    if missing:
+        unavailable("e2e control plane", f"{', '.join(missing)} not built in {directory}", "control-plane")
+    return directory
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +31,7 @@ def cluster(bin_dir):
     except Exception as exc:
         logs = "\n".join(f"--- {p.name}\n{p.log.read_text()[-2000:]}" for p in plane.processes if p.log.exists())
         plane.stop()
-        _unavailable(f"{exc}\n{logs}")
+        pytest.fail(f"the e2e control plane did not start: {exc}\n{logs}", pytrace=False)
     yield plane
     plane.stop()
 

@@ -341,8 +341,10 @@ class LoadClient(threading.Thread):
     def __init__(self, name: str, port: int, context: ssl.SSLContext, calls: Sequence[Callable[[], Call]],
                  tally: Tally, stop: threading.Event, deadline: float, rate: float = 20.0,
                  keep_alive: bool = True, stop_on_close: bool = False, timeout: float = 10.0,
-                 on_connect: Callable[[http.client.HTTPSConnection, float], None] | None = None):
+                 on_connect: Callable[[http.client.HTTPSConnection, float], None] | None = None,
+                 max_requests: int | None = None):
         super().__init__(name=name, daemon=True)
+        self.max_requests = max_requests
         self.port, self.context, self.calls, self.tally = port, context, list(calls), tally
         self.stop, self.deadline, self.period = stop, deadline, 1.0 / rate
         self.keep_alive, self.stop_on_close, self.timeout = keep_alive, stop_on_close, timeout
@@ -355,6 +357,8 @@ class LoadClient(threading.Thread):
         i = 0
         try:
             while not self.stop.is_set() and time.monotonic() < self.deadline:
+                if self.max_requests is not None and i >= self.max_requests:
+                    return
                 call = self.calls[i % len(self.calls)]()
                 i += 1
                 fresh = conn is None

@@ -185,9 +185,6 @@ KINDS = ("idle", "hello", "headers", "body")
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="known bug, issue 7 open: a slow TLS handshake or a trickled request holds "
-                   "one of the worker's threads with no deadline; 50 slow clients make new handshakes time out "
-                   "(p50 5.0 s, 4 of 4 failed, seen 2026-12-02)")
 def test_fifty_slow_clients_do_not_starve_normal_requests(server, figures):
     stop = threading.Event()
     deadline = time.monotonic() + 30
@@ -226,8 +223,6 @@ def test_fifty_slow_clients_do_not_starve_normal_requests(server, figures):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="known bug, issue 7 open: no read deadline on a request in progress; a "
-                   "never-completing hello, header or body was held the full 15 s, never cut (seen 2026-12-02)")
 def test_a_request_that_never_completes_is_cut_off_but_an_idle_keep_alive_connection_is_not(server, figures):
     """The apiserver sends a whole request at once and gives up after at most 30 s; a connection still
     trickling its handshake or headers 15 s on only holds a worker thread. Idle kept-alive connections

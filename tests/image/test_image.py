@@ -1,0 +1,251 @@
+"""The webhook image, as `tests/prepare image` (tests/image/build-image.sh) built it for this tree.
+
+Nothing is built here: the tests read the OCI archive the build script wrote (its path comes from
+`build-image.sh --print-archive`, a hash of the image's inputs), check its config and its files, then run it
+with runc (or crun) on the unpacked root filesystem, read-only, as the image's user, as the Helm chart runs it.
+Without the archive the module skips locally and fails in CI (``CI=true``).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import shutil
+import socket
+import ssl
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import webhook
+from tests.image import oci
+from tests.tools import ROOT, unavailable
+
+BUILD_IMAGE = ROOT / "tests" / "image" / "build-image.sh"
+USER = "65532:65532"
+BIN_DIRS = ("/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin", "/opt/gpu-webhook/bin")
+# The unpacked image is 365 MB on the Debian bookworm test base (the public Python slim base is smaller).
+MAX_UNPACKED_BYTES = 450_000_000
+
+
+@pytest.fixture(scope="module")
+def archive() -> Path:
+    path = Path(subprocess.run([str(BUILD_IMAGE), "--print-archive"], check=True, capture_output=True,
+                               text=True, timeout=60).stdout.strip())
+    if not path.is_file():
+        unavailable("webhook image", f"no OCI archive for this tree at {path}", "image")
+    return path
+
+
+@pytest.fixture(scope="module")
+def image(archive) -> oci.Image:
+    return oci.read(archive)
+
+
+@pytest.fixture(scope="module")
+def tree(image) -> dict[str, oci.Entry]:
+    return oci.files(image)
+
+
+def _runnable() -> str | None:
+    if os.geteuid() != 0:
+        return "running the image needs root (runc/crun as root, ownership kept when unpacking)"
+    if not (shutil.which("runc") or shutil.which("crun")):
+        return "no OCI runtime: apt-get install runc"
+    return None
+
+
+@pytest.fixture(scope="module")
+def rootfs(image, tmp_path_factory):
+    reason = _runnable()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"image smoke tests: {reason}", pytrace=False)
+        pytest.skip(f"image smoke tests: {reason}")
+    work = tmp_path_factory.mktemp("image")
+    oci.unpack(image, work / "rootfs")
+    yield work
+    shutil.rmtree(work, ignore_errors=True)  # about 365 MB: not left for pytest's basetemp rotation
+
+
+# --- the archive and its config ---------------------------------------------------------------
+
+
+def test_archive_is_an_oci_image_layout_that_containerd_can_import(archive, image):
+    names = subprocess.run(["tar", "-tf", str(archive)], check=True, capture_output=True, text=True,
+                           timeout=60).stdout.split()
+    assert "oci-layout" in names and "index.json" in names
+    assert image.index["manifests"][0]["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
+    # `ctr images import` names the image after this annotation when it is a full reference.
+    assert image.ref_name == f"localhost/gpu-webhook:{webhook.__version__}"
+    assert image.config["os"] == "linux" and image.config["architecture"] == "amd64"
+    assert image.layers and all(layer["mediaType"].startswith("application/vnd.oci.image.layer.v1.tar")
+                                for layer in image.layers)
+    # The key in the archive's path is the one its image was labelled with when built.
+    assert image.runtime["Labels"]["io.gpu-webhook.image.key"] == archive.parent.name
+
+
+def test_skopeo_reads_the_archive(archive, image):
+    if not shutil.which("skopeo"):
+        pytest.skip("skopeo not installed (apt-get install skopeo)")
+    raw = subprocess.run(["skopeo", "inspect", "--raw", f"oci-archive:{archive}"], check=True,
+                         capture_output=True, timeout=120).stdout
+    assert json.loads(raw) == image.manifest
+    config = json.loads(subprocess.run(["skopeo", "inspect", "--config", f"oci-archive:{archive}"], check=True,
+                                       capture_output=True, timeout=120).stdout)
+    assert config["config"]["User"] == USER
+
+
+def test_config_runs_gpu_webhook_as_a_numeric_non_root_user(image):
+    runtime = image.runtime
+    assert runtime["User"] == USER  # numeric: runAsNonRoot can check it without /etc/passwd
+    assert runtime["Entrypoint"] == ["gpu-webhook"]
+    assert runtime["Cmd"] == ["serve", "--self-signed"]
+    assert "8443/tcp" in runtime["ExposedPorts"]
+    env = dict(item.split("=", 1) for item in runtime["Env"])
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+    assert env["PATH"].split(":")[0] == "/opt/gpu-webhook/bin"
+
+
+# --- the files ----------------------------------------------------------------------------------
+
+PACKAGING = re.compile(
+    r"/(site|dist)-packages/(pip|setuptools|wheel|pkg_resources|_distutils_hack)(/|-[^/]*\.dist-info|$)"
+    r"|/python3[^/]*/ensurepip(/|$)"
+    r"|\.whl$"
+)
+PACKAGING_TOOLS = re.compile(r"(pip|pip3(\.\d+)?|easy_install(-[\d.]+)?|wheel)")
+COMPILERS = re.compile(
+    r"((x86_64|aarch64)-linux-gnu-)?(cc|c\+\+|c89|c99|gcc|g\+\+|cpp|clang|clang\+\+|tcc|ld|ld\.bfd|ld\.gold|as)"
+    r"(-\d+(\.\d+)*)?"
+)
+
+
+def _executables(tree: dict[str, oci.Entry]) -> dict[str, oci.Entry]:
+    return {path: entry for path, entry in tree.items()
+            if os.path.dirname(path) in BIN_DIRS and not entry.is_dir}
+
+
+def test_no_pip_setuptools_wheel_or_ensurepip(tree):
+    assert [path for path in tree if PACKAGING.search(path)] == []
+    tools = [path for path in _executables(tree) if PACKAGING_TOOLS.fullmatch(os.path.basename(path))]
+    assert tools == []
+
+
+def test_no_compiler(tree):
+    compilers = [path for path in _executables(tree) if COMPILERS.fullmatch(os.path.basename(path))]
+    assert compilers == []
+    assert [path for path in tree if re.search(r"/gcc/[^/]+/[^/]+/cc1(plus)?$", path)] == []
+
+
+def _resolve(tree: dict[str, oci.Entry], path: str) -> str:
+    """Follow symlinks inside the image (at most 10)."""
+    for _ in range(10):
+        entry = tree.get(path)
+        if entry is None or not stat.S_ISLNK(entry.mode):
+            return path
+        path = os.path.normpath(os.path.join(os.path.dirname(path), entry.linkname))
+    raise AssertionError(f"symlink loop at {path}")
+
+
+def test_the_venv_uses_the_base_images_interpreter(tree):
+    # Both stages are FROM the same base, so the interpreter the builder's venv links to is in the image.
+    interpreter = _resolve(tree, "/opt/gpu-webhook/bin/python3")
+    assert interpreter != "/opt/gpu-webhook/bin/python3"
+    assert interpreter in tree and tree[interpreter].executable, f"the venv's python3 leads to {interpreter}"
+    assert re.fullmatch(r"/usr(/local)?/bin/python3\.11", interpreter), interpreter
+    assert tree["/opt/gpu-webhook/bin/gpu-webhook"].executable
+
+
+def test_image_size(tree):
+    size = sum(entry.size for entry in tree.values() if stat.S_ISREG(entry.mode))
+    assert size < MAX_UNPACKED_BYTES, f"{size / 1e6:.0f} MB unpacked"
+
+
+# --- running it -----------------------------------------------------------------------------------
+
+
+def _run(image, work: Path, name: str, args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return oci.run(image, work / "rootfs", work / f"bundle-{name}", work / "state", f"gpu-webhook-test-{name}",
+                   args, **kwargs)
+
+
+def test_version(image, rootfs):
+    result = _run(image, rootfs, "version", ["--version"])
+    assert (result.returncode, result.stdout.strip()) == (0, f"gpu-webhook {webhook.__version__}"), result.stderr
+
+
+def test_check_an_example(image, rootfs):
+    result = _run(image, rootfs, "check", ["check", "/examples/cuda-vector-add.yaml"],
+                  binds={"/examples": ROOT / "examples"})
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_inside_no_pip_and_no_compiler(image, rootfs):
+    probe = ("import importlib.util as u, shutil; "
+             "print([m for m in ('pip', 'setuptools', 'wheel', 'ensurepip') if u.find_spec(m)], "
+             "[t for t in ('pip', 'pip3', 'gcc', 'cc', 'c++', 'clang', 'ld') if shutil.which(t)])")
+    result = _run(image, rootfs, "probe", ["-c", probe], entrypoint=["python3"])
+    assert (result.returncode, result.stdout.strip()) == (0, "[] []"), result.stderr
+    result = _run(image, rootfs, "whoami", ["-c", "id -u; id -g"], entrypoint=["/bin/sh"])
+    assert result.stdout.split() == ["65532", "65532"], result.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(port: int, context: ssl.SSLContext, path: str, body: bytes) -> tuple[int, bytes]:
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+    try:
+        conn.request("POST" if body else "GET", path, body=body or None,
+                     headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_serve_self_signed_on_a_read_only_root(image, rootfs):
+    port = _free_port()
+    name = "gpu-webhook-test-serve"
+    log = rootfs / "serve.log"
+    proc, tmp = oci.start(image, rootfs / "rootfs", rootfs / "bundle-serve", rootfs / "state", name,
+                          ["serve", "--self-signed", "--host", "127.0.0.1", "--port", str(port)], log)
+    try:
+        deadline = time.monotonic() + 60
+        health = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            found = re.search(r"self-signed CA: /tmp/(\S+)", log.read_text(errors="replace"))
+            if found:
+                try:
+                    context = ssl.create_default_context(cafile=str(tmp / found.group(1)))
+                    health = _post(port, context, "/healthz", b"")
+                    break
+                except (OSError, ssl.SSLError):
+                    pass
+            time.sleep(0.2)
+        assert health == (200, b"ok\n"), f"no /healthz answer; log:\n{log.read_text(errors='replace')}"
+        review = (ROOT / "examples" / "reviews" / "cuda-vector-add.json").read_bytes()
+        status, body = _post(port, context, "/validate", review)
+        assert status == 200 and json.loads(body)["response"]["allowed"] is True
+        status, body = _post(port, context, "/validate", (ROOT / "examples" / "reviews" / "bad-gpu.json").read_bytes())
+        assert status == 200 and json.loads(body)["response"]["allowed"] is False
+        # The root filesystem is read-only; what the server wrote is all in /tmp, owned by its user.
+        written = {p.name: p.stat().st_uid for p in tmp.iterdir()}
+        assert written and all(n.startswith("gpu-webhook-") for n in written), written
+        assert set(written.values()) == {int(USER.split(":")[0])}, written
+    finally:
+        code = oci.stop(proc, rootfs / "state", name)
+    text = log.read_text(errors="replace")
+    assert code == 0, text
+    # Any write outside /tmp would have failed on the read-only root and been logged.
+    assert "Read-only file system" not in text and "[ERROR]" not in text, text

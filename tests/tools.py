@@ -1,0 +1,54 @@
+"""Where the tools built by ``tests/prepare`` live, and what a test does when one is missing.
+
+Tests never build anything: ``tests/prepare`` does, before pytest, each step with its own time limit.
+A missing tool skips the tests that need it, with the command that builds it; in CI (``CI=true``) it
+fails them, so a green CI run never hides an unbuilt bed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+VERSIONS_ENV = ROOT / "tests" / "e2e" / "versions.env"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("GPU_WEBHOOK_CACHE") or Path.home() / ".cache" / "gpu-webhook")
+
+
+def versions() -> dict[str, str]:
+    """KEY=value lines of tests/e2e/versions.env, parsed as build-control-plane.sh parses them."""
+    pairs = {}
+    for line in VERSIONS_ENV.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "=" in line:
+            key, value = line.split("=", 1)
+            pairs[key.strip()] = value.strip()
+    return pairs
+
+
+CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubectl", "helm")
+
+
+def control_plane_bin() -> Path:
+    """The directory build-control-plane.sh fills for the pinned versions (it may not exist yet)."""
+    v = versions()
+    key = "-".join(v.get(k, "?") for k in ("KUBERNETES_VERSION", "ETCD_VERSION", "HELM_VERSION"))
+    return cache_root() / "control-plane" / key / "bin"
+
+
+def missing_binaries(directory: Path, names: tuple[str, ...]) -> list[str]:
+    return [name for name in names if not os.access(directory / name, os.X_OK)]
+
+
+def unavailable(what: str, reason: str, step: str) -> NoReturn:
+    """Skip (locally) or fail (CI) a test whose tool ``tests/prepare`` has not built."""
+    message = f"{what} unavailable: {reason}; build it with `tests/prepare {step}`"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
