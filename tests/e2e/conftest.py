@@ -81,7 +81,7 @@ def node_bed():
 
     gaps = missing()
     if gaps:
-        _unavailable("the node bed needs " + "; ".join(gaps))
+        unavailable("e2e node bed", "; ".join(gaps), "node")
     bed = NodeBed(control_plane_bin_dir(), node_bin_dir(), images_dir(),
                   Path(tempfile.mkdtemp(prefix="gw-e2e-node-")))
     try:

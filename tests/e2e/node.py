@@ -49,6 +49,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tests.e2e.cluster import NO_PROXY_ENV, Process
+from tests.tools import cache_root, control_plane_bin, versions
 
 HERE = Path(__file__).resolve().parent
 IMAGES_SRC = HERE / "images"
@@ -74,23 +75,8 @@ T = TypeVar("T")
 
 # --- where build-node.sh put things ------------------------------------------------------------------
 
-def versions() -> dict[str, str]:
-    pairs = {}
-    for line in (HERE / "versions.env").read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if "=" in line:
-            key, value = line.split("=", 1)
-            pairs[key.strip()] = value.strip()
-    return pairs
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("GPU_WEBHOOK_CACHE") or Path.home() / ".cache" / "gpu-webhook")
-
-
 def control_plane_bin_dir() -> Path:
-    v = versions()
-    return cache_root() / "control-plane" / f"{v['KUBERNETES_VERSION']}-{v['ETCD_VERSION']}-{v['HELM_VERSION']}" / "bin"
+    return control_plane_bin()
 
 
 def node_bin_dir() -> Path:
@@ -117,11 +103,11 @@ def missing() -> list[str]:
     gaps = []
     if os.geteuid() != 0:
         gaps.append("root (network namespaces, mounts, cgroups)")
-    gaps += [f"{name} (Debian package; see tests/e2e/README.md)" for name in HOST_TOOLS if not shutil.which(name)]
+    gaps += [f"{name} (a Debian package: tests/install-packages)" for name in HOST_TOOLS if not shutil.which(name)]
     for directory, names, script in ((control_plane_bin_dir(), CONTROL_PLANE_BINARIES, "build-control-plane.sh"),
                                      (node_bin_dir(), NODE_BINARIES, "build-node.sh")):
-        gaps += [f"{directory / n} (run tests/e2e/{script})" for n in names if not os.access(directory / n, os.X_OK)]
-    gaps += [f"{images_dir() / f'{n}.oci.tar'} (run tests/e2e/build-node.sh)" for n in IMAGES
+        gaps += [f"{directory / n} (tests/e2e/{script})" for n in names if not os.access(directory / n, os.X_OK)]
+    gaps += [f"{images_dir() / f'{n}.oci.tar'} (tests/e2e/build-node.sh)" for n in IMAGES
              if not (images_dir() / f"{n}.oci.tar").is_file()]
     return gaps
 
@@ -345,7 +331,8 @@ class Network:
         self.host_ip = self.node_ip = ""
 
     def _free_subnet(self) -> int:
-        used = run(["ip", "-4", "-o", "addr", "show"]).stdout + run(["ip", "-4", "route", "show", "table", "all"]).stdout
+        used = run(["ip", "-4", "-o", "addr", "show"]).stdout
+        used += run(["ip", "-4", "route", "show", "table", "all"]).stdout
         for _ in range(50):
             x = secrets.randbelow(254) + 1
             if f"10.250.{x}." not in used:
@@ -359,15 +346,16 @@ class Network:
         run(["ip", "netns", "add", ns])
         run(["ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.inner_if, "netns", ns])
         # Nothing that comes in from the bed is forwarded by the host (ip_forward may be on there), and no IPv6.
-        for key, value in ((f"net.ipv6.conf.{self.host_if}.disable_ipv6", "1"),
-                           (f"net.ipv4.conf.{self.host_if}.forwarding", "0")):
-            run(["sysctl", "-qw", f"{key}={value}"])
+        Path(f"/proc/sys/net/ipv6/conf/{self.host_if}/disable_ipv6").write_text("1\n")
+        Path(f"/proc/sys/net/ipv4/conf/{self.host_if}/forwarding").write_text("0\n")
         run(["ip", "addr", "add", f"{self.host_ip}/30", "dev", self.host_if])
         run(["ip", "link", "set", self.host_if, "up"])
         inside = ["ip", "-n", ns]
         run([*inside, "link", "set", "lo", "up"])
-        run(self.exec(["sysctl", "-qw", f"net.ipv6.conf.{self.inner_if}.disable_ipv6=1",
-                       "net.ipv4.ip_forward=1", "net.bridge.bridge-nf-call-iptables=1"]))
+        # /proc/sys/net is the namespace of whoever opens it, hence the shell inside.
+        settings = {f"net/ipv6/conf/{self.inner_if}/disable_ipv6": 1, "net/ipv4/ip_forward": 1,
+                    "net/bridge/bridge-nf-call-iptables": 1}
+        run(self.exec(["sh", "-c", " && ".join(f"echo {v} > /proc/sys/{k}" for k, v in settings.items())]))
         run([*inside, "addr", "add", f"{self.node_ip}/30", "dev", self.inner_if])
         run([*inside, "link", "set", self.inner_if, "up"])
         # ClusterIPs need a route, or connect() fails before kube-proxy's DNAT in OUTPUT is reached. It goes

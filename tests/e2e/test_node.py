@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.e2e.node import AGENT_IMAGE, KUBERNETES_SERVICE_IP, PAUSE_IMAGE, POD_CIDR, CA, NodeBed, until
+from tests.e2e.node import AGENT_IMAGE, CA, KUBERNETES_SERVICE_IP, PAUSE_IMAGE, POD_CIDR, NodeBed, until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(480)]
 
