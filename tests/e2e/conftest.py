@@ -82,6 +82,8 @@ def node_bed():
     gaps = missing()
     if gaps:
         unavailable("e2e node bed", "; ".join(gaps), "node")
+    for swept in NodeBed.sweep_stale():
+        print(f"swept a node bed left by a killed run: {swept}")
     bed = NodeBed(control_plane_bin_dir(), node_bin_dir(), images_dir(),
                   Path(tempfile.mkdtemp(prefix="gw-e2e-node-")))
     try:

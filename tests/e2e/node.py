@@ -71,6 +71,16 @@ KUBELET_SYSCTLS = {"vm/overcommit_memory": 1, "vm/panic_on_oom": 0, "kernel/pani
                    "kernel/keys/root_maxkeys": 1000000, "kernel/keys/root_maxbytes": 25000000}
 
 T = TypeVar("T")
+# One JSON file per live bed (owner pid and start time, workdir), so a later run can clean up after a killed one.
+REGISTRY = Path("/run/gw-e2e-beds")
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of ``pid`` (field 22 of /proc/PID/stat), to tell a live owner from a reused pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 # --- where build-node.sh put things ------------------------------------------------------------------
@@ -513,6 +523,7 @@ class NodeBed:
         for sub in ("logs", "pki", "kubeconfig", "etcd", "host/run", "host/var-lib", "host/var-log", "sysctl",
                     "containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "volume-plugins"):
             (w / sub).mkdir(parents=True, exist_ok=True)
+        self._register()
         self.network.create()
         self.cgroups.create()
         self._start_holder()
@@ -805,7 +816,34 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.de
             problems.append(f"{self.workdir} not fully removed")
         problems += [f"{path} appeared on the host" for path in sorted(host_paths() - self.host_paths_before)]
         problems += self.leftovers()
+        if not problems:
+            (REGISTRY / f"{self.bed_id}.json").unlink(missing_ok=True)
         return problems
+
+    # beds whose pytest died (SIGKILL, a CI job ended) leave processes, cgroups and a namespace behind
+    def _register(self) -> None:
+        REGISTRY.mkdir(parents=True, exist_ok=True)
+        (REGISTRY / f"{self.bed_id}.json").write_text(json.dumps(
+            {"pid": os.getpid(), "start": _process_start(os.getpid()), "workdir": str(self.workdir)}))
+
+    @classmethod
+    def sweep_stale(cls) -> list[str]:
+        """Clean up every bed registered by a process that is gone; returns what was swept."""
+        swept = []
+        for record in sorted(REGISTRY.glob("*.json")) if REGISTRY.is_dir() else []:
+            try:
+                owner = json.loads(record.read_text())
+            except (OSError, ValueError):
+                continue
+            if _process_start(owner["pid"]) == owner.get("start"):
+                continue  # its pytest is still running: another bed, not ours to touch
+            bed = cls(Path(), Path(), Path(), Path(owner["workdir"]), bed_id=record.stem)
+            bed.host_paths_before = host_paths()  # what its run may have left is not this check's business
+            problems = bed.stop()
+            swept.append(f"{record.stem}: {problems or 'clean'}")
+            if not problems:
+                record.unlink(missing_ok=True)
+        return swept
 
     def leftovers(self) -> list[str]:
         """What of the bed is still there (checked after stop())."""
