@@ -36,6 +36,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.request
 from collections.abc import Callable
@@ -457,7 +458,9 @@ class NodeBed:
         return process
 
     def netns_run(self, args: list[str], timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
-        return run(self.network.exec(args), timeout=timeout, check=check)
+        """``args`` inside the bed (its mount namespace too once it has one: iptables shares kube-proxy's lock)."""
+        alive = self.holder is not None and self.holder.poll() is None
+        return run(self.in_node(args) if alive else self.network.exec(args), timeout=timeout, check=check)
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = False,
                 timeout: float = 60) -> subprocess.CompletedProcess:
@@ -500,17 +503,16 @@ class NodeBed:
         it got. Pods use it with ``imagePullPolicy: Never`` (nothing can be pulled in the bed)."""
         before = set(self.image_names())
         self.ctr("images", "import", "--local", "--platform=linux/amd64", str(archive), timeout=300)
-        names = (set(self.image_names()) - before) or (before & set(self._archive_names(archive)))
+        names = (set(self.image_names()) - before) or (before & self._archive_names(archive))
         return sorted(n for n in names if not n.startswith("sha256:"))  # the CRI also names each image by ID
 
     @staticmethod
-    def _archive_names(archive: Path) -> list[str]:
-        import tarfile
-
+    def _archive_names(archive: Path) -> set[str]:
         with tarfile.open(archive) as tar:
             member = tar.extractfile("index.json")
             index = json.load(member) if member else {}
-        return [m.get("annotations", {}).get("io.containerd.image.name", "") for m in index.get("manifests", [])]
+        keys = ("io.containerd.image.name", "org.opencontainers.image.ref.name")
+        return {m.get("annotations", {}).get(k, "") for m in index.get("manifests", []) for k in keys}
 
     def image_names(self) -> list[str]:
         return self.ctr("images", "list", "--quiet").stdout.split()
