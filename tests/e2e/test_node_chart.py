@@ -77,13 +77,15 @@ def test_the_apiserver_calls_the_webhook_pod_through_the_chart_service(node_bed,
                "spec": {"containers": [{"name": "c", "image": "gw-e2e.invalid/pause:1",
                                         "resources": {"limits": {"nvidia.com/gpu": 99}}}]}}
 
-    def refused() -> str | None:  # the apiserver picks the new configurations up asynchronously
+    def refused() -> str | None:
+        # The apiserver picks new configurations up asynchronously, and kube-proxy may program the new Service a
+        # moment after helm saw the pod Ready (until then its REJECT rule answers: "connection refused").
         result = node_bed.kubectl("create", "--dry-run=server", "-f", "-", stdin=json.dumps(gpu_pod))
-        return result.stderr if result.returncode and "gpu-webhook" in result.stderr else None
+        return result.stderr if result.returncode and "denied the request" in result.stderr else None
 
     message = until("the chart's webhook called", refused, 30, interval=0.5,
                     diagnose=lambda: node_bed.logs("kube-apiserver", tail=3000))
-    assert "denied the request" in message and "99" in message, message
+    assert "gpu-webhook" in message and "99" in message, message
     cpu_pod = {**gpu_pod, "metadata": {"name": "no-gpus", "namespace": "default"},
                "spec": {"containers": [{"name": "c", "image": "gw-e2e.invalid/pause:1"}]}}
     allowed = node_bed.kubectl("create", "--dry-run=server", "-f", "-", stdin=json.dumps(cpu_pod))
