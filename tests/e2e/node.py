@@ -114,12 +114,17 @@ def missing() -> list[str]:
     gaps = []
     if os.geteuid() != 0:
         gaps.append("root (network namespaces, mounts, cgroups)")
-    gaps += [f"{name} (a Debian package: tests/install-packages)" for name in HOST_TOOLS if not shutil.which(name)]
-    for directory, names, script in ((control_plane_bin_dir(), CONTROL_PLANE_BINARIES, "build-control-plane.sh"),
-                                     (node_bin_dir(), NODE_BINARIES, "build-node.sh")):
-        gaps += [f"{directory / n} (tests/e2e/{script})" for n in names if not os.access(directory / n, os.X_OK)]
-    gaps += [f"{images_dir() / f'{n}.oci.tar'} (tests/e2e/build-node.sh)" for n in IMAGES
-             if not (images_dir() / f"{n}.oci.tar").is_file()]
+    tools = [name for name in HOST_TOOLS if not shutil.which(name)]
+    if tools:
+        gaps.append(f"{', '.join(tools)} (Debian packages: tests/install-packages)")
+    for directory, names, step in ((control_plane_bin_dir(), CONTROL_PLANE_BINARIES, "control-plane"),
+                                   (node_bin_dir(), NODE_BINARIES, "node")):
+        absent = [n for n in names if not os.access(directory / n, os.X_OK)]
+        if absent:
+            gaps.append(f"{', '.join(absent)} in {directory} (tests/prepare {step})")
+    absent = [f"{n}.oci.tar" for n in IMAGES if not (images_dir() / f"{n}.oci.tar").is_file()]
+    if absent:
+        gaps.append(f"{', '.join(absent)} in {images_dir()} (tests/prepare node)")
     return gaps
 
 
