@@ -10,6 +10,7 @@
 #
 #   tests/e2e/build-node.sh          # build what is missing
 #   BIN=$(tests/e2e/build-node.sh)   # stdout is only the bin dir
+#   tests/e2e/build-node.sh --print-images-dir   # where the images go (no build)
 #
 # Output:
 #   ${GPU_WEBHOOK_CACHE:-$HOME/.cache/gpu-webhook}/node/<k8s>-<containerd>-<cni>/bin/{...,cni/}
@@ -77,6 +78,11 @@ IMAGES_HASH=$(cd "${IMAGES_SRC}" \
   && find . -type f \( -name '*.go' -o -name go.mod -o -name '*.py' \) -not -path '*/__pycache__/*' \
      | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)
 IMAGES="${CACHE_ROOT}/node/images/${IMAGES_HASH}"
+
+if [[ "${1:-}" == --print-images-dir ]]; then  # where the images go, without building (tests compare it)
+  echo "${IMAGES}"
+  exit 0
+fi
 
 export CGO_ENABLED=0 GOWORK=off GO111MODULE=on
 [[ -n "${GOTOOLCHAIN:-}" ]] && export GOTOOLCHAIN

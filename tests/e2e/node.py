@@ -368,10 +368,12 @@ class Network:
         run(["ip", "link", "set", self.host_if, "up"])
         inside = ["ip", "-n", ns]
         run([*inside, "link", "set", "lo", "up"])
-        # /proc/sys/net is the namespace of whoever opens it, hence the shell inside.
-        settings = {f"net/ipv6/conf/{self.inner_if}/disable_ipv6": 1, "net/ipv4/ip_forward": 1,
-                    "net/bridge/bridge-nf-call-iptables": 1}
-        run(self.exec(["sh", "-c", " && ".join(f"echo {v} > /proc/sys/{k}" for k, v in settings.items())]))
+        # /proc/sys/net is the namespace of whoever opens it, hence the shell inside. bridge-nf-call-iptables
+        # (br_netfilter) only matters for a pod reaching a Service backed by a pod on the same bridge.
+        settings = {f"net/ipv6/conf/{self.inner_if}/disable_ipv6": 1, "net/ipv4/ip_forward": 1}
+        script = [f"echo {v} > /proc/sys/{k}" for k, v in settings.items()]
+        script.append("if [ -e /proc/sys/net/bridge ]; then echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables; fi")
+        run(self.exec(["sh", "-c", " && ".join(script)]))
         run([*inside, "addr", "add", f"{self.node_ip}/30", "dev", self.inner_if])
         run([*inside, "link", "set", self.inner_if, "up"])
         # ClusterIPs need a route, or connect() fails before kube-proxy's DNAT in OUTPUT is reached. It goes
