@@ -36,6 +36,7 @@ while IFS= read -r line || [[ -n "${line}" ]]; do
     KUBERNETES_VERSION|ETCD_VERSION|HELM_VERSION|GOTOOLCHAIN)
       printf -v "${BASH_REMATCH[1]}" '%s' "${BASH_REMATCH[2]}"
       export "${BASH_REMATCH[1]}" ;;
+    CONTAINERD_VERSION|CNI_PLUGINS_VERSION) ;;  # build-node.sh's
     *) log "warning: ignoring unknown key ${BASH_REMATCH[1]} in ${VERSIONS_FILE}" ;;
   esac
 done < "${VERSIONS_FILE}"

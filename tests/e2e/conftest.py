@@ -71,3 +71,27 @@ def gpu_webhook(cluster, tmp_path_factory):
     yield server
     unregister_webhook(cluster)
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def node_bed():
+    """A second, separate bed with a real node (tests/e2e/node.py): its own control plane, containerd, kubelet
+    and kube-proxy in a fresh network namespace. Built by tests/e2e/build-node.sh, never here."""
+    from tests.e2e.node import NodeBed, control_plane_bin_dir, images_dir, missing, node_bin_dir
+
+    gaps = missing()
+    if gaps:
+        unavailable("e2e node bed", "; ".join(gaps), "node")
+    for swept in NodeBed.sweep_stale():
+        print(f"swept a node bed left by a killed run: {swept}")
+    bed = NodeBed(control_plane_bin_dir(), node_bin_dir(), images_dir(),
+                  Path(tempfile.mkdtemp(prefix="gw-e2e-node-")))
+    try:
+        bed.start()
+    except Exception as exc:
+        logs = bed.logs()
+        problems = bed.stop()
+        pytest.fail(f"the node bed did not start: {exc}\n{logs}\nteardown: {problems}", pytrace=False)
+    yield bed
+    problems = bed.stop()
+    assert not problems, f"the node bed left things behind: {problems}"
