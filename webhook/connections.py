@@ -52,7 +52,10 @@ class Limits:
     max_header_bytes: int = 64 * 1024  # request line and headers together
     max_header_field: int = 8190  # one header line (gunicorn's and many proxies' limit)
     max_headers: int = 100
-    max_connections: int = 4096  # per worker; more are closed at once
+    # Per worker. At the cap a new connection evicts the oldest one that has not completed a request yet
+    # (a slow client, most likely), never one that has (the apiserver's kept-alive pool); if every one
+    # has, the new one is closed. About 50 KB each once TLS is up: 1024 bound a worker's growth to 50 MB.
+    max_connections: int = 1024
 
 
 def _reason(status: int) -> bytes:
@@ -99,8 +102,22 @@ class Front:
         self.limits = limits
         self.server_port = str(server_port)
         self.on_refusal = on_refusal
-        self.connections: set[Connection] = set()
+        self.connections: dict[Connection, None] = {}  # an ordered set: oldest first
         self.closing = False
+        self.evicted = 0
+
+    def admit(self, connection: Connection) -> bool:
+        """Make room for ``connection`` at the cap by evicting the oldest connection still without a request."""
+        if self.closing:
+            return False
+        if len(self.connections) >= self.limits.max_connections:
+            victim = next((c for c in self.connections if not c.served and not c.busy), None)
+            if victim is None:
+                return False
+            self.evicted += 1
+            victim.close_quietly()
+        self.connections[connection] = None
+        return True
 
     def protocol(self) -> Connection:
         return Connection(self)
@@ -141,7 +158,9 @@ class Connection(asyncio.Protocol):
         self.incoming = ssl.MemoryBIO()
         self.outgoing = ssl.MemoryBIO()
         self.tls: ssl.SSLObject | None = None
+        self.hello = b""  # the ClientHello record as it trickles in, before OpenSSL sees any of it
         self.handshaken = False
+        self.served = 0
         self.parser = httptools.HttpRequestParser(self)
         self.timer: asyncio.TimerHandle | None = None
         self.busy = False
@@ -156,22 +175,25 @@ class Connection(asyncio.Protocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else ""
-        if len(self.front.connections) >= self.limits.max_connections or self.front.closing:
+        if not self.front.admit(self):
             self.transport.abort()
             self.closed = True
             return
-        self.front.connections.add(self)
         if self.front.tls is None:  # the plain-HTTP operations port (probes, metrics)
             self.handshaken = True
             self._arm(self.limits.idle_timeout)
             return
-        self.tls = self.front.tls().wrap_bio(self.incoming, self.outgoing, server_side=True)
         self._arm(self.limits.handshake_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._disarm()
-        self.front.connections.discard(self)
+        self.front.connections.pop(self, None)
+        # The parser holds our callbacks (a cycle through an object the collector cannot see into), and
+        # the TLS state is tens of KB: let go of both now, not whenever a collection finds them.
+        self.parser = None  # type: ignore[assignment]
+        self.tls = None
+        self.queue.clear()
 
     def close_quietly(self) -> None:
         self._close()
@@ -187,10 +209,12 @@ class Connection(asyncio.Protocol):
                     pass
             self._flush()
             self.transport.close()
-        self.front.connections.discard(self)
+        self.front.connections.pop(self, None)
 
     def _arm(self, seconds: float) -> None:
         self._disarm()
+        if self.closed:
+            return  # a pipelined request parsed after the close must not keep the connection alive
         loop = asyncio.get_running_loop()
         self.timer = loop.call_later(seconds, self._expired)
 
@@ -217,9 +241,13 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        if self.tls is None:
+        if self.front.tls is None:
             self._parse(data)
             return
+        if self.tls is None:
+            data = self._gather_hello(data)
+            if self.tls is None:
+                return
         self.incoming.write(data)
         if not self.handshaken:
             try:
@@ -230,7 +258,7 @@ class Connection(asyncio.Protocol):
             except (ssl.SSLError, OSError) as exc:
                 self._flush()  # the alert that says why: protocol version, unknown CA, not TLS at all
                 self.closed = True
-                self.front.connections.discard(self)
+                self.front.connections.pop(self, None)
                 self._disarm()
                 self.transport.close()
                 logs.event("handshake_failed", logging.DEBUG, remote=self.peer, error=str(exc))
@@ -239,21 +267,45 @@ class Connection(asyncio.Protocol):
             self._flush()
             self._arm(self.limits.idle_timeout)
         chunks = []
+        ended = False  # the peer's close_notify (read gives b"") or a broken record
         while True:
             try:
                 chunk = self.tls.read(65536)
             except ssl.SSLWantReadError:
                 break
-            except (ssl.SSLZeroReturnError, ssl.SSLError, OSError):
-                self._flush()
-                self._close_after_answers()
+            except (ssl.SSLError, OSError):
+                ended = True
                 break
             if not chunk:
+                ended = True
                 break
             chunks.append(chunk)
         self._flush()  # TLS 1.3 tickets and key updates
         if chunks:
             self._parse(b"".join(chunks) if len(chunks) > 1 else chunks[0])
+        if ended:
+            self._close_after_answers()
+
+    def _gather_hello(self, data: bytes) -> bytes:
+        """Hold the first TLS record until it is whole, then start TLS with the certificate in force.
+
+        OpenSSL allocates its record buffers (about 36 KB) at the first byte it reads; a client trickling
+        its ClientHello a byte a second would hold them for the whole handshake timeout. Gathered here,
+        the record costs what it weighs (a few hundred bytes). Anything but a handshake record goes to
+        OpenSSL at once, which answers it with the right alert (plain HTTP on this port, say).
+        """
+        self.hello += data
+        if len(self.hello) >= 5 and self.hello[0] == 0x16:  # TLS record header: type, version, length
+            length = int.from_bytes(self.hello[3:5], "big")
+            if len(self.hello) < 5 + length and length <= 16384:
+                return b""
+        elif len(self.hello) < 5 and self.hello[:1] in (b"", b"\x16"):
+            return b""
+        context = self.front.tls
+        assert context is not None  # only the TLS port gathers a ClientHello
+        self.tls = context().wrap_bio(self.incoming, self.outgoing, server_side=True)
+        data, self.hello = self.hello, b""
+        return data
 
     def eof_received(self) -> bool | None:
         self._close_after_answers()
@@ -290,6 +342,8 @@ class Connection(asyncio.Protocol):
         self.body_size = 0
 
     def _parse(self, data: bytes) -> None:
+        if self.parser is None:
+            return
         try:
             self.parser.feed_data(data)
         except _Refusal as refusal:
@@ -397,6 +451,7 @@ class Connection(asyncio.Protocol):
 
     def _finish(self, request: _Request, answer: tuple[int, list[tuple[str, str]], bytes]) -> None:
         status, headers, body = answer
+        self.served += 1
         keep = request.keep_alive and not self.front.closing and not self.peer_done
         self._write(request.version, status, headers, body, keep)
         self.busy = False
