@@ -1,4 +1,4 @@
-"""``gpu-webhook``: serve, certs and check."""
+"""``gpu-webhook``: serve, certs, check and audit."""
 
 from __future__ import annotations
 
@@ -66,6 +66,26 @@ def _parser() -> argparse.ArgumentParser:
         "--nodes", help="Node objects (kubectl get nodes -o yaml) to run the cluster-aware checks against"
     )
     lint.add_argument("paths", nargs="+", metavar="PATH", help="YAML or JSON manifest files; - for stdin")
+
+    audit = commands.add_parser(
+        "audit", help="run the webhook's rules over what a live cluster already runs (read-only: it only lists)"
+    )
+    audit.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else the in-cluster account)"
+    )
+    audit.add_argument("--namespace", help="audit this namespace only (default: all namespaces)")
+    audit.add_argument("--selector", "-l", help="label selector of the objects to audit, as kubectl -l takes it")
+    audit.add_argument(
+        "--policy", help="policy YAML file to audit against, deployed or not (default: built-in defaults)"
+    )
+    audit.add_argument(
+        "-o", "--output", choices=["table", "json", "report"], default="table",
+        help="a table grouped by namespace and rule, one JSON object per violation, or policy reports (YAML)",
+    )
+    audit.add_argument(
+        "--report-kind", choices=["openreports", "wgpolicyk8s"], default="openreports",
+        help="with -o report: openreports.io/v1alpha1 Report (default) or wgpolicyk8s.io/v1alpha2 PolicyReport",
+    )
     return parser
 
 
@@ -178,6 +198,19 @@ def _check(args: argparse.Namespace) -> int:
     return check.run(args.paths, policies, args.namespace, nodes=nodes)
 
 
+def _audit(args: argparse.Namespace) -> int:
+    from webhook import auditcmd
+
+    try:
+        policies = load_policy(args.policy)
+    except PolicyError as exc:
+        print(f"gpu-webhook: {exc}", file=sys.stderr)
+        return auditcmd.EXIT_FAILED
+    return auditcmd.run(
+        policies, args.kubeconfig, args.namespace, args.selector, args.output, args.report_kind
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -185,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args, parser)
     if args.command == "certs":
         return _certs(args)
+    if args.command == "audit":
+        return _audit(args)
     return _check(args)
 
 
