@@ -8,10 +8,14 @@ import os
 import shutil
 import sys
 import tempfile
+from typing import TYPE_CHECKING
 
 from webhook import __version__, certs, check, tls
 from webhook.connections import port_problem
 from webhook.policy import PolicyError, load_policy
+
+if TYPE_CHECKING:
+    from webhook.auditloop import LoopSettings
 
 EXIT_USAGE = 2
 
@@ -50,6 +54,29 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--drain-seconds", type=float, default=3.0, help="after SIGTERM, fail /readyz this long before stopping"
+    )
+    serve.add_argument(
+        "--audit", action="store_true",
+        help="also audit the cluster periodically and write policy reports (a process of its own; one replica "
+        "at a time, by a Lease)",
+    )
+    serve.add_argument("--audit-interval", default="1h", help="time between audits, like 1h or 30m (default 1h)")
+    serve.add_argument(
+        "--audit-report-kind", choices=["openreports", "wgpolicyk8s"], default="openreports",
+        help="openreports.io/v1alpha1 Report (default) or wgpolicyk8s.io/v1alpha2 PolicyReport",
+    )
+    serve.add_argument(
+        "--audit-lease", metavar="NAMESPACE/NAME",
+        help="the coordination.k8s.io Lease the replicas share (default: <pod namespace>/gpu-webhook-audit)",
+    )
+    serve.add_argument(
+        "--audit-exclude-namespace", action="append", default=[], metavar="NS",
+        help="namespace the audit skips (repeatable), like the webhooks' excluded namespaces",
+    )
+    serve.add_argument(
+        "--audit-resource", action="append", metavar="GROUP/PLURAL",
+        help="custom resources to audit, glob patterns like kubeflow.org/pytorchjobs (repeatable; default: every "
+        "custom resource the identity may list). Built-in pod kinds are always audited",
     )
 
     gen = commands.add_parser("certs", help="write a CA and a serving certificate for the webhook Service")
@@ -145,6 +172,9 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         cert_file, key_file = str(paths["cert"]), str(paths["key"])
         print(f"self-signed CA: {paths['ca']}", flush=True)
         print(f"try: curl --cacert {paths['ca']} https://localhost:{args.port}/healthz", flush=True)
+    audit = None
+    if args.audit:
+        audit = _audit_settings(args, parser)
     # Workers share counters through files; this must be set before prometheus_client is imported.
     os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", _temp_dir("gpu-webhook-metrics-"))
     from webhook.server import ServeConfig, serve
@@ -162,6 +192,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         kubeconfig=args.kubeconfig,
         drain_seconds=args.drain_seconds,
         metrics_port=args.metrics_port,
+        audit=audit,
     )
     try:
         serve(config)
@@ -169,6 +200,40 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"gpu-webhook: cannot serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return 0
+
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _audit_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> LoopSettings:
+    from webhook.auditloop import LoopSettings, parse_duration
+
+    try:
+        interval = parse_duration(args.audit_interval)
+    except ValueError as exc:
+        parser.error(f"--audit-interval: {exc}")
+    if interval < 1:
+        parser.error("--audit-interval must be at least 1s")
+    if args.audit_lease:
+        namespace, _, name = args.audit_lease.partition("/")
+        if not namespace or not name:
+            parser.error("--audit-lease takes NAMESPACE/NAME")
+    else:
+        try:
+            namespace = open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8").read().strip() or "default"
+        except OSError:
+            namespace = "default"
+        name = "gpu-webhook-audit"
+    return LoopSettings(
+        interval=interval,
+        report_kind=args.audit_report_kind,
+        lease_namespace=namespace,
+        lease_name=name,
+        exclude_namespaces=tuple(args.audit_exclude_namespace),
+        custom=tuple(args.audit_resource) if args.audit_resource else None,
+        kubeconfig=args.kubeconfig,
+        policy_file=args.policy,
+    )
 
 
 def _certs(args: argparse.Namespace) -> int:
