@@ -65,6 +65,8 @@ def parse_duration(text: str) -> float:
     """Seconds in a Go-style duration (``1h``, ``30m``, ``1h30m``, ``90s``, ``500ms``) or a plain number."""
     units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
     text = text.strip()
+    if not text:
+        raise ValueError("an empty duration")
     try:
         return float(text)
     except ValueError:
