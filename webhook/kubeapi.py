@@ -159,6 +159,21 @@ class Kube:
             )
         return decoded if isinstance(decoded, dict) else {"items": decoded}
 
+    def get_text(self, path: str) -> str:
+        """A plain-text resource, like the apiserver's /metrics."""
+        import urllib3
+
+        with self._lock:
+            self.requests += 1
+        try:
+            response = self._pool.request("GET", self.host + path, headers=self._headers("text/plain", None),
+                                          timeout=urllib3.Timeout(connect=10.0, read=self.timeout))
+        except urllib3.exceptions.HTTPError as exc:
+            raise ApiError(0, "Unreachable", f"cannot reach the apiserver at {self.host}: {exc}") from None
+        if response.status >= 400:
+            raise ApiError(response.status, str(response.reason or ""), f"HTTP {response.status} from GET {path}")
+        return response.data.decode("utf-8", "replace")
+
     def get(self, path: str, query: Mapping[str, Any] | None = None, accept: str = JSON) -> dict[str, Any]:
         return self.request("GET", path, query, accept=accept)
 
