@@ -91,7 +91,7 @@ def test_pages_follow_continue_tokens_and_report_what_remains(kube: FakeKube) ->
     kube.add("", "pods", *[placed(pod(name=f"p{i:02}"), "bulk") for i in range(7)])
     got = list(pages(kube, "/api/v1/namespaces/bulk/pods", limit=3))
     assert [len(items) for items, _ in got] == [3, 3, 1]
-    assert [remaining for _, remaining in got] == [4, 1, None]
+    assert [remaining for _, remaining in got] == [4, 1, 0]
 
 
 def test_an_expired_continue_token_restarts_the_list_without_repeating_objects() -> None:
@@ -382,3 +382,34 @@ def test_loop_settings_travel_as_json() -> None:
 def test_api_errors_carry_the_status() -> None:
     error = ApiError(410, "Expired", "too old", {"metadata": {"continue": "t"}})
     assert (error.status, str(error), error.body["metadata"]["continue"]) == (410, "Expired: too old", "t")
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_progress_line_is_drawn_on_a_terminal_only_and_cleared(kube: FakeKube,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(auditcmd.Kube, "connect", classmethod(lambda cls, kubeconfig=None: kube))
+    monkeypatch.setattr(auditcmd.time, "monotonic", iter(range(0, 10_000)).__next__)  # every page is drawn
+    err = Terminal()
+    auditcmd.run(POLICY, output="json", out=io.StringIO(), err=err)
+    text = err.getvalue()
+    assert "\raudit: pods 3/3 | " in text and "violations" in text
+    progress, summary = text.rsplit("\r", 1)[0], text.rsplit("\r", 1)[1]
+    assert summary.startswith("audit: 6 objects") and progress  # the line was cleared before the summary
+    plain = io.StringIO()
+    auditcmd.run(POLICY, output="json", out=io.StringIO(), err=plain)
+    assert "\r" not in plain.getvalue()
+
+
+def test_serve_audit_refuses_to_start_without_a_cluster(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from webhook import cli
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    status = cli.main(["serve", "--self-signed", "--port", "0", "--audit", "--kubeconfig", str(tmp_path / "none")])
+    assert status == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"gpu-webhook: cannot serve: --audit: cannot load {tmp_path / 'none'}")

@@ -141,7 +141,8 @@ def pages(
     field_selector: str | None = None,
     limit: int = PAGE_SIZE,
 ) -> Iterator[tuple[list[dict[str, Any]], int | None]]:
-    """(items, remainingItemCount) for each page of a list.
+    """(items, objects remaining after them) for each page of a list; remaining is None when the apiserver does
+    not say (it does not count with a label selector), 0 on the last page.
 
     A continue token can expire (410) when a list takes longer than etcd keeps its snapshot: the apiserver
     may hand a token for an inconsistent continuation, else the list starts over and skips what was seen.
@@ -163,11 +164,11 @@ def pages(
         if after is not None:
             items = [item for item in items if _list_key(item) > after]
         metadata = as_mapping(body.get("metadata"))
-        remaining = metadata.get("remainingItemCount")
+        token = metadata.get("continue") or None
+        remaining = metadata.get("remainingItemCount") if token else 0  # the last page: nothing remains
         yield items, remaining if isinstance(remaining, int) else None
         if items:
             after = _list_key(items[-1])
-        token = metadata.get("continue") or None
         if not token:
             return
 

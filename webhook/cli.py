@@ -175,6 +175,13 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     audit = None
     if args.audit:
         audit = _audit_settings(args, parser)
+        from webhook.kubeapi import ConfigError, configuration
+
+        try:
+            configuration(args.kubeconfig)  # settings only: a missing or broken kubeconfig stops us here
+        except ConfigError as exc:
+            print(f"gpu-webhook: cannot serve: --audit: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     # Workers share counters through files; this must be set before prometheus_client is imported.
     os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", _temp_dir("gpu-webhook-metrics-"))
     from webhook.server import ServeConfig, serve

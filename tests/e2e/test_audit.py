@@ -144,6 +144,10 @@ def bed(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory):
     yield {"policy": policy, "stricter": stricter, "tmp": tmp, "server": server}
     unregister_webhook(cluster)
     server.stop()
+    # No namespace controller runs here: deleting a namespace would leave its pods, and the scheduler other
+    # modules start would place them. Unbound pods go at once.
+    for namespace in ("audit-old", "audit-warn", "audit-fix"):
+        cluster.kubectl("delete", "pods", "--all", "-n", namespace, "--wait=false")
 
 
 def test_what_was_never_refused_is_found_with_exact_paths(cluster, bed) -> None:
