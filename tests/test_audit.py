@@ -413,3 +413,43 @@ def test_serve_audit_refuses_to_start_without_a_cluster(tmp_path: Any, monkeypat
     assert status == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"gpu-webhook: cannot serve: --audit: cannot load {tmp_path / 'none'}")
+
+
+def test_the_client_waits_out_429_as_retry_after_says_and_counts_every_request() -> None:
+    import http.server
+    import threading
+
+    from webhook.kubeapi import Kube
+
+    hits: list[str] = []
+
+    class Throttling(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+            hits.append(self.path)
+            body = b"" if len(hits) <= 2 else json.dumps({"kind": "APIVersions"}).encode()
+            self.send_response(429 if len(hits) <= 2 else 200)
+            self.send_header("Retry-After", "0")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Throttling)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    class Settings:
+        host = f"http://127.0.0.1:{server.server_port}"
+        verify_ssl = False
+        ssl_ca_cert = cert_file = key_file = proxy = None
+
+        def auth_settings(self) -> dict[str, Any]:
+            return {}
+
+    try:
+        kube = Kube(Settings())
+        assert kube.get("/api") == {"kind": "APIVersions"}
+        assert kube.requests == 3 and hits == ["/api"] * 3
+    finally:
+        server.shutdown()

@@ -86,7 +86,9 @@ class Kube:
         if getattr(settings, "tls_server_name", None):
             tls["server_hostname"] = settings.tls_server_name
         # One connect retry: a refused connection is answered in a second, not after urllib3's default three.
-        retries = urllib3.Retry(total=1, connect=1, read=0, status=0, redirect=0, backoff_factor=0.2)
+        # Statuses come back as they are: 429 is retried below, as long as its Retry-After says.
+        retries = urllib3.Retry(total=1, connect=1, read=0, status=0, redirect=0, backoff_factor=0.2,
+                                status_forcelist=(), respect_retry_after_header=False, raise_on_status=False)
         pool: Any
         if getattr(settings, "proxy", None):
             pool = urllib3.ProxyManager(settings.proxy, proxy_headers=settings.proxy_headers, maxsize=pool_size,
