@@ -447,9 +447,11 @@ def test_the_client_waits_out_429_as_retry_after_says_and_counts_every_request()
         def auth_settings(self) -> dict[str, Any]:
             return {}
 
+    kube = Kube(Settings())
     try:
-        kube = Kube(Settings())
         assert kube.get("/api") == {"kind": "APIVersions"}
         assert kube.requests == 3 and hits == ["/api"] * 3
     finally:
+        kube.close()
         server.shutdown()
+        server.server_close()

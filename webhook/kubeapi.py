@@ -97,6 +97,9 @@ class Kube:
             pool = urllib3.PoolManager(maxsize=pool_size, retries=retries, **tls)
         self._pool = pool
 
+    def close(self) -> None:
+        self._pool.clear()
+
     @classmethod
     def connect(cls, kubeconfig: str | None = None, **kw: Any) -> Kube:
         return cls(configuration(kubeconfig), **kw)
