@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -317,3 +318,33 @@ def test_the_server_audit_writes_a_report_and_follows_a_fix(cluster, bed) -> Non
     lease = json.loads(cluster.kubectl("get", "lease", "-n", "default", "gpu-webhook-audit-e2e", "-o", "json",
                                        check=True).stdout)
     assert not lease["spec"].get("holderIdentity"), "the Lease was given back"
+
+
+def test_two_replicas_share_one_schedule_through_the_lease(cluster, bed) -> None:
+    """Two servers with --audit and one Lease: runs never overlap, and the interval holds across both."""
+    servers = []
+    try:
+        for name in ("replica-a", "replica-b"):
+            tmp = bed["tmp"] / name
+            tmp.mkdir()
+            servers.append(start_webhook(
+                tmp, "--policy", str(bed["policy"]), "--kubeconfig", str(cluster.kubeconfig), "--audit",
+                "--audit-interval", "3s", "--audit-lease", "default/gpu-webhook-audit-replicas",
+                certs=make_certs(tmp / "tls", "127.0.0.1")))
+        time.sleep(16)
+    finally:
+        for server in servers:
+            server.stop()
+    runs = []  # (start, end, replica)
+    for server in servers:
+        for line in server.log_lines():
+            event = json.loads(line) if line.startswith("{") else {}
+            if event.get("event") == "audit_finished":
+                end = datetime.fromisoformat(event["time"].replace("Z", "+00:00")).timestamp()
+                runs.append((end - event["seconds"], end, server.port))
+    runs.sort()
+    assert all(earlier[1] <= later[0] for earlier, later in zip(runs, runs[1:], strict=False)), runs
+    # 16 s at one run per 3 s (plus up to 0.3 s of jitter): 4 to 6 runs in all, not one schedule per replica.
+    assert 4 <= len(runs) <= 6, runs
+    gaps = [later[1] - earlier[1] for earlier, later in zip(runs, runs[1:], strict=False)]
+    assert min(gaps) >= 2.9, gaps
