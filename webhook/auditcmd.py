@@ -107,6 +107,10 @@ def run(
         bar.clear()
         print(f"gpu-webhook: audit: {exc}", file=err)
         return EXIT_FAILED
+    except KeyboardInterrupt:
+        bar.clear()
+        print("gpu-webhook: audit: interrupted", file=err)
+        return 130
     bar.clear()
     if output == "table" and kept:
         print("\n".join(table(kept)), file=out)
