@@ -149,6 +149,19 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.workers < 1 or args.threads < 1:
         parser.error("--workers and --threads must be at least 1")
     _policy_or_exit(args.policy)
+    # Workers share counters through files; this must be set before prometheus_client is imported (the audit
+    # settings below import webhook.metrics with the audit loop).
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", _temp_dir("gpu-webhook-metrics-"))
+    audit = None
+    if args.audit:
+        audit = _audit_settings(args, parser)
+        from webhook.kubeapi import ConfigError, configuration
+
+        try:
+            configuration(args.kubeconfig)  # settings only: a missing or broken kubeconfig stops us here
+        except ConfigError as exc:
+            print(f"gpu-webhook: cannot serve: --audit: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     cert_file, key_file = args.cert_file, args.key_file
     host = args.host or ("127.0.0.1" if args.self_signed else "0.0.0.0")
     try:
@@ -172,18 +185,6 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         cert_file, key_file = str(paths["cert"]), str(paths["key"])
         print(f"self-signed CA: {paths['ca']}", flush=True)
         print(f"try: curl --cacert {paths['ca']} https://localhost:{args.port}/healthz", flush=True)
-    audit = None
-    if args.audit:
-        audit = _audit_settings(args, parser)
-        from webhook.kubeapi import ConfigError, configuration
-
-        try:
-            configuration(args.kubeconfig)  # settings only: a missing or broken kubeconfig stops us here
-        except ConfigError as exc:
-            print(f"gpu-webhook: cannot serve: --audit: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-    # Workers share counters through files; this must be set before prometheus_client is imported.
-    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", _temp_dir("gpu-webhook-metrics-"))
     from webhook.server import ServeConfig, serve
 
     config = ServeConfig(

@@ -21,7 +21,7 @@ import yaml
 
 from tests.e2e.bed import CHART, CUSTOM_RESOURCES, NAMESPACE, RELEASE, register_webhook, unregister_webhook
 from tests.e2e.cluster import NO_PROXY_ENV, ControlPlane
-from tests.manifests import container, pod, workload
+from tests.manifests import admission_review, container, pod, workload
 from tests.server import GPU_WEBHOOK, make_certs, start_webhook
 
 pytestmark = pytest.mark.e2e
@@ -290,6 +290,9 @@ def test_the_server_audit_writes_a_report_and_follows_a_fix(cluster, bed) -> Non
         assert results["wrong-acc"]["message"].startswith("spec.template.spec.nodeSelector[accelerator]: ")
         assert server.metric("gpu_webhook_audit_violations", namespace=namespace, rule="per-pod-limit") == 2
         assert server.metric("gpu_webhook_audit_last_run_timestamp_seconds") > time.time() - 60
+        # The workers' own counters are still shared through the multiprocess directory beside the audit's.
+        server.post("/validate", admission_review(pod(container(limits={GPU: 1}), name="probe")))
+        assert server.metric("gpu_webhook_requests_total", endpoint="validate") >= 1
         lease = json.loads(cluster.kubectl("get", "lease", "-n", "default", "gpu-webhook-audit-e2e", "-o", "json",
                                            check=True).stdout)
         assert "gpu-webhook.io/audit-finished" in lease["metadata"]["annotations"]
