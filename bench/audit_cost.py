@@ -27,6 +27,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -301,8 +302,8 @@ def main() -> None:
         plane = ControlPlane(control_plane_bin(), Path(tempfile.mkdtemp(prefix="gpu-webhook-audit-cost-")))
         plane.start()
         args.kubeconfig = str(plane.kubeconfig)
+    workdir = Path(tempfile.mkdtemp(prefix="audit-cost-"))
     try:
-        workdir = Path(tempfile.mkdtemp(prefix="audit-cost-"))
         policy = workdir / "policy.yaml"
         policy.write_text(POLICY)
         admin = Kube.connect(args.kubeconfig, pool_size=8)
@@ -322,6 +323,7 @@ def main() -> None:
         RESULTS.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result, indent=2))
     finally:
+        shutil.rmtree(workdir, ignore_errors=True)
         if plane is not None:
             plane.stop()
 
