@@ -1,4 +1,4 @@
-"""``gpu-webhook``: serve, certs and check."""
+"""``gpu-webhook``: serve, certs, check and audit."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ import os
 import shutil
 import sys
 import tempfile
+from typing import TYPE_CHECKING
 
 from webhook import __version__, check, tls
 from webhook.connections import port_problem
 from webhook.policy import PolicyError, load_policy
+
+if TYPE_CHECKING:
+    from webhook.auditloop import LoopSettings
 
 EXIT_USAGE = 2
 
@@ -65,6 +69,29 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--drain-seconds", type=float, default=3.0, help="after SIGTERM, fail /readyz this long before stopping"
     )
+    serve.add_argument(
+        "--audit", action="store_true",
+        help="also audit the cluster periodically and write policy reports (a process of its own; one replica "
+        "at a time, by a Lease)",
+    )
+    serve.add_argument("--audit-interval", default="1h", help="time between audits, like 1h or 30m (default 1h)")
+    serve.add_argument(
+        "--audit-report-kind", choices=["openreports", "wgpolicyk8s"], default="openreports",
+        help="openreports.io/v1alpha1 Report (default) or wgpolicyk8s.io/v1alpha2 PolicyReport",
+    )
+    serve.add_argument(
+        "--audit-lease", metavar="NAMESPACE/NAME",
+        help="the coordination.k8s.io Lease the replicas share (default: <pod namespace>/gpu-webhook-audit)",
+    )
+    serve.add_argument(
+        "--audit-exclude-namespace", action="append", default=[], metavar="NS",
+        help="namespace the audit skips (repeatable), like the webhooks' excluded namespaces",
+    )
+    serve.add_argument(
+        "--audit-resource", action="append", metavar="GROUP/PLURAL",
+        help="custom resources to audit, glob patterns like kubeflow.org/pytorchjobs (repeatable; default: every "
+        "custom resource the identity may list). Built-in pod kinds are always audited",
+    )
 
     gen = commands.add_parser("certs", help="write a CA and a serving certificate for the webhook Service")
     gen.set_defaults(subparser=gen)
@@ -91,6 +118,27 @@ def _parser() -> argparse.ArgumentParser:
     )
     lint.add_argument(
         "paths", nargs="+", metavar="PATH", help="YAML or JSON manifest files or directories of them; - for stdin"
+    )
+
+    audit = commands.add_parser(
+        "audit", help="run the webhook's rules over what a live cluster already runs (read-only: it only lists)"
+    )
+    audit.set_defaults(subparser=audit)
+    audit.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else the in-cluster account)"
+    )
+    audit.add_argument("--namespace", help="audit this namespace only (default: all namespaces)")
+    audit.add_argument("--selector", "-l", help="label selector of the objects to audit, as kubectl -l takes it")
+    audit.add_argument(
+        "--policy", help="policy YAML file to audit against, deployed or not (default: built-in defaults)"
+    )
+    audit.add_argument(
+        "-o", "--output", choices=["table", "json", "report"], default="table",
+        help="a table grouped by namespace and rule, one JSON object per violation, or policy reports (YAML)",
+    )
+    audit.add_argument(
+        "--report-kind", choices=["openreports", "wgpolicyk8s"], default="openreports",
+        help="with -o report: openreports.io/v1alpha1 Report (default) or wgpolicyk8s.io/v1alpha2 PolicyReport",
     )
     return parser
 
@@ -128,6 +176,19 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.workers < 1 or args.threads < 1:
         parser.error("--workers and --threads must be at least 1")
     _policy_or_exit(args.policy)
+    # Workers share counters through files; this must be set before prometheus_client is imported (the audit
+    # settings below import webhook.metrics with the audit loop).
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", _temp_dir("gpu-webhook-metrics-"))
+    audit = None
+    if args.audit:
+        audit = _audit_settings(args, parser)
+        from webhook.kubeapi import ConfigError, configuration
+
+        try:
+            configuration(args.kubeconfig)  # settings only: a missing or broken kubeconfig stops us here
+        except ConfigError as exc:
+            print(f"gpu-webhook: cannot serve: --audit: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     cert_file, key_file = args.cert_file, args.key_file
     host = args.host or ("127.0.0.1" if args.self_signed else "0.0.0.0")
     try:
@@ -154,8 +215,6 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         cert_file, key_file = str(paths["cert"]), str(paths["key"])
         print(f"self-signed CA: {paths['ca']}", flush=True)
         print(f"try: curl --cacert {paths['ca']} https://localhost:{args.port}/healthz", flush=True)
-    # Workers share counters through files; this must be set before prometheus_client is imported.
-    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", _temp_dir("gpu-webhook-metrics-"))
     from webhook.server import ServeConfig, serve
 
     config = ServeConfig(
@@ -171,6 +230,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         kubeconfig=args.kubeconfig,
         drain_seconds=args.drain_seconds,
         metrics_port=args.metrics_port,
+        audit=audit,
     )
     try:
         serve(config)
@@ -178,6 +238,40 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"gpu-webhook: cannot serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return 0
+
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _audit_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> LoopSettings:
+    from webhook.auditloop import LoopSettings, parse_duration
+
+    try:
+        interval = parse_duration(args.audit_interval)
+    except ValueError as exc:
+        parser.error(f"--audit-interval: {exc}")
+    if interval < 1:
+        parser.error("--audit-interval must be at least 1s")
+    if args.audit_lease:
+        namespace, _, name = args.audit_lease.partition("/")
+        if not namespace or not name:
+            parser.error("--audit-lease takes NAMESPACE/NAME")
+    else:
+        try:
+            namespace = open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8").read().strip() or "default"
+        except OSError:
+            namespace = "default"
+        name = "gpu-webhook-audit"
+    return LoopSettings(
+        interval=interval,
+        report_kind=args.audit_report_kind,
+        lease_namespace=namespace,
+        lease_name=name,
+        exclude_namespaces=tuple(args.audit_exclude_namespace),
+        custom=tuple(args.audit_resource) if args.audit_resource else None,
+        kubeconfig=args.kubeconfig,
+        policy_file=args.policy,
+    )
 
 
 def _certs(args: argparse.Namespace) -> int:
@@ -218,6 +312,19 @@ def _check(args: argparse.Namespace) -> int:
     return check.run(args.paths, policies, args.namespace, nodes=nodes, output=args.output, recursive=args.recursive)
 
 
+def _audit(args: argparse.Namespace) -> int:
+    from webhook import auditcmd
+
+    try:
+        policies = load_policy(args.policy)
+    except PolicyError as exc:
+        print(f"gpu-webhook: {exc}", file=sys.stderr)
+        return auditcmd.EXIT_FAILED
+    return auditcmd.run(
+        policies, args.kubeconfig, args.namespace, args.selector, args.output, args.report_kind
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -225,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args, args.subparser)
     if args.command == "certs":
         return _certs(args)
+    if args.command == "audit":
+        return _audit(args)
     return _check(args)
 
 

@@ -56,6 +56,38 @@ NODE_INDEX_STALE = Gauge(
     multiprocess_mode="livemax",
 )
 
+# The periodic audit (serve --audit): set by the audit process, one per replica, after each run it made.
+# Violations are "live": they leave /metrics with the process that set them (a restarted audit process
+# publishes its own after its first run). The run's time, duration and size are "mostrecent", so they
+# outlive a restart; across replicas take the max of the timestamp.
+AUDIT_VIOLATIONS = Gauge(
+    "gpu_webhook_audit_violations",
+    "Violations the last audit found, by namespace, rule and action (deny or warn).",
+    ["namespace", "rule", "action"],
+    multiprocess_mode="livemostrecent",
+)
+AUDIT_LAST_RUN = Gauge(
+    "gpu_webhook_audit_last_run_timestamp_seconds",
+    "Unix time the last audit this replica ran finished.",
+    multiprocess_mode="mostrecent",
+)
+AUDIT_DURATION = Gauge(
+    "gpu_webhook_audit_last_run_duration_seconds",
+    "Wall time of the last audit this replica ran.",
+    multiprocess_mode="mostrecent",
+)
+AUDIT_OBJECTS = Gauge(
+    "gpu_webhook_audit_objects",
+    "Objects the last audit this replica ran examined.",
+    multiprocess_mode="mostrecent",
+)
+AUDIT_REQUESTS = Gauge(
+    "gpu_webhook_audit_api_requests",
+    "Requests to the apiserver the last audit this replica ran made (discovery, list pages, report writes).",
+    multiprocess_mode="mostrecent",
+)
+AUDIT_RUNS = Counter("gpu_webhook_audit_runs", "Audit runs by result (success or failure).", ["result"])
+
 
 def record_reload(what: str, ok: bool) -> None:
     RELOADS.labels(what=what, result="success" if ok else "failure").inc()

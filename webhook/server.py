@@ -15,6 +15,9 @@ import logging
 import os
 import signal
 import ssl
+import subprocess
+import sys
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,11 +25,13 @@ from typing import Any
 
 from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
 from gunicorn.workers.base import Worker
 
 from webhook import logs, metrics
 from webhook.admission import Handler
 from webhook.app import DEFAULT_HANDLERS, DEFAULT_MAX_BODY, create_app
+from webhook.auditloop import LoopSettings
 from webhook.connections import Front, Limits
 from webhook.nodes import NodeIndex, NodeSummary
 from webhook.nodewatch import NodeWatcher
@@ -58,6 +63,8 @@ class ServeConfig:
     # Plain-HTTP operations port: GET /metrics, /healthz, /readyz. When set, /metrics leaves the admission
     # port, so a NetworkPolicy can open that port to the apiserver only and this one to the monitoring.
     metrics_port: int | None = None
+    # serve --audit: the periodic audit, in a process the master starts beside the workers.
+    audit: LoopSettings | None = None
 
     def limits(self) -> Limits:
         return Limits(
@@ -246,11 +253,97 @@ class JsonGunicornLogger(glogging.Logger):
         self.error_log.addHandler(logs.JsonHandler())
 
 
+class AuditProcess:
+    """The periodic audit's process (``webhook.auditloop``), run by the master: started with the workers,
+    restarted with a growing delay when it exits, stopped before them.
+
+    The master reaps every child (``os.waitpid(-1)``), so the exit status is gone by the time we look:
+    ``Popen.poll`` then reads 0, which is enough to know it exited.
+    """
+
+    def __init__(self, settings: LoopSettings):
+        self.settings = settings
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+        self.not_before = 0.0
+        self.delay = 1.0
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                return
+            pid, lived = self.proc.pid, now - self.started
+            self.proc = None
+            self.delay = 1.0 if lived > 300 else min(self.delay * 2, 60.0)
+            self.not_before = now + self.delay
+            metrics.safely(_mark_dead, pid)
+            logs.event("audit_process_exited", logging.WARNING, pid=pid, seconds=round(lived, 1),
+                       restart_in=self.delay)
+            return
+        if now >= self.not_before:
+            self.proc = subprocess.Popen(self.settings.command())
+            self.started = now
+            logs.event("audit_process_started", pid=self.proc.pid)
+
+    def terminate(self) -> None:
+        """Ask it to stop: it gives the Lease back and exits between two pages."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+
+    def wait(self, timeout: float = 10.0) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        metrics.safely(_mark_dead, self.proc.pid)
+        self.proc = None
+
+
+def _mark_dead(pid: int) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid)
+
+
+class _Arbiter(Arbiter):
+    """gunicorn's master, also minding the audit process: checked on every turn of its loop (about a second)."""
+
+    audit: AuditProcess | None = None
+
+    def manage_workers(self) -> None:
+        super().manage_workers()
+        if self.audit is not None:
+            self.audit.check()
+
+    def stop(self, graceful: bool = True) -> None:
+        # The workers get SIGTERM at once (their drain must not wait for the audit); the audit's own stop
+        # overlaps with theirs and is waited for after.
+        if self.audit is not None:
+            self.audit.terminate()
+        super().stop(graceful)
+        if self.audit is not None:
+            self.audit.wait()
+
+
 class _Application(BaseApplication):
     def __init__(self, config: ServeConfig, handlers: Mapping[str, Handler]):
         self.config = config
         self.handlers = handlers
         super().__init__()
+
+    def run(self) -> None:
+        arbiter = _Arbiter(self)
+        if self.config.audit is not None:
+            arbiter.audit = AuditProcess(self.config.audit)
+        try:
+            arbiter.run()
+        except RuntimeError as exc:  # as BaseApplication.run reports it
+            print(f"\nError: {exc}\n", file=sys.stderr, flush=True)
+            sys.exit(1)
 
     def load_config(self) -> None:
         c = self.config

@@ -284,8 +284,8 @@ drainSeconds + 20). A shorter period SIGKILLs the server while it still answers 
 {{- fail "server.clientCA.key must name the ConfigMap key holding the CA" }}
 {{- end }}
 {{- $np := .Values.networkPolicy }}
-{{- if and $np.enabled $np.egress.enabled (include "gpu-webhook.clusterChecks" .) (not $np.egress.apiserver) }}
-{{- fail "networkPolicy.egress.apiserver must list the apiserver's addresses (NetworkPolicyPeers, e.g. [{ipBlock: {cidr: 10.0.0.10/32}}]) when networkPolicy.egress.enabled and policy.cluster.enabled: without them the node watch cannot reach the apiserver and /readyz stays 503" }}
+{{- if and $np.enabled $np.egress.enabled (include "gpu-webhook.apiAccess" .) (not $np.egress.apiserver) }}
+{{- fail "networkPolicy.egress.apiserver must list the apiserver's addresses (NetworkPolicyPeers, e.g. [{ipBlock: {cidr: 10.0.0.10/32}}]) when networkPolicy.egress.enabled and policy.cluster.enabled or audit.enabled: without them the node watch or the audit cannot reach the apiserver (and with cluster checks /readyz stays 503)" }}
 {{- end }}
 {{- if eq (int .Values.metrics.port) (int .Values.server.port) }}
 {{- fail (printf "metrics.port (%v) must differ from server.port: the plain-HTTP metrics port and the HTTPS admission port are separate listeners" .Values.metrics.port) }}

@@ -1,0 +1,203 @@
+"""A small JSON client for the Kubernetes API, for the audit: GET, apply, PUT, POST, DELETE, each counted.
+
+The kubernetes package's loaders read the connection settings (kubeconfig files with exec plugins and
+client certificates, or the pod's service account, whose token they re-read when it rotates). The
+requests go through a urllib3 pool of our own instead of the generated client: a list page is read and
+parsed once into plain dicts, no model objects are built, and every request is counted, so the audit can
+say what it cost the apiserver.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import orjson
+
+JSON = "application/json"
+APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML: server-side apply takes a JSON body
+_MAX_THROTTLE_RETRIES = 3  # 429 (API Priority and Fairness): wait as told, at most this often
+_MAX_RETRY_AFTER = 10.0
+
+
+class ConfigError(Exception):
+    """No usable connection settings: no kubeconfig, a broken one, and not in a cluster."""
+
+
+class ApiError(Exception):
+    """The apiserver refused (``status`` is the HTTP code) or could not be reached (``status`` 0)."""
+
+    def __init__(self, status: int, reason: str, message: str, body: Mapping[str, Any] | None = None):
+        super().__init__(f"{reason}: {message}" if reason else message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.body: Mapping[str, Any] = body or {}
+
+
+def configuration(kubeconfig: str | None = None) -> Any:
+    """Connection settings the way kubectl finds them: ``kubeconfig``, else $KUBECONFIG or ~/.kube/config,
+    else the pod's service account."""
+    from kubernetes import client, config
+
+    settings = client.Configuration()
+    try:
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=settings, persist_config=False)
+        elif os.environ.get("KUBECONFIG") or (Path.home() / ".kube" / "config").exists():
+            config.load_kube_config(client_configuration=settings, persist_config=False)
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=settings)
+        else:
+            raise ConfigError("no kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) and not running in a cluster")
+    except ConfigError:
+        raise
+    except Exception as exc:  # ConfigException, OSError, YAML errors: one line for the user
+        where = kubeconfig or os.environ.get("KUBECONFIG") or "the in-cluster service account"
+        raise ConfigError(f"cannot load {where}: {str(exc).strip() or type(exc).__name__}") from None
+    return settings
+
+
+class Kube:
+    """Requests to one apiserver; ``requests`` counts every HTTP request sent (retries included)."""
+
+    def __init__(self, settings: Any, timeout: float = 60.0, pool_size: int = 4):
+        import urllib3
+
+        self.host = str(settings.host).rstrip("/")
+        self.settings = settings
+        self.timeout = timeout
+        self.requests = 0
+        self.bytes_received = 0
+        self._lock = threading.Lock()
+        tls: dict[str, Any] = {
+            "cert_reqs": "CERT_REQUIRED" if settings.verify_ssl else "CERT_NONE",
+            "ca_certs": settings.ssl_ca_cert,
+            "cert_file": settings.cert_file,
+            "key_file": settings.key_file,
+        }
+        if getattr(settings, "assert_hostname", None) is not None:
+            tls["assert_hostname"] = settings.assert_hostname
+        if getattr(settings, "tls_server_name", None):
+            tls["server_hostname"] = settings.tls_server_name
+        # One connect retry: a refused connection is answered in a second, not after urllib3's default three.
+        # Statuses come back as they are: 429 is retried below, as long as its Retry-After says.
+        retries = urllib3.Retry(total=1, connect=1, read=0, status=0, redirect=0, backoff_factor=0.2,
+                                status_forcelist=(), respect_retry_after_header=False, raise_on_status=False)
+        pool: Any
+        if getattr(settings, "proxy", None):
+            pool = urllib3.ProxyManager(settings.proxy, proxy_headers=settings.proxy_headers, maxsize=pool_size,
+                                        retries=retries, **tls)
+        else:
+            pool = urllib3.PoolManager(maxsize=pool_size, retries=retries, **tls)
+        self._pool = pool
+
+    def close(self) -> None:
+        self._pool.clear()
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None = None, **kw: Any) -> Kube:
+        return cls(configuration(kubeconfig), **kw)
+
+    def _headers(self, accept: str, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": accept, "User-Agent": "gpu-webhook-audit"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        auth = self.settings.auth_settings().get("BearerToken")
+        if auth and auth.get("value"):
+            headers["Authorization"] = auth["value"]
+        return headers
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        accept: str = JSON,
+    ) -> dict[str, Any]:
+        """One request; the decoded JSON answer, or :class:`ApiError`."""
+        import urllib3
+
+        url = self.host + quote(path, safe="/:")
+        if query:
+            url += "?" + urlencode({k: v for k, v in query.items() if v is not None})
+        data = orjson.dumps(body) if body is not None else None
+        if data is not None and content_type is None:
+            content_type = JSON
+        for attempt in range(_MAX_THROTTLE_RETRIES + 1):
+            with self._lock:
+                self.requests += 1
+            try:
+                response = self._pool.request(
+                    method, url, body=data, headers=self._headers(accept, content_type),
+                    timeout=urllib3.Timeout(connect=min(10.0, self.timeout), read=self.timeout),
+                )
+            except urllib3.exceptions.HTTPError as exc:
+                reason = getattr(exc, "reason", None) or exc
+                raise ApiError(0, "Unreachable", f"cannot reach the apiserver at {self.host}: {reason}") from None
+            raw = response.data
+            with self._lock:
+                self.bytes_received += len(raw)
+            if response.status == 429 and attempt < _MAX_THROTTLE_RETRIES:
+                time.sleep(_retry_after(response.headers.get("Retry-After")))
+                continue
+            break
+        try:
+            decoded = orjson.loads(raw) if raw else {}
+        except orjson.JSONDecodeError:
+            decoded = {"message": raw[:300].decode("utf-8", "replace")}
+        if response.status >= 400:
+            if not isinstance(decoded, dict):
+                decoded = {}
+            raise ApiError(
+                response.status,
+                str(decoded.get("reason") or response.reason or ""),
+                str(decoded.get("message") or f"HTTP {response.status} from {method} {path}"),
+                decoded,
+            )
+        return decoded if isinstance(decoded, dict) else {"items": decoded}
+
+    def get_text(self, path: str) -> str:
+        """A plain-text resource, like the apiserver's /metrics."""
+        import urllib3
+
+        with self._lock:
+            self.requests += 1
+        try:
+            response = self._pool.request("GET", self.host + path, headers=self._headers("text/plain", None),
+                                          timeout=urllib3.Timeout(connect=10.0, read=self.timeout))
+        except urllib3.exceptions.HTTPError as exc:
+            raise ApiError(0, "Unreachable", f"cannot reach the apiserver at {self.host}: {exc}") from None
+        if response.status >= 400:
+            raise ApiError(response.status, str(response.reason or ""), f"HTTP {response.status} from GET {path}")
+        return response.data.decode("utf-8", "replace")
+
+    def get(self, path: str, query: Mapping[str, Any] | None = None, accept: str = JSON) -> dict[str, Any]:
+        return self.request("GET", path, query, accept=accept)
+
+    def apply(self, path: str, body: Mapping[str, Any], field_manager: str) -> dict[str, Any]:
+        """Server-side apply: the object becomes what ``body`` says for the fields this manager owns."""
+        return self.request("PATCH", path, {"fieldManager": field_manager, "force": "true"}, body, APPLY_PATCH)
+
+    def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self.request("POST", path, None, body)
+
+    def replace(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self.request("PUT", path, None, body)
+
+    def delete(self, path: str) -> dict[str, Any]:
+        return self.request("DELETE", path)
+
+
+def _retry_after(value: str | None) -> float:
+    try:
+        return min(_MAX_RETRY_AFTER, max(0.1, float(value or 1)))
+    except ValueError:
+        return 1.0
