@@ -52,6 +52,26 @@ def group_of(api_version: object) -> str:
     return api_version.split("/", 1)[0]
 
 
+CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+
+
+def containers(
+    spec: Mapping[str, Any], path: FieldPath = ROOT
+) -> Iterator[tuple[str, int, FieldPath, Mapping[str, Any]]]:
+    """(list name, index, path, container) of every container mapping in a pod spec, items known by name.
+
+    Odd shapes are skipped here: the rules in ``rules`` report them once.
+    """
+    for list_name in CONTAINER_LISTS:
+        items = spec.get(list_name)
+        if not isinstance(items, list):
+            continue
+        list_path = path.child(list_name)
+        for i, container in enumerate(items):
+            if isinstance(container, Mapping):
+                yield list_name, i, list_path.item(i, "name", container.get("name")), container
+
+
 def is_builtin(group: str, kind: str) -> bool:
     return (group, kind) in _TEMPLATE_KEYS
 
