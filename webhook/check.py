@@ -55,6 +55,21 @@ def read_nodes(path: str, node_label: str) -> NodeSummary:
     return summary
 
 
+def runtime_classes_of(objects: list[Mapping[str, Any]]) -> dict[str, dict[str, str]] | None:
+    """RuntimeClass name -> its scheduling.nodeSelector, from saved RuntimeClass objects
+    (``kubectl get nodes,runtimeclasses -o yaml``); None when there are none, so the runtime-class checks
+    stay off rather than call every class unknown."""
+    found: dict[str, dict[str, str]] = {}
+    for obj in objects:
+        if obj.get("kind") != "RuntimeClass":
+            continue
+        name = as_mapping(obj.get("metadata")).get("name")
+        selector = as_mapping(as_mapping(obj.get("scheduling")).get("nodeSelector"))
+        if isinstance(name, str):
+            found[name] = {k: v for k, v in selector.items() if isinstance(k, str) and isinstance(v, str)}
+    return found or None
+
+
 def _identity(obj: Mapping[str, Any]) -> tuple[str, str]:
     metadata = as_mapping(obj.get("metadata"))
     name = metadata.get("name") or metadata.get("generateName") or "(unnamed)"
@@ -68,13 +83,16 @@ def check_objects(
     policies: PolicySet,
     namespace: str,
     nodes: NodeSummary | None = None,
+    runtime_classes: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Iterator[tuple[bool, str]]:
     """(denied?, line) for every violation, in the ``FILE: Kind/name: path: message`` form."""
     for obj in objects:
         kind = str(obj["kind"])
         name, own_namespace = _identity(obj)
         target = own_namespace or namespace
-        answer = decide(obj, group_of(obj.get("apiVersion")), kind, target, policies, nodes)
+        answer = decide(
+            obj, group_of(obj.get("apiVersion")), kind, target, policies, nodes, runtime_classes=runtime_classes
+        )
         policy = policies.for_namespace(target)
         for violation in answer.violations:
             denied = policy.action(violation.rule) == "deny"
@@ -88,6 +106,7 @@ def run(
     namespace: str = "default",
     out: TextIO = sys.stdout,
     nodes: NodeSummary | None = None,
+    runtime_classes: Mapping[str, Mapping[str, str]] | None = None,
 ) -> int:
     status = EXIT_ADMITTED
     for path in paths:
@@ -98,7 +117,7 @@ def run(
             print(f"{source}: {exc}", file=sys.stderr)
             status = EXIT_UNREADABLE
             continue
-        for denied, line in check_objects(objects, source, policies, namespace, nodes):
+        for denied, line in check_objects(objects, source, policies, namespace, nodes, runtime_classes):
             print(line, file=out)
             if denied and status == EXIT_ADMITTED:
                 status = EXIT_DENIED

@@ -63,7 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     lint.add_argument("--policy", help="policy YAML file (default: built-in defaults)")
     lint.add_argument("--namespace", default="default", help="namespace for objects that name none (default: default)")
     lint.add_argument(
-        "--nodes", help="Node objects (kubectl get nodes -o yaml) to run the cluster-aware checks against"
+        "--nodes",
+        help="Node and RuntimeClass objects (kubectl get nodes,runtimeclasses -o yaml) to run the cluster-aware "
+        "checks against",
     )
     lint.add_argument("paths", nargs="+", metavar="PATH", help="YAML or JSON manifest files; - for stdin")
     return parser
@@ -168,14 +170,15 @@ def _check(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(f"gpu-webhook: {exc}", file=sys.stderr)
         return check.EXIT_UNREADABLE
-    nodes = None
+    nodes = runtime_classes = None
     if args.nodes:
         try:
             nodes = check.read_nodes(args.nodes, policies.default.node_label)
+            runtime_classes = check.runtime_classes_of(check.read_objects(args.nodes))
         except check.UnreadableInput as exc:
             print(f"gpu-webhook: {args.nodes}: {exc}", file=sys.stderr)
             return check.EXIT_UNREADABLE
-    return check.run(args.paths, policies, args.namespace, nodes=nodes)
+    return check.run(args.paths, policies, args.namespace, nodes=nodes, runtime_classes=runtime_classes)
 
 
 def main(argv: list[str] | None = None) -> int:
