@@ -14,6 +14,7 @@ from typing import Any, TextIO
 import yaml
 
 from webhook.admission import decide
+from webhook.isolation import runtime_class_selectors
 from webhook.nodes import NodeIndex, NodeSummary
 from webhook.podspecs import as_mapping, group_of
 from webhook.policy import PolicySet
@@ -59,15 +60,7 @@ def runtime_classes_of(objects: list[Mapping[str, Any]]) -> dict[str, dict[str, 
     """RuntimeClass name -> its scheduling.nodeSelector, from saved RuntimeClass objects
     (``kubectl get nodes,runtimeclasses -o yaml``); None when there are none, so the runtime-class checks
     stay off rather than call every class unknown."""
-    found: dict[str, dict[str, str]] = {}
-    for obj in objects:
-        if obj.get("kind") != "RuntimeClass":
-            continue
-        name = as_mapping(obj.get("metadata")).get("name")
-        selector = as_mapping(as_mapping(obj.get("scheduling")).get("nodeSelector"))
-        if isinstance(name, str):
-            found[name] = {k: v for k, v in selector.items() if isinstance(k, str) and isinstance(v, str)}
-    return found or None
+    return runtime_class_selectors(o for o in objects if o.get("kind") == "RuntimeClass") or None
 
 
 def _identity(obj: Mapping[str, Any]) -> tuple[str, str]:

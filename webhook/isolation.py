@@ -17,7 +17,7 @@ The runtime-class checks that need the cluster take ``runtime_classes`` (Runtime
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -402,6 +402,19 @@ def effective_node_selector(spec: Mapping[str, Any], metadata: Mapping[str, Any]
         if injected is not None:
             selector[policy.node_label] = injected
     return selector
+
+
+def runtime_class_selectors(objects: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+    """RuntimeClass name -> its scheduling.nodeSelector, from RuntimeClass objects (others are skipped)."""
+    found: dict[str, dict[str, str]] = {}
+    for obj in objects:
+        if obj.get("kind") not in (None, "RuntimeClass"):
+            continue
+        name = as_mapping(obj.get("metadata")).get("name")
+        selector = as_mapping(as_mapping(obj.get("scheduling")).get("nodeSelector"))
+        if isinstance(name, str):
+            found[name] = {k: v for k, v in selector.items() if isinstance(k, str) and isinstance(v, str)}
+    return found
 
 
 def runtime_class_conflicts(class_selector: Mapping[str, str], pod_selector: Mapping[str, str]) -> list[str]:

@@ -289,7 +289,8 @@ def test_kube_version_floor(helm: Helm) -> None:
         (["--set", "policy.namespaces.ml.resources=x"], "/policy/namespaces/ml"),
         (["--set", "policy.platform=openshift"], "/policy/platform"),
         (["--set", "policy.isolation.hideGpus=all"], "/policy/isolation/hideGpus"),
-        (["--set", "policy.namespaces.ml.isolation.runtimeClass=NVIDIA"], "/policy/namespaces/ml/isolation/runtimeClass"),
+        (["--set", "policy.namespaces.ml.isolation.runtimeClass=NVIDIA"],
+         "/policy/namespaces/ml/isolation/runtimeClass"),
         (["--set-json", 'policy.isolation.trusted.serviceAccounts=["dcgm"]'], "/policy/isolation/trusted"),
     ],
 )
