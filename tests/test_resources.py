@@ -137,6 +137,19 @@ def test_shared_and_fractional_requests(limits, policy, namespace, expected):
     assert found(pod(container(limits=limits)), policy, namespace) == expected
 
 
+def test_requests_copied_from_limits_are_not_told_twice():
+    """The apiserver stores requests equal to limits for extended resources: one problem, one violation."""
+    values = {"nvidia.com/gpu.shared": 2, "nvidia.com/gpucores": 120, "gpu.intel.com/monitoring": 1}
+    stored = pod(container(limits=values, requests=dict(values)))
+    assert found(stored) == {
+        (f"{C0}.limits[nvidia.com/gpu.shared]", "shared-gpu-over-one"),
+        (f"{C0}.limits[nvidia.com/gpucores]", "fractional-gpu-request"),
+        (f"{C0}.limits[gpu.intel.com/monitoring]", "gpu-monitoring-resource"),
+    }
+    assert found(pod(container(requests={"nvidia.com/gpu.shared": 3}))) == {
+        (f"{C0}.requests[nvidia.com/gpu.shared]", "shared-gpu-over-one")}
+
+
 def test_shared_over_one_is_refused_with_a_reason():
     answer = decide(pod(container("train", limits={"nvidia.com/gpu.shared": 2})), "", "Pod", "default", DEFAULT)
     assert not answer.allowed

@@ -140,17 +140,21 @@ def cel_pattern() -> str:
 
 
 def _requested(container: Mapping[str, Any], path: FieldPath) -> Iterator[tuple[FieldPath, str, Any, VendorResource]]:
-    """(path, name, raw value, entry) of every registered name in the container's limits and requests."""
+    """(path, name, raw value, entry) of every registered name in the container's limits, and in its requests
+    where limits do not name it: the apiserver copies limits into requests, and one problem is told once
+    (requests that differ from limits are refused by the apiserver itself)."""
     resources = container.get("resources")
     if not isinstance(resources, Mapping):
         return
+    limits = resources.get("limits")
+    limits = limits if isinstance(limits, Mapping) else {}
     for kind in ("limits", "requests"):
         values = resources.get(kind)
         if not isinstance(values, Mapping):
             continue
         for name, raw in values.items():
             entry = lookup(name) if isinstance(name, str) else None
-            if entry is not None:
+            if entry is not None and (kind == "limits" or name not in limits):
                 yield path.child("resources").child(kind).key(name), name, raw, entry
 
 
