@@ -280,3 +280,13 @@ def test_tolerations_follow_the_platforms_taints(platform, toleration):
     assert result["spec"]["tolerations"] == [toleration]
     already = pod(container(limits={GPU: 1}), tolerations=[{"key": toleration["key"], "operator": "Exists"}])
     assert mutated(already, policy)["spec"]["tolerations"] == already["spec"]["tolerations"]
+
+
+def test_a_gpu_count_of_zero_gets_no_selector_and_no_toleration():
+    """The zero-limit trick lands a pod on GPU nodes; the webhook does not help it (found by the property that
+    mutation never makes a pod worse: a privileged container with nvidia.com/gpu: 0 became a privileged pod on
+    GPU nodes)."""
+    policy = parse_policy("platform: aks\ntolerations: true\naccelerator: {default: nvidia-l4}")
+    result = mutated(pod(container(limits={GPU: 0}, securityContext={"privileged": True})), policy)
+    assert "nodeSelector" not in result["spec"] and "tolerations" not in result["spec"]
+    assert result["spec"]["containers"][0]["resources"]["requests"] == {GPU: 0}

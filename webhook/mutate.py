@@ -44,8 +44,15 @@ def _whole(value: object) -> bool:
     return True
 
 
+def _zero(value: object) -> bool:
+    try:
+        return quantity.gpu_count(value) == 0
+    except quantity.QuantityError:
+        return False
+
+
 def default_requests(spec: Mapping[str, Any], policy: Policy) -> tuple[list[Operation], set[str]]:
-    """Operations copying GPU limits into absent requests, and every GPU resource the pod names."""
+    """Operations copying GPU limits into absent requests, and every GPU resource the pod asks for (not 0)."""
     ops: list[Operation] = []
     used: set[str] = set()
     for list_name in CONTAINER_LISTS[:2]:  # ephemeral containers may not hold GPUs at all
@@ -62,8 +69,10 @@ def default_requests(spec: Mapping[str, Any], policy: Policy) -> tuple[list[Oper
             limits = gpu_entries(limits, policy) if isinstance(limits, Mapping) else {}
             if requests is not None and not isinstance(requests, dict):
                 continue
-            used.update(limits)
-            used.update(gpu_entries(requests or {}, policy))
+            # A count of 0 holds no GPU: it gets no accelerator selector and no toleration from us (that is
+            # the trick zero-gpu-limit warns about), so the zero check is /validate's alone.
+            used.update(name for name, value in limits.items() if not _zero(value))
+            used.update(name for name, value in gpu_entries(requests or {}, policy).items() if not _zero(value))
             # Only whole counts are copied: an invalid limit is /validate's to report, once.
             missing = {name: value for name, value in limits.items() if name not in (requests or {}) and _whole(value)}
             if not missing:
