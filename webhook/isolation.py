@@ -23,7 +23,7 @@ from typing import Any
 
 from webhook import resources as registry
 from webhook.field import FieldPath, Violation
-from webhook.podspecs import PodSpecRef, as_mapping, containers
+from webhook.podspecs import PodSpecRef, as_mapping, container_path, raw_containers
 from webhook.policy import Policy
 from webhook.quantity import QuantityError, gpu_count, shown
 
@@ -97,7 +97,7 @@ def container_gpus(container: Mapping[str, Any], policy: Policy) -> tuple[bool, 
 def gpu_use(spec: Mapping[str, Any], metadata: Mapping[str, Any], policy: Policy) -> GpuUse:
     holders: set[tuple[str, int]] = set()
     counted = fractional = False
-    for list_name, i, _, container in containers(spec):
+    for list_name, i, container in raw_containers(spec):
         holds, counts, asks = container_gpus(container, policy)
         if holds:
             holders.add((list_name, i))
@@ -267,9 +267,10 @@ def check_privileged(ref: PodSpecRef, policy: Policy, use: GpuUse) -> list[Viola
         return []
     reasons = None
     out = []
-    for list_name, i, where, container in containers(ref.spec, ref.path):
+    for list_name, i, container in raw_containers(ref.spec):
         if as_mapping(container.get("securityContext")).get("privileged") is not True:
             continue
+        where = container_path(ref.path, list_name, i, container)
         label = _label(container, where)
         if use.holds(list_name, i):
             why = f"{label} is privileged and holds a GPU: it sees every GPU of its node, not only its own"
@@ -330,11 +331,12 @@ def check_device_mounts(ref: PodSpecRef, policy: Policy) -> list[Violation]:
                     host_path,
                 )
             )
-    for _, _, where, container in containers(ref.spec, ref.path):
+    for list_name, i, container in raw_containers(ref.spec):
         mounts = container.get("volumeMounts")
         for k, mount in enumerate(mounts if isinstance(mounts, list) else []):
             mount_path = as_mapping(mount).get("mountPath")
             if isinstance(mount_path, str) and _in_device_list(mount_path):
+                where = container_path(ref.path, list_name, i, container)
                 out.append(
                     Violation(
                         where.child("volumeMounts").item(k, "mountPath", mount_path).child("mountPath"),
@@ -477,23 +479,31 @@ def check_runtime_class(
     ]
 
 
+def hides_gpus(policy: Policy, use: GpuUse) -> bool:
+    """Whether isolation.hideGpus will set NVIDIA_VISIBLE_DEVICES in the env of this pod's CPU containers."""
+    return policy.hide_gpus != "off" and not use.fractional
+
+
+def check_container_isolation(
+    container: Mapping[str, Any], path: FieldPath, policy: Policy, holds_gpu: bool, trusted: bool, hidden: bool
+) -> list[Violation]:
+    """The isolation rules on one container (``rules`` calls it from its own pass over the containers)."""
+    out = check_zero_gpu_limits(container, path, policy)
+    if not trusted:
+        out.extend(check_visible_devices(container, path, policy, holds_gpu, hidden))
+    return out
+
+
 def check_isolation(
     ref: PodSpecRef,
     policy: Policy,
     use: GpuUse | None = None,
     runtime_classes: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[Violation]:
-    """Every isolation rule on one pod spec."""
+    """The isolation rules on one pod spec as a whole; the per-container ones are ``check_container_isolation``."""
     use = use if use is not None else gpu_use(ref.spec, ref.metadata, policy)
     out: list[Violation] = []
-    trusted = policy.trusts(ref.spec)
-    hidden = policy.hide_gpus != "off" and not use.fractional
-    for list_name, i, where, container in containers(ref.spec, ref.path):
-        out.extend(check_zero_gpu_limits(container, where, policy))
-        if not trusted:
-            out.extend(check_visible_devices(container, where, policy, use.holds(list_name, i), hidden))
-            out.extend(registry.check_monitoring_resources(container, where, policy))
-    if not trusted:
+    if not policy.trusts(ref.spec):
         out.extend(check_privileged(ref, policy, use))
         out.extend(check_device_mounts(ref, policy))
         out.extend(check_cdi_annotations(ref, policy))
