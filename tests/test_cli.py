@@ -523,3 +523,35 @@ def test_argument_errors_print_the_subcommands_usage_and_exit_2(cli, args, says)
     code, out, err = cli(*args)
     assert (code, out) == (2, "")
     assert err[0].startswith(f"usage: gpu-webhook {args[0]} [-h]") and err[-1] == says, err
+
+
+def test_check_reads_runtime_classes_beside_the_nodes(tmp_path):
+    cluster = {"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"accelerator": "nvidia-l4"}},
+         "status": {"allocatable": {GPU: "4"}}},
+        {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia-h100"},
+         "handler": "nvidia", "scheduling": {"nodeSelector": {"accelerator": "nvidia-h100"}}}]}
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("cluster: {enabled: true}\naccelerator: {default: nvidia-l4}\n")
+    conflicting = pod(container(limits={GPU: 1}), name="conflict", runtimeClassName="nvidia-h100")
+    unknown = pod(container(limits={GPU: 1}), name="unknown", runtimeClassName="nvidia")
+    result = gpu_webhook("check", "--policy", str(policy), "--nodes", write_manifests(tmp_path / "c.yaml", cluster),
+                         write_manifests(tmp_path / "pods.yaml", conflicting, unknown))
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert any(line.startswith(f"{tmp_path}/pods.yaml: Pod/conflict: spec.runtimeClassName: runtimeClassName "
+                               "nvidia-h100, whose scheduling.nodeSelector contradicts the pod's: "
+                               "accelerator=nvidia-h100 (pod: nvidia-l4)") for line in lines), lines
+    assert any("Pod/unknown: spec.runtimeClassName: runtimeClassName nvidia, but no such RuntimeClass exists" in line
+               and "(RuntimeClasses: nvidia-h100)" in line for line in lines), lines
+
+
+def test_check_says_which_cpu_container_would_see_every_gpu(tmp_path):
+    leaky = pod(container("notebook", env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]), name="leaky")
+    result = gpu_webhook("check", write_manifests(tmp_path / "leaky.yaml", leaky))
+    assert result.returncode == 1
+    assert result.stdout == (
+        f"{tmp_path}/leaky.yaml: Pod/leaky: spec.containers[0].env[0].value: container \"notebook\" uses no GPU but "
+        'sets NVIDIA_VISIBLE_DEVICES="all": the NVIDIA runtime would show it every GPU of its node, outside the '
+        "scheduler's accounting; remove it or set it to void\n"
+    )

@@ -164,3 +164,129 @@ def test_the_patch_adds_only_what_is_absent_with_escaped_paths():
         {"op": "add", "path": "/spec/tolerations/1",
          "value": {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}},
     ]
+
+
+# --- isolation: hideGpus and runtimeClass ---------------------------------------------------------
+
+NVD = "NVIDIA_VISIBLE_DEVICES"
+HIDING = parse_policy("namespaces: {shared: {isolation: {hideGpus: void}}, notebooks: {isolation: {hideGpus: none}}}")
+VOID = {"name": NVD, "value": "void"}
+
+
+def env_of(result, list_name="containers", i=0):
+    return result["spec"][list_name][i].get("env")
+
+
+def test_hide_gpus_sets_void_on_a_cpu_pod_in_a_named_namespace_only():
+    assert env_of(mutated(pod(container()), HIDING, "shared")) == [VOID]
+    assert env_of(mutated(pod(container()), HIDING, "notebooks")) == [{"name": NVD, "value": "none"}]
+    assert pod_patch(pod(container()), HIDING.for_namespace("default")) == []
+
+
+def test_hide_gpus_appends_to_env_and_never_overrides():
+    result = mutated(pod(container(env=[{"name": "A", "value": "1"}])), HIDING, "shared")
+    assert env_of(result) == [{"name": "A", "value": "1"}, VOID]
+    for value in ("all", "0", "none"):
+        obj = pod(container(env=[{"name": NVD, "value": value}]))
+        assert pod_patch(obj, HIDING.for_namespace("shared")) == [], value
+    from_secret = pod(container(env=[{"name": NVD, "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]))
+    assert pod_patch(from_secret, HIDING.for_namespace("shared")) == []
+
+
+def test_hide_gpus_leaves_gpu_containers_and_covers_their_cpu_sidecars_and_init_containers():
+    obj = pod(container("gpu", limits={GPU: 1}), container("side"), initContainers=[container("init")])
+    result = mutated(obj, HIDING, "shared")
+    assert env_of(result, i=0) is None
+    assert env_of(result, i=1) == [VOID]
+    assert env_of(result, "initContainers") == [VOID]
+    assert result["spec"]["containers"][0]["resources"]["requests"] == {GPU: 1}
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        pod(container("gpu", limits={"nvidia.com/gpumem": 4000}), container("side")),  # HAMi
+        pod(container("gpu", limits={"volcano.sh/vgpu-number": 1}), container("side")),  # Volcano
+        pod(container(), container("side"), annotations={"gpu-fraction": "0.5"}),  # KAI / Run:ai
+    ],
+    ids=["hami", "volcano", "kai-fraction"],
+)
+def test_hide_gpus_never_touches_a_fractional_schedulers_pod(obj):
+    assert pod_patch(obj, HIDING.for_namespace("shared")) == []
+
+
+def test_hide_gpus_skips_trusted_pods_and_dra_containers():
+    trusting = parse_policy("isolation: {hideGpus: void, trusted: {serviceAccounts: [shared/dcgm]}}")
+    assert pod_patch(pod(container(), serviceAccountName="dcgm"), trusting.for_namespace("shared")) == []
+    claimed = pod(container(resources={"claims": [{"name": "gpu"}]}), resourceClaims=[{"name": "gpu"}])
+    assert pod_patch(claimed, HIDING.for_namespace("shared")) == []
+
+
+def test_a_container_with_a_gpu_limit_of_zero_is_hidden():
+    result = mutated(pod(container(limits={GPU: 0})), HIDING, "shared")
+    assert env_of(result) == [VOID]
+
+
+RUNTIME = parse_policy("isolation: {runtimeClass: nvidia}")
+CLASSES = {"nvidia": {}, "nvidia-h100": {"accelerator": "nvidia-h100"}}
+
+
+def test_the_runtime_class_goes_to_gpu_pods_that_name_none():
+    assert mutated(pod(container(limits={GPU: 1})), RUNTIME)["spec"]["runtimeClassName"] == "nvidia"
+    assert "runtimeClassName" not in mutated(pod(container()), RUNTIME)["spec"]
+    assert "runtimeClassName" not in mutated(pod(container(limits={GPU: 0})), RUNTIME)["spec"]
+    hami = pod(container(limits={GPU: 1, "nvidia.com/gpumem": 4000}))
+    assert "runtimeClassName" not in mutated(hami, RUNTIME)["spec"], "HAMi sets its own"
+    assert mutated(pod(container(limits={GPU: 1}), runtimeClassName="kata"), RUNTIME)["spec"]["runtimeClassName"] == \
+        "kata"
+
+
+def test_the_runtime_class_is_injected_only_if_it_exists_and_agrees_with_the_selector():
+    gpu_pod = pod(container(limits={GPU: 1}))
+    policy = RUNTIME.for_namespace("default")
+    assert mutated_pod(gpu_pod, policy, CLASSES)["spec"]["runtimeClassName"] == "nvidia"
+    assert "runtimeClassName" not in mutated_pod(gpu_pod, policy, {"kata": {}})["spec"]
+    h100 = parse_policy("isolation: {runtimeClass: nvidia-h100}\naccelerator: {default: nvidia-l4}").default
+    assert "runtimeClassName" not in mutated_pod(gpu_pod, h100, CLASSES)["spec"], "it contradicts the default"
+    agreeing = pod(container(limits={GPU: 1}), annotations={"gpu-webhook/accelerator": "nvidia-h100"})
+    result = mutated_pod(agreeing, h100, CLASSES)["spec"]
+    assert (result["runtimeClassName"], result["nodeSelector"]) == ("nvidia-h100", {"accelerator": "nvidia-h100"})
+
+
+@pytest.mark.parametrize(
+    ("policy", "namespace"),
+    [(HIDING, "shared"), (RUNTIME, "default"), (parse_policy("platform: aks\ntolerations: true"), "default")],
+    ids=["hideGpus", "runtimeClass", "platform tolerations"],
+)
+def test_isolation_mutation_is_idempotent(policy, namespace):
+    obj = pod(container(limits={GPU: 1}), container("side", env=[{"name": "A", "value": "1"}]),
+              initContainers=[container("init")])
+    ops = pod_patch(obj, policy.for_namespace(namespace), CLASSES)
+    assert ops
+    once = jsonpatch.apply_patch(obj, ops)
+    assert pod_patch(once, policy.for_namespace(namespace), CLASSES) == []
+
+
+@pytest.mark.parametrize(
+    ("platform", "toleration"),
+    [
+        ("gke", {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}),
+        ("aks", {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}),
+    ],
+)
+def test_tolerations_follow_the_platforms_taints(platform, toleration):
+    policy = parse_policy(f"platform: {platform}\ntolerations: true")
+    result = mutated(pod(container(limits={GPU: 1, "nvidia.com/mig-1g.5gb": 1})), policy)
+    assert result["spec"]["tolerations"] == [toleration]
+    already = pod(container(limits={GPU: 1}), tolerations=[{"key": toleration["key"], "operator": "Exists"}])
+    assert mutated(already, policy)["spec"]["tolerations"] == already["spec"]["tolerations"]
+
+
+def test_a_gpu_count_of_zero_gets_no_selector_and_no_toleration():
+    """The zero-limit trick lands a pod on GPU nodes; the webhook does not help it (found by the property that
+    mutation never makes a pod worse: a privileged container with nvidia.com/gpu: 0 became a privileged pod on
+    GPU nodes)."""
+    policy = parse_policy("platform: aks\ntolerations: true\naccelerator: {default: nvidia-l4}")
+    result = mutated(pod(container(limits={GPU: 0}, securityContext={"privileged": True})), policy)
+    assert "nodeSelector" not in result["spec"] and "tolerations" not in result["spec"]
+    assert result["spec"]["containers"][0]["resources"]["requests"] == {GPU: 0}

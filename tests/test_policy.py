@@ -123,3 +123,85 @@ def test_serve_refuses_an_invalid_policy_with_exit_code_2(tmp_path):
     )
     assert result.returncode == 2
     assert "enforcement: maybe is not a setting; use deny or warn" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("platform", "label", "taints"),
+    [
+        ("generic", "accelerator", []),
+        ("gke", "cloud.google.com/gke-accelerator", [("nvidia.com/gpu", None, "NoSchedule")]),
+        ("eks", "karpenter.k8s.aws/instance-gpu-name", [("nvidia.com/gpu", None, "NoSchedule")]),
+        ("aks", "kubernetes.azure.com/accelerator", [("sku", "gpu", "NoSchedule")]),
+        ("gpu-operator", "nvidia.com/gpu.product", []),
+    ],
+)
+def test_a_platform_names_its_node_label_and_taints(platform, label, taints):
+    p = parse_policy(f"platform: {platform}").default
+    assert (p.platform, p.node_label) == (platform, label)
+    assert [(t.key, t.value, t.effect) for t in p.gpu_taints] == taints
+
+
+def test_policy_keys_override_the_platform():
+    p = parse_policy("platform: gke\naccelerator: {nodeLabel: pool-gpu}\ngpuTaints: []").default
+    assert (p.node_label, p.gpu_taints, p.annotation) == ("pool-gpu", (), "gpu-webhook/accelerator")
+    p = parse_policy("platform: aks\ngpuTaints: [{key: gpu, effect: NoExecute}]").default
+    assert p.node_label == "kubernetes.azure.com/accelerator"
+    assert [(t.key, t.value, t.effect) for t in p.gpu_taints] == [("gpu", None, "NoExecute")]
+
+
+def test_isolation_settings_and_checks_apply_per_namespace():
+    policies = parse_policy(
+        "isolation: {runtimeClass: nvidia}\n"
+        "checks: {zeroGpuLimit: deny}\n"
+        "namespaces:\n"
+        "  shared: {isolation: {hideGpus: void}, checks: {privilegedGpu: warn}, cluster: {unknownRuntimeClass: off}}\n"
+        "  cdi: {isolation: {runtimeClass: ''}}\n"
+    )
+    shared, cdi, other = (policies.for_namespace(n) for n in ("shared", "cdi", "other"))
+    assert (shared.hide_gpus, shared.runtime_class) == ("void", "nvidia")
+    assert (other.hide_gpus, other.runtime_class, cdi.runtime_class) == ("off", "nvidia", "")
+    assert shared.settings["privileged-gpu"] == "warn" and other.settings["privileged-gpu"] == "deny"
+    assert shared.settings["unknown-runtime-class"] == "off"
+    assert shared.settings["zero-gpu-limit"] == other.settings["zero-gpu-limit"] == "deny"
+
+
+def test_a_bare_off_hides_nothing():
+    assert parse_policy("isolation: {hideGpus: off}").default.hide_gpus == "off"
+    assert parse_policy("namespaces: {a: {isolation: {hideGpus: none}}}").for_namespace("a").hide_gpus == "none"
+
+
+def test_trusted_namespaces_and_service_accounts_are_resolved_per_namespace():
+    policies = parse_policy(
+        "isolation: {trusted: {namespaces: [gpu-operator], serviceAccounts: [monitoring/dcgm, monitoring/gfd]}}\n"
+        "namespaces: {gpu-operator: {enforcement: warn}}"
+    )
+    operator, monitoring, tenant = (policies.for_namespace(n) for n in ("gpu-operator", "monitoring", "team-a"))
+    assert operator.trusted and operator.enforcement == "warn" and operator.trusts({})
+    assert not monitoring.trusted and monitoring.trusted_accounts == {"dcgm", "gfd"}
+    assert monitoring.trusts({"serviceAccountName": "dcgm"}) and not monitoring.trusts({})
+    assert not tenant.trusts({"serviceAccountName": "dcgm"})
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("platform: openshift", "platform: openshift is not a setting; use generic, gke, eks, aks or gpu-operator"),
+        ("isolation: {hideGpus: all}", "isolation.hideGpus: all is not a setting; use void, none or off"),
+        ("isolation: {runtimeClass: NVIDIA}", "isolation.runtimeClass: 'NVIDIA' does not match"),
+        ("isolation: {trusted: {serviceAccounts: [dcgm]}}",
+         "isolation.trusted.serviceAccounts.0: 'dcgm' does not match"),
+        ("isolation: {trusted: {namespaces: [Ops]}}", "isolation.trusted.namespaces.0: 'Ops' does not match"),
+        ("isolation: {hideGPUs: void}", "isolation: unknown key(s) 'hideGPUs' (did you mean 'hideGpus'?)"),
+        ("namespaces: {a: {isolation: {trusted: {namespaces: [a]}}}}",
+         "namespaces.a.isolation: unknown key(s) 'trusted'"),
+        ("namespaces: {a: {cluster: {enabled: true}}}", "namespaces.a.cluster: unknown key(s) 'enabled'"),
+        ("namespaces: {a: {checks: {privilegedGpu: allow}}}",
+         "namespaces.a.checks.privilegedGpu: allow is not a setting; use deny, warn or off"),
+        ("gpuTaints: [{value: gpu}]", "gpuTaints.0: 'key' is a required property"),
+        ("gpuTaints: [{key: sku, effect: NoEntry}]", "gpuTaints.0.effect: NoEntry is not a setting"),
+    ],
+)
+def test_a_bad_isolation_policy_is_refused_naming_the_key(text, problem):
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(text, "p.yaml")
+    assert any(problem in p for p in caught.value.problems), caught.value.problems

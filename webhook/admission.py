@@ -16,7 +16,7 @@ from webhook.nodes import NodeSummary
 from webhook.podspecs import as_mapping, group_of
 from webhook.policy import PolicySet
 from webhook.review import Response
-from webhook.rules import violations
+from webhook.rules import RuntimeClasses, violations
 
 # (AdmissionReview request, policies in force, node summary when cluster checks are on) -> Response
 Handler = Callable[[Mapping[str, Any], PolicySet, NodeSummary | None], Response]
@@ -63,14 +63,16 @@ def decide(
     policies: PolicySet,
     nodes: NodeSummary | None = None,
     old: Mapping[str, Any] | None = None,
+    runtime_classes: RuntimeClasses | None = None,
 ) -> Response:
     """The validation decision for one object, shared by ``/validate`` and ``gpu-webhook check``.
 
     ``old`` is the object before an UPDATE; a violation it already had, about the same value at the same
-    place (list items by name), is not held against the update.
+    place (list items by name), is not held against the update. ``runtime_classes`` (RuntimeClass name ->
+    its scheduling.nodeSelector) turns on the runtime-class cluster checks.
     """
     policy = policies.for_namespace(namespace)
-    judged = [(v, policy.action(v.rule)) for v in violations(obj, group, kind, policy, nodes)]
+    judged = [(v, policy.action(v.rule)) for v in violations(obj, group, kind, policy, nodes, runtime_classes)]
     judged = [(v, action) for v, action in judged if action != "off"]
     if old is not None:
         # An update is judged on what it changes: a pod admitted under an older policy must still
@@ -78,7 +80,7 @@ def decide(
         # changes is held to the policy in force, so a violation made different (3 GPUs over the cap
         # made 64, one disallowed accelerator swapped for another) is no longer excused, while one that
         # only moved (a container inserted before it) still is.
-        before = {v.subject for v in violations(old, group, kind, policy, nodes)}
+        before = {v.subject for v in violations(old, group, kind, policy, nodes, runtime_classes)}
         judged = [(v, action) for v, action in judged if v.subject not in before]
     if not judged:
         return review.allowed()
@@ -91,7 +93,12 @@ def decide(
     return review.denied(describe(denials), warnings=warnings, violations=found, actions=actions)
 
 
-def validate(request: Mapping[str, Any], policies: PolicySet, nodes: NodeSummary | None = None) -> Response:
+def validate(
+    request: Mapping[str, Any],
+    policies: PolicySet,
+    nodes: NodeSummary | None = None,
+    runtime_classes: RuntimeClasses | None = None,
+) -> Response:
     if request.get("operation") not in CHECKED_OPERATIONS:
         return review.allowed()
     obj = request.get("object")
@@ -100,18 +107,24 @@ def validate(request: Mapping[str, Any], policies: PolicySet, nodes: NodeSummary
     group, kind = _kind(request, obj)
     old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
     return decide(
-        obj, group, kind, _namespace(request, obj), policies, nodes, old if isinstance(old, Mapping) else None
+        obj, group, kind, _namespace(request, obj), policies, nodes, old if isinstance(old, Mapping) else None,
+        runtime_classes,
     )
 
 
-def mutate(request: Mapping[str, Any], policies: PolicySet, nodes: NodeSummary | None = None) -> Response:
+def mutate(
+    request: Mapping[str, Any],
+    policies: PolicySet,
+    nodes: NodeSummary | None = None,
+    runtime_classes: RuntimeClasses | None = None,
+) -> Response:
     """Patches new Pods only; never denies, since invalid objects are ``/validate``'s to refuse."""
     obj = request.get("object")
     if request.get("operation") != "CREATE" or not isinstance(obj, Mapping):
         return review.allowed()
     if _kind(request, obj) != ("", "Pod"):
         return review.allowed()
-    ops = pod_patch(obj, policies.for_namespace(_namespace(request, obj)))
+    ops = pod_patch(obj, policies.for_namespace(_namespace(request, obj)), runtime_classes)
     return review.patched(ops) if ops else review.allowed()
 
 

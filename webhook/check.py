@@ -23,6 +23,7 @@ from typing import Any, TextIO
 import yaml
 
 from webhook.admission import decide
+from webhook.isolation import runtime_class_selectors
 from webhook.nodes import NodeIndex, NodeSummary
 from webhook.podspecs import as_mapping, group_of
 from webhook.policy import PolicySet
@@ -345,6 +346,13 @@ class Finding:
         return json.dumps(dataclasses.asdict(self))
 
 
+def runtime_classes_of(objects: list[Mapping[str, Any]]) -> dict[str, dict[str, str]] | None:
+    """RuntimeClass name -> its scheduling.nodeSelector, from saved RuntimeClass objects
+    (``kubectl get nodes,runtimeclasses -o yaml``); None when there are none, so the runtime-class checks
+    stay off rather than call every class unknown."""
+    return runtime_class_selectors(o for o in objects if o.get("kind") == "RuntimeClass") or None
+
+
 def _identity(obj: Mapping[str, Any]) -> tuple[str, str]:
     metadata = as_mapping(obj.get("metadata"))
     name = metadata.get("name") or metadata.get("generateName") or "(unnamed)"
@@ -353,13 +361,20 @@ def _identity(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def findings(
-    obj: Mapping[str, Any], source: str, policies: PolicySet, namespace: str, nodes: NodeSummary | None = None
+    obj: Mapping[str, Any],
+    source: str,
+    policies: PolicySet,
+    namespace: str,
+    nodes: NodeSummary | None = None,
+    runtime_classes: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[Finding]:
     """The violations of one object, each with the action ``admission.decide`` took on it."""
     kind = str(obj["kind"])
     name, own_namespace = _identity(obj)
     target = own_namespace or namespace
-    answer = decide(obj, group_of(obj.get("apiVersion")), kind, target, policies, nodes)
+    answer = decide(
+        obj, group_of(obj.get("apiVersion")), kind, target, policies, nodes, runtime_classes=runtime_classes
+    )
     return [
         Finding(source, kind, name, target, str(v.path), v.rule, action, v.message) for v, action in answer.judged()
     ]
@@ -371,10 +386,11 @@ def check_objects(
     policies: PolicySet,
     namespace: str,
     nodes: NodeSummary | None = None,
+    runtime_classes: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Iterator[tuple[bool, str]]:
     """(denied?, line) for every violation, in the ``FILE: Kind/name: path: message`` form."""
     for obj in objects:
-        for finding in findings(obj, source, policies, namespace, nodes):
+        for finding in findings(obj, source, policies, namespace, nodes, runtime_classes):
             yield finding.action == "deny", finding.line()
 
 
@@ -405,6 +421,7 @@ def run(
     output: str = "text",
     recursive: bool = False,
     err: TextIO | None = None,
+    runtime_classes: Mapping[str, Mapping[str, str]] | None = None,
 ) -> int:
     """Check every file; print each violation (text or JSON lines) on ``out``, problems and a summary on ``err``."""
     out, err = out or sys.stdout, err or sys.stderr
@@ -416,7 +433,7 @@ def run(
                 print(f"{manifest.source}: {problem}", file=err)
                 status = EXIT_UNREADABLE
             for obj in manifest.objects:
-                found = findings(obj, manifest.source, policies, namespace, nodes)
+                found = findings(obj, manifest.source, policies, namespace, nodes, runtime_classes)
                 tally.add(found)
                 for finding in found:
                     print(finding.json() if output == "json" else finding.line(), file=out)

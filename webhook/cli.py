@@ -108,7 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     lint.add_argument("--namespace", default="default", help="namespace for objects that name none (default: default)")
     lint.add_argument(
         "--nodes",
-        help="Node objects (kubectl get nodes -o yaml); turns the cluster-aware checks on and runs them against these",
+        help="Node and RuntimeClass objects (kubectl get nodes,runtimeclasses -o yaml); turns the cluster-aware "
+        "checks on and runs them against these",
     )
     lint.add_argument(
         "-o", "--output", choices=["text", "json"], default="text", help="text lines, or one JSON object per violation"
@@ -301,15 +302,19 @@ def _check(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(f"gpu-webhook: {exc}", file=sys.stderr)
         return check.EXIT_UNREADABLE
-    nodes = None
+    nodes = runtime_classes = None
     if args.nodes:
         try:
             nodes = check.read_nodes(args.nodes, policies.default.node_label)
+            runtime_classes = check.runtime_classes_of([o for m in check.read_manifests(args.nodes) for o in m.objects])
         except check.UnreadableInput as exc:
             print(f"gpu-webhook: --nodes: {exc}", file=sys.stderr)
             return check.EXIT_UNREADABLE
         policies = check.with_cluster_checks(policies)
-    return check.run(args.paths, policies, args.namespace, nodes=nodes, output=args.output, recursive=args.recursive)
+    return check.run(
+        args.paths, policies, args.namespace, nodes=nodes, output=args.output, recursive=args.recursive,
+        runtime_classes=runtime_classes,
+    )
 
 
 def _audit(args: argparse.Namespace) -> int:

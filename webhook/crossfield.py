@@ -15,13 +15,13 @@ from webhook.policy import Policy
 from webhook.quantity import QuantityError, gpu_count, quoted
 
 
-def _toleration_keys(spec: Mapping[str, Any]) -> list[tuple[int, str]]:
-    """(index, key) of every toleration with a key."""
+def _gpu_tolerations(spec: Mapping[str, Any], policy: Policy) -> list[tuple[int, str]]:
+    """(index, key) of every toleration of a GPU node taint (a GPU resource name, or one of gpuTaints)."""
     tolerations = spec.get("tolerations")
     if not isinstance(tolerations, list):
         return []
     return [
-        (i, t["key"]) for i, t in enumerate(tolerations) if isinstance(t, Mapping) and isinstance(t.get("key"), str)
+        (i, t["key"]) for i, t in enumerate(tolerations) if isinstance(t, Mapping) and policy.tolerates_gpu_taint(t)
     ]
 
 
@@ -30,16 +30,15 @@ def check_cpu_pod_on_gpu_nodes(ref: PodSpecRef, policy: Policy) -> list[Violatio
     if not policy.checks("cpu-pod-on-gpu-nodes"):
         return []
     out = []
-    for i, key in _toleration_keys(ref.spec):
-        if policy.is_gpu(key):
-            out.append(
-                Violation(
-                    ref.path.child("tolerations").item(i, "key", key),
-                    "cpu-pod-on-gpu-nodes",
-                    f"the pod uses no GPU but tolerates the {key} taint, so it can land on a GPU node",
-                    key,
-                )
+    for i, key in _gpu_tolerations(ref.spec, policy):
+        out.append(
+            Violation(
+                ref.path.child("tolerations").item(i, "key", key),
+                "cpu-pod-on-gpu-nodes",
+                f"the pod uses no GPU but tolerates the {key} taint, so it can land on a GPU node",
+                key,
             )
+        )
     selector = as_mapping(ref.spec.get("nodeSelector"))
     if policy.node_label in selector:
         out.append(

@@ -16,8 +16,17 @@ import jsonpatch
 from jsonpointer import JsonPointer
 
 from webhook import quantity
-from webhook.policy import Policy
-from webhook.rules import CONTAINER_LISTS, gpu_entries
+from webhook.isolation import (
+    VISIBLE_DEVICES,
+    GpuUse,
+    effective_node_selector,
+    gpu_use,
+    runtime_class_conflicts,
+    runtime_class_of,
+)
+from webhook.podspecs import as_mapping
+from webhook.policy import Policy, Taint
+from webhook.rules import CONTAINER_LISTS, RuntimeClasses, gpu_entries
 
 Operation = dict[str, Any]
 
@@ -35,8 +44,15 @@ def _whole(value: object) -> bool:
     return True
 
 
+def _zero(value: object) -> bool:
+    try:
+        return quantity.gpu_count(value) == 0
+    except quantity.QuantityError:
+        return False
+
+
 def default_requests(spec: Mapping[str, Any], policy: Policy) -> tuple[list[Operation], set[str]]:
-    """Operations copying GPU limits into absent requests, and every GPU resource the pod names."""
+    """Operations copying GPU limits into absent requests, and every GPU resource the pod asks for (not 0)."""
     ops: list[Operation] = []
     used: set[str] = set()
     for list_name in CONTAINER_LISTS[:2]:  # ephemeral containers may not hold GPUs at all
@@ -53,8 +69,10 @@ def default_requests(spec: Mapping[str, Any], policy: Policy) -> tuple[list[Oper
             limits = gpu_entries(limits, policy) if isinstance(limits, Mapping) else {}
             if requests is not None and not isinstance(requests, dict):
                 continue
-            used.update(limits)
-            used.update(gpu_entries(requests or {}, policy))
+            # A count of 0 holds no GPU: it gets no accelerator selector and no toleration from us (that is
+            # the trick zero-gpu-limit warns about), so the zero check is /validate's alone.
+            used.update(name for name, value in limits.items() if not _zero(value))
+            used.update(name for name, value in gpu_entries(requests or {}, policy).items() if not _zero(value))
             # Only whole counts are copied: an invalid limit is /validate's to report, once.
             missing = {name: value for name, value in limits.items() if name not in (requests or {}) and _whole(value)}
             if not missing:
@@ -77,11 +95,9 @@ def _affinity_names_label(spec: Mapping[str, Any], label: str) -> bool:
 
 def inject_accelerator(pod: Mapping[str, Any], spec: Mapping[str, Any], policy: Policy) -> list[Operation]:
     """nodeSelector[label] from the annotation, else the namespace/global default; never overriding."""
-    metadata = pod.get("metadata")
-    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
-    annotated = annotations.get(policy.annotation) if isinstance(annotations, Mapping) else None
-    value = annotated if isinstance(annotated, str) and annotated else policy.default
-    if not value or not policy.accelerator_allowed(value):
+    annotations = as_mapping(as_mapping(pod.get("metadata")).get("annotations"))
+    value = policy.injected_accelerator(annotations.get(policy.annotation))
+    if value is None:
         return []
     selector = spec.get("nodeSelector")
     if selector is not None and (not isinstance(selector, dict) or policy.node_label in selector):
@@ -93,24 +109,14 @@ def inject_accelerator(pod: Mapping[str, Any], spec: Mapping[str, Any], policy: 
     return [_add(value, "spec", "nodeSelector", policy.node_label)]
 
 
-def _tolerated(tolerations: list[Any], key: str) -> bool:
-    for t in tolerations:
-        if not isinstance(t, Mapping) or t.get("effect") not in (None, "", "NoSchedule"):
-            continue
-        if t.get("operator") == "Exists" and t.get("key") in (None, "", key):
-            return True
-    return False
-
-
-def add_tolerations(spec: Mapping[str, Any], resources: set[str]) -> list[Operation]:
+def add_tolerations(spec: Mapping[str, Any], resources: set[str], policy: Policy) -> list[Operation]:
+    """A toleration for each of the platform's GPU taints (gpuTaints), else one per GPU resource used."""
     tolerations = spec.get("tolerations")
     if tolerations is not None and not isinstance(tolerations, list):
         return []
-    added = [
-        {"key": name, "operator": "Exists", "effect": "NoSchedule"}
-        for name in sorted(resources)
-        if not _tolerated(tolerations or [], name)
-    ]
+    taints = policy.gpu_taints or tuple(Taint(name, None, "NoSchedule") for name in sorted(resources))
+    present = [t for t in tolerations or [] if isinstance(t, Mapping)]
+    added = [taint.toleration() for taint in taints if not any(taint.tolerated_by(t) for t in present)]
     if not added:
         return []
     if tolerations is None:
@@ -118,19 +124,66 @@ def add_tolerations(spec: Mapping[str, Any], resources: set[str]) -> list[Operat
     return [_add(t, "spec", "tolerations", len(tolerations) + k) for k, t in enumerate(added)]
 
 
-def pod_patch(pod: Mapping[str, Any], policy: Policy) -> list[Operation]:
+def hide_gpus(spec: Mapping[str, Any], policy: Policy, use: GpuUse) -> list[Operation]:
+    """isolation.hideGpus: NVIDIA_VISIBLE_DEVICES=void (or none) for every container that holds no GPU, so
+    an image's ``NVIDIA_VISIBLE_DEVICES=all`` shows it nothing. Never a container that sets the variable
+    itself (env), never a GPU container, never a fractional scheduler's pod (its binder sets the variable),
+    never a trusted pod (monitoring agents see every GPU by design). An env entry wins over envFrom."""
+    if policy.hide_gpus not in ("void", "none") or use.fractional or policy.trusts(spec):
+        return []
+    ops: list[Operation] = []
+    variable = {"name": VISIBLE_DEVICES, "value": policy.hide_gpus}
+    for list_name in CONTAINER_LISTS[:2]:  # ephemeral containers come later, through their own subresource
+        items = spec.get(list_name)
+        for i, container in enumerate(items if isinstance(items, list) else []):
+            if not isinstance(container, dict) or use.holds(list_name, i):
+                continue
+            env = container.get("env")
+            if env is None:
+                ops.append(_add([variable], "spec", list_name, i, "env"))
+            elif isinstance(env, list) and not any(as_mapping(e).get("name") == VISIBLE_DEVICES for e in env):
+                ops.append(_add(variable, "spec", list_name, i, "env", len(env)))
+    return ops
+
+
+def inject_runtime_class(
+    spec: Mapping[str, Any],
+    policy: Policy,
+    use: GpuUse,
+    selector: Mapping[str, str],
+    runtime_classes: RuntimeClasses | None,
+) -> list[Operation]:
+    """isolation.runtimeClass on GPU pods that name none. Knowing the cluster's RuntimeClasses, never one that
+    does not exist or whose scheduling.nodeSelector contradicts ``selector`` (the pod's, with what this patch
+    adds): the apiserver would reject the pod, and /validate says why instead."""
+    name, injected = runtime_class_of(spec, policy, use)
+    if name is None or not injected:
+        return []
+    if runtime_classes is not None:
+        if name not in runtime_classes or runtime_class_conflicts(runtime_classes[name], selector):
+            return []
+    return [_add(name, "spec", "runtimeClassName")]
+
+
+def pod_patch(pod: Mapping[str, Any], policy: Policy, runtime_classes: RuntimeClasses | None = None) -> list[Operation]:
     """RFC 6902 operations that give ``pod`` its GPU defaults; empty when nothing changes."""
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         return []
+    metadata = as_mapping(pod.get("metadata"))
+    use = gpu_use(spec, metadata, policy)
     ops, used = default_requests(spec, policy)
     if used:
         ops += inject_accelerator(pod, spec, policy)
         if policy.tolerations:
-            ops += add_tolerations(spec, used)
+            ops += add_tolerations(spec, used, policy)
+    ops += hide_gpus(spec, policy, use)
+    ops += inject_runtime_class(spec, policy, use, effective_node_selector(spec, metadata, policy), runtime_classes)
     return ops
 
 
-def mutated_pod(pod: Mapping[str, Any], policy: Policy) -> dict[str, Any]:
+def mutated_pod(
+    pod: Mapping[str, Any], policy: Policy, runtime_classes: RuntimeClasses | None = None
+) -> dict[str, Any]:
     """The pod with GPU defaults applied (a copy; ``pod`` is not touched)."""
-    return jsonpatch.apply_patch(dict(pod), pod_patch(pod, policy))
+    return jsonpatch.apply_patch(dict(pod), pod_patch(pod, policy, runtime_classes))

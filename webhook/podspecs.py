@@ -52,6 +52,33 @@ def group_of(api_version: object) -> str:
     return api_version.split("/", 1)[0]
 
 
+CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+
+
+def raw_containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, int, Mapping[str, Any]]]:
+    """(list name, index, container) of every container mapping in a pod spec; odd shapes are skipped here
+    (the rules in ``rules`` report them once)."""
+    for list_name in CONTAINER_LISTS:
+        items = spec.get(list_name)
+        if isinstance(items, list):
+            for i, container in enumerate(items):
+                if isinstance(container, Mapping):
+                    yield list_name, i, container
+
+
+def container_path(path: FieldPath, list_name: str, index: int, container: Mapping[str, Any]) -> FieldPath:
+    """The path of a container, known by name (built only where a violation needs it)."""
+    return path.child(list_name).item(index, "name", container.get("name"))
+
+
+def containers(
+    spec: Mapping[str, Any], path: FieldPath = ROOT
+) -> Iterator[tuple[str, int, FieldPath, Mapping[str, Any]]]:
+    """(list name, index, path, container) of every container mapping in a pod spec, items known by name."""
+    for list_name, i, container in raw_containers(spec):
+        yield list_name, i, container_path(path, list_name, i, container), container
+
+
 def is_builtin(group: str, kind: str) -> bool:
     return (group, kind) in _TEMPLATE_KEYS
 

@@ -23,7 +23,10 @@ import jsonschema
 import yaml
 from yaml.constructor import ConstructorError
 
+from webhook import resources as registry
+
 DEFAULTS: dict[str, Any] = {
+    "platform": "generic",
     "resources": ["nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/*", "nvidia.com/mig-*"],
     "accelerator": {
         "nodeLabel": "accelerator",
@@ -31,23 +34,65 @@ DEFAULTS: dict[str, Any] = {
         "allowed": [],
         "default": "",
     },
+    "gpuTaints": [],
     "limits": {"perContainer": 0, "perPod": 0},
     "tolerations": False,
     "enforcement": "deny",
+    "isolation": {
+        "hideGpus": "off",
+        "runtimeClass": "",
+        "trusted": {"namespaces": [], "serviceAccounts": []},
+    },
     "checks": {
         "cpuPodOnGpuNodes": "warn",
         "mixedGpuAndMig": "deny",
         "initContainerGpus": "warn",
         "processCountMismatch": "warn",
         "replicaAcceleratorMismatch": "warn",
+        "visibleDevicesWithoutGpu": "deny",
+        "visibleDevicesUnread": "warn",
+        "privilegedGpu": "deny",
+        "gpuDeviceMount": "deny",
+        "cdiAnnotation": "deny",
+        "zeroGpuLimit": "warn",
+        "runtimeClassWithoutGpu": "warn",
+        "sharedGpuOverOne": "deny",
+        "fractionalGpuRequest": "deny",
+        "gpuMonitoringResource": "deny",
     },
     "cluster": {
         "enabled": False,
         "unknownAccelerator": "deny",
         "exceedsNodeCapacity": "deny",
         "unadvertisedResource": "deny",
+        "unknownRuntimeClass": "deny",
+        "runtimeClassConflict": "deny",
     },
     "namespaces": {},
+}
+
+# What each platform labels and taints its GPU nodes with (shared/notes/gpu-landscape-2026.md section 5).
+# `platform: gke` stands for these keys; keys written in the policy still override them.
+PLATFORMS: dict[str, dict[str, Any]] = {
+    "generic": {},
+    # GKE labels the model and, when a GPU pool joins a cluster with other pools, taints nvidia.com/gpu=present
+    # (older pools: true); no value here, so the toleration is Exists and covers both.
+    "gke": {
+        "accelerator": {"nodeLabel": "cloud.google.com/gke-accelerator"},
+        "gpuTaints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}],
+    },
+    # Karpenter's label; EKS taints nothing by itself, its GPU guide adds nvidia.com/gpu:NoSchedule.
+    "eks": {
+        "accelerator": {"nodeLabel": "karpenter.k8s.aws/instance-gpu-name"},
+        "gpuTaints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}],
+    },
+    # AKS names the vendor (nvidia), not the model; its GPU guide taints sku=gpu:NoSchedule.
+    "aks": {
+        "accelerator": {"nodeLabel": "kubernetes.azure.com/accelerator"},
+        "gpuTaints": [{"key": "sku", "value": "gpu", "effect": "NoSchedule"}],
+    },
+    # GPU Feature Discovery's product label (Tesla-T4, A100-SXM4-40GB); taints are the cluster's own.
+    "gpu-operator": {"accelerator": {"nodeLabel": "nvidia.com/gpu.product"}},
 }
 
 # Settings of the opt-in checks, by the rule id their violations carry. Every other rule follows
@@ -58,9 +103,21 @@ CHECK_SETTINGS = {
     "init-container-gpus": ("checks", "initContainerGpus"),
     "process-count-mismatch": ("checks", "processCountMismatch"),
     "replica-accelerator-mismatch": ("checks", "replicaAcceleratorMismatch"),
+    "visible-devices-without-gpu": ("checks", "visibleDevicesWithoutGpu"),
+    "visible-devices-unread": ("checks", "visibleDevicesUnread"),
+    "privileged-gpu": ("checks", "privilegedGpu"),
+    "gpu-device-mount": ("checks", "gpuDeviceMount"),
+    "cdi-annotation": ("checks", "cdiAnnotation"),
+    "zero-gpu-limit": ("checks", "zeroGpuLimit"),
+    "runtime-class-without-gpu": ("checks", "runtimeClassWithoutGpu"),
+    "shared-gpu-over-one": ("checks", "sharedGpuOverOne"),
+    "fractional-gpu-request": ("checks", "fractionalGpuRequest"),
+    "gpu-monitoring-resource": ("checks", "gpuMonitoringResource"),
     "unknown-accelerator": ("cluster", "unknownAccelerator"),
     "exceeds-node-capacity": ("cluster", "exceedsNodeCapacity"),
     "unadvertised-resource": ("cluster", "unadvertisedResource"),
+    "unknown-runtime-class": ("cluster", "unknownRuntimeClass"),
+    "runtime-class-conflict": ("cluster", "runtimeClassConflict"),
 }
 
 _ENFORCEMENT = {"enum": ["deny", "warn"]}
@@ -73,6 +130,27 @@ _LIMITS = {
     "additionalProperties": False,
     "properties": {"perContainer": _COUNT, "perPod": _COUNT},
 }
+_DNS_LABEL = "[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+_DNS_SUBDOMAIN = "[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?"
+# YAML 1.1 reads a bare `off` as false here too.
+_HIDE_GPUS = {"enum": ["void", "none", "off", False]}
+_RUNTIME_CLASS = {"type": "string", "pattern": f"^(?:{_DNS_SUBDOMAIN})?$"}
+_CHECKS = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {key: _SETTING for key in DEFAULTS["checks"]},
+}
+_CLUSTER_SETTINGS = {key: _SETTING for key in DEFAULTS["cluster"] if key != "enabled"}
+_TAINT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["key"],
+    "properties": {
+        "key": {"type": "string", "minLength": 1},
+        "value": {"type": "string"},
+        "effect": {"enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]},
+    },
+}
 
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -80,6 +158,7 @@ SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
     "properties": {
+        "platform": {"enum": list(PLATFORMS)},
         "resources": {**_STRINGS, "minItems": 1},
         "accelerator": {
             "type": "object",
@@ -91,21 +170,34 @@ SCHEMA: dict[str, Any] = {
                 "default": {"type": "string"},
             },
         },
+        "gpuTaints": {"type": "array", "items": _TAINT},
         "limits": _LIMITS,
         "tolerations": {"type": "boolean"},
         "enforcement": _ENFORCEMENT,
-        "checks": {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {key: _SETTING for key in DEFAULTS["checks"]},
-        },
-        "cluster": {
+        "isolation": {
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                "enabled": {"type": "boolean"},
-                **{key: _SETTING for key in DEFAULTS["cluster"] if key != "enabled"},
+                "hideGpus": _HIDE_GPUS,
+                "runtimeClass": _RUNTIME_CLASS,
+                "trusted": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "namespaces": {"type": "array", "items": {"type": "string", "pattern": f"^{_DNS_LABEL}$"}},
+                        "serviceAccounts": {
+                            "type": "array",
+                            "items": {"type": "string", "pattern": f"^{_DNS_LABEL}/{_DNS_SUBDOMAIN}$"},
+                        },
+                    },
+                },
             },
+        },
+        "checks": _CHECKS,
+        "cluster": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"enabled": {"type": "boolean"}, **_CLUSTER_SETTINGS},
         },
         "namespaces": {
             "type": "object",
@@ -121,6 +213,13 @@ SCHEMA: dict[str, Any] = {
                     "limits": _LIMITS,
                     "tolerations": {"type": "boolean"},
                     "enforcement": _ENFORCEMENT,
+                    "isolation": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {"hideGpus": _HIDE_GPUS, "runtimeClass": _RUNTIME_CLASS},
+                    },
+                    "checks": _CHECKS,
+                    "cluster": {"type": "object", "additionalProperties": False, "properties": _CLUSTER_SETTINGS},
                 },
             },
         },
@@ -179,6 +278,39 @@ class PolicyError(ValueError):
         super().__init__(f"{source}: invalid policy: " + "; ".join(problems))
 
 
+@dataclass(frozen=True, slots=True)
+class Taint:
+    """A taint GPU nodes carry; ``value`` and ``effect`` None match any."""
+
+    key: str
+    value: str | None = None
+    effect: str | None = None
+
+    def toleration(self) -> dict[str, str]:
+        """The toleration a GPU pod needs: Exists when the value does not matter (GKE's present or true)."""
+        out = {"key": self.key, "operator": "Exists"} if self.value is None else {
+            "key": self.key, "operator": "Equal", "value": self.value}
+        if self.effect is not None:
+            out["effect"] = self.effect
+        return out
+
+    def tolerated_by(self, toleration: Mapping[str, Any]) -> bool:
+        """Whether ``toleration`` tolerates this taint, as the scheduler matches them (a key-less Exists
+        tolerates every taint)."""
+        effect = toleration.get("effect")
+        if effect not in (None, "") and self.effect is not None and effect != self.effect:
+            return False
+        key = toleration.get("key")
+        operator = toleration.get("operator") or "Equal"
+        if key in (None, ""):
+            return operator == "Exists"
+        if key != self.key:
+            return False
+        if operator == "Exists":
+            return True
+        return self.value is not None and toleration.get("value") == self.value
+
+
 @dataclass(frozen=True)
 class Policy:
     """The policy in force for one namespace, every override applied."""
@@ -195,19 +327,54 @@ class Policy:
     # rule id -> deny | warn | off, for the rules in CHECK_SETTINGS
     settings: Mapping[str, str] = field(default_factory=dict)
     cluster_enabled: bool = False
+    platform: str = "generic"
+    gpu_taints: tuple[Taint, ...] = ()
+    hide_gpus: str = "off"  # void | none | off: NVIDIA_VISIBLE_DEVICES added to containers without GPUs
+    runtime_class: str = ""  # injected into GPU pods that name none
+    # isolation.trusted: the whole namespace, or pods running as these service accounts of it
+    trusted: bool = False
+    trusted_accounts: frozenset[str] = frozenset()
     _gpu_names: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
 
+    def names_gpu(self, resource_name: str) -> bool:
+        """Whether ``policy.resources`` lists the name, whatever it counts."""
+        return any(fnmatch.fnmatchcase(resource_name, p) for p in self.resources)
+
     def is_gpu(self, resource_name: str) -> bool:
-        # Resource names repeat across every request, so the glob match is memoised.
+        """A GPU count: listed in ``resources`` and, by the vendor registry, a number of devices (HAMi's
+        ``nvidia.com/gpumem`` under a ``nvidia.com/*`` pattern is MiB, not GPUs)."""
+        # Resource names repeat across every request, so the answer is memoised.
         known = self._gpu_names.get(resource_name)
         if known is None:
-            known = any(fnmatch.fnmatchcase(resource_name, p) for p in self.resources)
+            known = self.names_gpu(resource_name) and registry.counts_gpus(resource_name)
             if len(self._gpu_names) < 4096:
                 self._gpu_names[resource_name] = known
         return known
 
     def accelerator_allowed(self, value: str) -> bool:
         return not self.allowed or value in self.allowed
+
+    def injected_accelerator(self, annotated: object) -> str | None:
+        """The accelerator mutation selects: the pod's annotation, else the default; None if not allowed."""
+        value = annotated if isinstance(annotated, str) and annotated else self.default
+        return value if value and self.accelerator_allowed(value) else None
+
+    def trusts(self, spec: Mapping[str, Any]) -> bool:
+        """Whether a pod spec runs trusted: in a trusted namespace, or as a trusted service account."""
+        if self.trusted:
+            return True
+        if not self.trusted_accounts:
+            return False
+        account = spec.get("serviceAccountName") or spec.get("serviceAccount") or "default"
+        return account in self.trusted_accounts
+
+    def tolerates_gpu_taint(self, toleration: Mapping[str, Any]) -> bool:
+        """A toleration with a key that lets a pod onto GPU nodes: a GPU resource name (the device plugin's
+        and ExtendedResourceToleration's taint key) or one of ``gpuTaints``."""
+        key = toleration.get("key")
+        if not isinstance(key, str) or not key:
+            return False
+        return self.is_gpu(key) or registry.known(key) or any(t.tolerated_by(toleration) for t in self.gpu_taints)
 
     def action(self, rule: str) -> str:
         """deny, warn or off for a violation of ``rule`` in this namespace."""
@@ -314,8 +481,9 @@ def _resource_problems(patterns: object) -> list[str]:
     return problems
 
 
-def _policy(document: Mapping[str, Any]) -> Policy:
+def _policy(document: Mapping[str, Any], trusted: bool = False, accounts: frozenset[str] = frozenset()) -> Policy:
     accelerator = document["accelerator"]
+    isolation = document["isolation"]
     return Policy(
         resources=tuple(document["resources"]),
         node_label=accelerator["nodeLabel"],
@@ -328,6 +496,12 @@ def _policy(document: Mapping[str, Any]) -> Policy:
         enforcement=document["enforcement"],
         settings={rule: document[section][key] or "off" for rule, (section, key) in CHECK_SETTINGS.items()},
         cluster_enabled=document["cluster"]["enabled"],
+        platform=document["platform"],
+        gpu_taints=tuple(Taint(t["key"], t.get("value"), t.get("effect")) for t in document["gpuTaints"]),
+        hide_gpus=isolation["hideGpus"] or "off",
+        runtime_class=isolation["runtimeClass"],
+        trusted=trusted,
+        trusted_accounts=accounts,
     )
 
 
@@ -342,12 +516,21 @@ def build_policy(document: object, source: str = "policy") -> PolicySet:
     if problems:
         raise PolicyError(source, problems)
     assert isinstance(document, Mapping)
-    merged = _merge(DEFAULTS, document)
+    # Defaults, then the platform's labels and taints, then what the policy writes.
+    merged = _merge(_merge(DEFAULTS, PLATFORMS[document.get("platform", DEFAULTS["platform"])]), document)
     overlays = merged.pop("namespaces")
+    trusted = merged["isolation"]["trusted"]
+    accounts: dict[str, set[str]] = {}
+    for entry in trusted["serviceAccounts"]:
+        namespace, name = entry.split("/", 1)
+        accounts.setdefault(namespace, set()).add(name)
     default = _policy(merged)
-    by_namespace = {ns: _policy(_merge(merged, overlay)) for ns, overlay in overlays.items()}
+    by_namespace = {
+        ns: _policy(_merge(merged, overlays.get(ns, {})), ns in trusted["namespaces"], frozenset(accounts.get(ns, ())))
+        for ns in {*overlays, *trusted["namespaces"], *accounts}
+    }
     for where, policy in [("accelerator", default)] + [
-        (f"namespaces.{ns}.accelerator", p) for ns, p in by_namespace.items()
+        (f"namespaces.{ns}.accelerator", p) for ns, p in by_namespace.items() if ns in overlays
     ]:
         if policy.default and not policy.accelerator_allowed(policy.default):
             problems.append(f"{where}.default: {policy.default!r} is not in the allowed list {list(policy.allowed)}")

@@ -106,6 +106,11 @@ def parse(value: object) -> Decimal:
 
 def gpu_count(value: object) -> int:
     """The whole number of devices a quantity asks for; GPUs are not shared, so no fractions."""
+    # The usual values (1, "2"), exactly as the parser reads them, without the parser: every rule counts GPUs.
+    if type(value) is int and 0 <= value <= CEILING:
+        return value
+    if type(value) is str and 0 < len(value) <= 6 and value.isascii() and value.isdigit():
+        return int(value)
     number = parse(value)
     if number < 0:
         raise QuantityError(f"{quoted(value)} is negative (GPU counts are zero or more)")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook import quantity
+from webhook import resources as registry
 from webhook.crossfield import (
     check_cpu_pod_on_gpu_nodes,
     check_init_container_gpus,
@@ -21,12 +22,16 @@ from webhook.crossfield import (
     check_replica_accelerators,
 )
 from webhook.field import FieldPath, Violation
+from webhook.isolation import GpuUse, check_container_isolation, check_isolation, gpu_use, hides_gpus
 from webhook.nodes import NodeSummary, check_cluster
-from webhook.podspecs import PodSpecRef, find_pod_specs
+from webhook.podspecs import CONTAINER_LISTS, PodSpecRef, find_pod_specs
 from webhook.policy import Policy
 from webhook.quantity import quoted, shown
 
-CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+__all__ = ["CONTAINER_LISTS", "gpu_entries", "violations"]
+
+# RuntimeClass name -> its scheduling.nodeSelector, from the cluster; None when cluster checks are off.
+RuntimeClasses = Mapping[str, Mapping[str, str]]
 
 
 @dataclass
@@ -166,8 +171,17 @@ class PodGPUs:
         return pod_gpu_totals(self.app, self.init)
 
 
-def check_containers(spec: Mapping[str, Any], path: FieldPath, policy: Policy, gpus: PodGPUs) -> list[Violation]:
+def check_containers(
+    spec: Mapping[str, Any],
+    path: FieldPath,
+    policy: Policy,
+    gpus: PodGPUs,
+    use: GpuUse | None = None,
+    trusted: bool = False,
+) -> list[Violation]:
+    """Every container's resources, and (given the pod's ``use`` of GPUs) its isolation rules."""
     out: list[Violation] = []
+    hidden = use is not None and hides_gpus(policy, use)
     if not isinstance(spec.get("containers"), list):
         out.append(Violation(path.child("containers"), "structure", "must be a list of containers"))
     for list_name, bucket in zip(CONTAINER_LISTS, (gpus.app, gpus.init, gpus.ephemeral), strict=True):
@@ -187,6 +201,10 @@ def check_containers(spec: Mapping[str, Any], path: FieldPath, policy: Policy, g
             c = ContainerGPUs(sidecar=container.get("restartPolicy") == "Always")
             out.extend(check_container(container, where, policy, c))
             out.extend(check_mixed_gpu_and_mig(container, where, set(c.counts), policy))
+            out.extend(registry.check_vendor_resources(container, where, policy, trusted))
+            if use is not None:
+                holds = use.holds(list_name, i)
+                out.extend(check_container_isolation(container, where, policy, holds, trusted, hidden))
             if list_name == "initContainers":
                 out.extend(check_init_container_gpus(where, c.counts, c.sidecar, policy))
             bucket.append(c)
@@ -275,14 +293,17 @@ def check_accelerator(ref: PodSpecRef, policy: Policy, annotated: str | None, se
 
 
 def check_pod_spec(
-    ref: PodSpecRef, policy: Policy, nodes: NodeSummary | None = None
+    ref: PodSpecRef, policy: Policy, nodes: NodeSummary | None = None, runtime_classes: RuntimeClasses | None = None
 ) -> tuple[list[Violation], str | None]:
     """Violations of one pod spec, and the accelerator it names explicitly if it uses GPUs."""
     gpus = PodGPUs()
-    out = check_containers(ref.spec, ref.path, policy, gpus)
+    use = gpu_use(ref.spec, ref.metadata, policy)
+    out = check_containers(ref.spec, ref.path, policy, gpus, use, policy.trusts(ref.spec))
     out.extend(check_pod_level_resources(ref.spec, ref.path, policy))
+    out.extend(check_isolation(ref, policy, use, runtime_classes))
     if not gpus.uses_gpus:
-        out.extend(check_cpu_pod_on_gpu_nodes(ref, policy))
+        if not use.any:  # a time-sliced or HAMi pod is no CPU pod, though its names are not policy GPUs
+            out.extend(check_cpu_pod_on_gpu_nodes(ref, policy))
         return out, None
     totals = gpus.totals()
     out.extend(check_pod_limit(totals, ref.path, policy))
@@ -296,13 +317,18 @@ def check_pod_spec(
 
 
 def violations(
-    obj: Mapping[str, Any], group: str, kind: str, policy: Policy, nodes: NodeSummary | None = None
+    obj: Mapping[str, Any],
+    group: str,
+    kind: str,
+    policy: Policy,
+    nodes: NodeSummary | None = None,
+    runtime_classes: RuntimeClasses | None = None,
 ) -> list[Violation]:
     """Every GPU violation in every pod spec of ``obj``, and across its replicas."""
     out: list[Violation] = []
     named: list[tuple[PodSpecRef, str]] = []
     for ref in find_pod_specs(obj, group, kind):
-        found, accelerator = check_pod_spec(ref, policy, nodes)
+        found, accelerator = check_pod_spec(ref, policy, nodes, runtime_classes)
         out.extend(found)
         if accelerator is not None:
             named.append((ref, accelerator))

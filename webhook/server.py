@@ -10,7 +10,9 @@ change, and every new TLS handshake gets the certificate loaded last.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
+import json
 import logging
 import os
 import signal
@@ -28,13 +30,14 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 from gunicorn.workers.base import Worker
 
-from webhook import logs, metrics
+from webhook import admission, logs, metrics
 from webhook.admission import Handler
 from webhook.app import DEFAULT_HANDLERS, DEFAULT_MAX_BODY, create_app
 from webhook.auditloop import LoopSettings
 from webhook.connections import Front, Limits
+from webhook.isolation import runtime_class_selectors
 from webhook.nodes import NodeIndex, NodeSummary
-from webhook.nodewatch import NodeWatcher
+from webhook.nodewatch import NodeWatcher, api_client
 from webhook.policy import load_policy
 from webhook.tls import server_context
 from webhook.watch import Reloader
@@ -101,6 +104,7 @@ class _WorkerState:
         initial = self.policy.value.default
         self.nodes = NodeIndex(initial.node_label) if initial.cluster_enabled else None
         self.watcher = NodeWatcher(self.nodes, config.kubeconfig) if self.nodes is not None else None
+        self.runtime_classes = _runtime_classes_once(config.kubeconfig) if initial.cluster_enabled else None
 
     def start(self) -> None:
         self.policy.start()
@@ -117,6 +121,32 @@ class _WorkerState:
         if self.nodes is not None and not self.nodes.loaded:
             return "waiting for the first list of nodes"
         return None
+
+
+# TEMPORARY (isolation branch): the runtime-class checks need the cluster's RuntimeClasses, and the cluster
+# view that will list and watch them (webhook/cluster.py, webhook/informer.py) is being built elsewhere.
+# Until it is merged, each worker lists RuntimeClasses once when it starts: classes created or changed
+# later are not seen until a restart. Replace this adapter with the cluster view at merge.
+def _runtime_classes_once(kubeconfig: str | None) -> dict[str, dict[str, str]] | None:
+    """RuntimeClass name -> scheduling.nodeSelector, listed once; None (checks off) when the list fails."""
+    try:
+        from kubernetes import client
+
+        api: Any = client.NodeV1Api(api_client(kubeconfig))
+        response = api.list_runtime_class(_preload_content=False, _request_timeout=30)
+        classes = runtime_class_selectors(json.loads(response.data).get("items") or [])
+    except Exception as exc:  # any failure only turns the runtime-class checks off
+        logs.event("runtime_classes_unavailable", logging.WARNING, error=repr(exc))
+        return None
+    logs.event("runtime_classes_listed", count=len(classes))
+    return classes
+
+
+def _with_runtime_classes(handler: Handler, classes: dict[str, dict[str, str]] | None) -> Handler:
+    """TEMPORARY, with ``_runtime_classes_once``: the admission handlers given the classes listed at start."""
+    if classes is None or handler not in (admission.validate, admission.mutate):
+        return handler
+    return functools.partial(handler, runtime_classes=classes)
 
 
 _state: _WorkerState | None = None
@@ -377,8 +407,9 @@ class _Application(BaseApplication):
         _state = _WorkerState(self.config)
         _state.start()
         state = _state
+        handlers = {path: _with_runtime_classes(h, state.runtime_classes) for path, h in self.handlers.items()}
         app = create_app(
-            lambda: state.policy.value, state.readiness, self.config.max_body, self.handlers, state.node_summary
+            lambda: state.policy.value, state.readiness, self.config.max_body, handlers, state.node_summary
         )
         # Modules, the app and the policy live as long as the worker: take them out of the collector's
         # reach, so a full collection walks only what requests left behind. Without this, every few

@@ -377,6 +377,11 @@ def test_readmes_name_real_values_and_explain_the_new_ones() -> None:
         (["--set", "policy.tolerations=yes"], "/policy/tolerations"),
         (["--set-json", "policy.resources=[]"], "/policy/resources"),
         (["--set", "policy.namespaces.ml.resources=x"], "/policy/namespaces/ml"),
+        (["--set", "policy.platform=openshift"], "/policy/platform"),
+        (["--set", "policy.isolation.hideGpus=all"], "/policy/isolation/hideGpus"),
+        (["--set", "policy.namespaces.ml.isolation.runtimeClass=NVIDIA"],
+         "/policy/namespaces/ml/isolation/runtimeClass"),
+        (["--set-json", 'policy.isolation.trusted.serviceAccounts=["dcgm"]'], "/policy/isolation/trusted"),
     ],
 )
 def test_schema_rejects_wrong_values(helm: Helm, args: list[str], message: str) -> None:
@@ -606,7 +611,8 @@ def test_webhook_configurations(helm: Helm) -> None:
         [expr] = hook["namespaceSelector"]["matchExpressions"]
         assert expr["key"] == "kubernetes.io/metadata.name" and expr["operator"] == "NotIn"
         assert expr["values"] == ["kube-system", "kube-node-lease", NAMESPACE]
-        assert [c["name"] for c in hook["matchConditions"]] == ["names-gpu-resource"]
+    assert [c["name"] for c in mutate["matchConditions"]] == ["gpu-or-hidden-namespace"]
+    assert [c["name"] for c in validate["matchConditions"]] == ["gpu-or-isolation"]
     assert mutate["reinvocationPolicy"] == "IfNeeded"
     assert "reinvocationPolicy" not in validate
     assert mutate["rules"] == [
@@ -797,32 +803,51 @@ class Condition:
         env = celpy.Environment()
         self.program = env.program(env.compile(expression))
 
-    def __call__(self, kind: str, obj: Any, group: str = "") -> Any:
-        request = {"kind": {"group": group, "version": "v1", "kind": kind}, "operation": "CREATE"}
+    def __call__(self, kind: str, obj: Any, group: str = "", namespace: str = "default") -> Any:
+        request = {"kind": {"group": group, "version": "v1", "kind": kind}, "operation": "CREATE",
+                   "namespace": namespace}
         activation = {"request": celpy.json_to_cel(request), "object": celpy.json_to_cel(obj)}
         return self.program.evaluate(activation)
 
-    def holds(self, kind: str, obj: Any) -> bool:
-        result = self(kind, obj)
+    def holds(self, kind: str, obj: Any, namespace: str = "default") -> bool:
+        result = self(kind, obj, namespace=namespace)
         assert isinstance(result, celpy.celtypes.BoolType), f"evaluation error for {kind}: {result!r}"
         return bool(result)
 
 
-def conditions_of(docs: list[dict[str, Any]]) -> list[str]:
-    return [c["expression"] for hook in webhooks(docs).values() for c in hook.get("matchConditions", [])]
+def conditions_of(docs: list[dict[str, Any]]) -> dict[str, str]:
+    """The one matchConditions expression of each webhook, by webhook name."""
+    out = {}
+    for name, hook in webhooks(docs).items():
+        if "matchConditions" in hook:
+            [only] = hook["matchConditions"]
+            out[name] = only["expression"]
+    return out
+
+
+MUTATE, VALIDATE = "mutate.gpu-webhook.io", "validate.gpu-webhook.io"
 
 
 @pytest.fixture(scope="module")
-def condition(helm: Helm) -> Condition:
+def conditions(helm: Helm) -> dict[str, Condition]:
     expressions = conditions_of(helm.template())
-    assert len(expressions) == 2 and expressions[0] == expressions[1]
-    return Condition(expressions[0])
+    assert set(expressions) == {MUTATE, VALIDATE}
+    return {name: Condition(expression) for name, expression in expressions.items()}
 
 
+@pytest.fixture(scope="module")
+def condition(conditions: dict[str, Condition]) -> Condition:
+    """The validating webhook's: it takes all the mutating one takes, and what the isolation rules need."""
+    return conditions[VALIDATE]
+
+
+@pytest.mark.parametrize("hook", [MUTATE, VALIDATE], ids=["mutate", "validate"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(("spec", "expected"), [(s, e) for _, s, e in SPEC_CASES], ids=[c[0] for c in SPEC_CASES])
-def test_match_condition(condition: Condition, kind: str, spec: dict[str, Any], expected: bool) -> None:
-    assert condition.holds(kind, wrap(kind, spec)) is expected
+def test_match_condition(
+    conditions: dict[str, Condition], hook: str, kind: str, spec: dict[str, Any], expected: bool
+) -> None:
+    assert conditions[hook].holds(kind, wrap(kind, spec)) is expected
 
 
 @pytest.mark.parametrize(
@@ -844,8 +869,11 @@ def test_match_condition(condition: Condition, kind: str, spec: dict[str, Any], 
         ("Deployment", wrap("Pod", pod_spec(gpu()))),
     ],
 )
-def test_match_condition_never_errors_on_missing_fields(condition: Condition, kind: str, obj: dict[str, Any]) -> None:
-    assert condition.holds(kind, obj) is False
+def test_match_condition_never_errors_on_missing_fields(
+    conditions: dict[str, Condition], kind: str, obj: dict[str, Any]
+) -> None:
+    for hook in conditions.values():
+        assert hook.holds(kind, obj) is False
 
 
 def test_match_condition_follows_policy_resources(helm: Helm) -> None:
@@ -853,7 +881,7 @@ def test_match_condition_follows_policy_resources(helm: Helm) -> None:
     docs = helm.template(*values_args({"policy": {"resources": CUSTOM_POLICY["resources"] + ["acme.io/gpu-?"]}}))
     expressions = conditions_of(docs)
     assert len(expressions) == 2
-    holds = Condition(expressions[0]).holds
+    holds = Condition(expressions[MUTATE]).holds  # the validating one also takes the registry's vendor names
     cases = {
         "nvidia.com/gpu": True,
         "example.com/big-gpu": True,
@@ -873,8 +901,9 @@ def test_match_condition_follows_policy_resources(helm: Helm) -> None:
     assert {name: policy.is_gpu(name) for name in cases} == cases, "the cases agree with the webhook"
 
 
-def test_default_patterns_are_the_webhooks(condition: Condition) -> None:
+def test_default_patterns_are_the_webhooks(conditions: dict[str, Condition]) -> None:
     """The chart's fallback GPU patterns (policy: {}) are the webhook's DEFAULTS['resources']."""
+    condition = conditions[MUTATE]  # policy.resources alone
     policy = parse_policy("{}").default
     for pattern in DEFAULTS["resources"]:
         name = pattern.replace("*", "x")
@@ -883,6 +912,138 @@ def test_default_patterns_are_the_webhooks(condition: Condition) -> None:
     for k in re.findall(r"'([^']+)'", condition.expression):
         if "/" in k:
             assert any(p.startswith(k) or p == k for p in DEFAULTS["resources"]), k
+
+
+# --- what the isolation rules need, and nothing more ---------------------------------------------
+
+
+def annotated(obj: dict[str, Any], kind: str, annotations: dict[str, str]) -> dict[str, Any]:
+    """``obj`` with ``annotations`` on its pod template's metadata (a Pod's own)."""
+    if kind == "Pod":
+        template = obj
+    elif kind == "PodTemplate":
+        template = obj["template"]
+    elif kind == "CronJob":
+        template = obj["spec"]["jobTemplate"]["spec"]["template"]
+    else:
+        template = obj["spec"]["template"]
+    template.setdefault("metadata", {})["annotations"] = annotations
+    return obj
+
+
+def env(name: str, value: str = "all") -> dict[str, Any]:
+    return {**BARE, "env": [{"name": "A", "value": "1"}, {"name": name, "value": value}]}
+
+
+def limits(name: str) -> dict[str, Any]:
+    return {**BARE, "resources": {"limits": {name: "1"}}}
+
+
+# (id, pod spec, annotations, sent to /validate, sent to /mutate)
+ISOLATION_CASES = [
+    ("NVIDIA_VISIBLE_DEVICES", pod_spec(env("NVIDIA_VISIBLE_DEVICES")), {}, True, False),
+    ("NVIDIA_VISIBLE_DEVICES=void too (the webhook decides)", pod_spec(env("NVIDIA_VISIBLE_DEVICES", "void")), {},
+     True, False),
+    ("NVIDIA_MIG_CONFIG_DEVICES in an init container",
+     pod_spec(BARE, initContainers=[env("NVIDIA_MIG_CONFIG_DEVICES")]),
+     {}, True, False),
+    ("a privileged container", pod_spec({**BARE, "securityContext": {"privileged": True}}), {}, True, False),
+    ("a privileged init container", pod_spec(BARE, initContainers=[{**BARE, "securityContext": {"privileged": True}}]),
+     {}, True, False),
+    ("a hostPath volume", pod_spec(BARE, volumes=[{"name": "d", "hostPath": {"path": "/dev/nvidia0"}}]), {}, True,
+     False),
+    ("any hostPath volume (paths can be spelt many ways)",
+     pod_spec(BARE, volumes=[{"name": "d", "hostPath": {"path": "/var/log"}}]), {}, True, False),
+    ("a mount into the device list directory",
+     pod_spec({**BARE, "volumeMounts": [{"name": "v", "mountPath": "/var/run/nvidia-container-devices/all"}]}), {},
+     True, False),
+    ("runtimeClassName nvidia", pod_spec(BARE, runtimeClassName="nvidia"), {}, True, False),
+    ("runtimeClassName nvidia-cdi", pod_spec(BARE, runtimeClassName="nvidia-cdi"), {}, True, False),
+    ("a cdi.k8s.io annotation", pod_spec(BARE), {"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}, True, False),
+    ("an NRI plugin annotation", pod_spec(BARE), {"nvidia.cdi.k8s.io/container.c": "nvidia.com/gpu=0"}, True, False),
+    ("the NRI plugin's bare key", pod_spec(BARE), {"nvidia.cdi.k8s.io": "nvidia.com/gpu=0"}, True, False),
+    ("a time-sliced replica", pod_spec(limits("nvidia.com/gpu.shared")), {}, True, False),
+    ("HAMi memory", pod_spec(limits("nvidia.com/gpumem")), {}, True, False),
+    ("a Volcano vGPU", pod_spec(limits("volcano.sh/vgpu-number")), {}, True, False),
+    ("an AMD partition", pod_spec(limits("amd.com/cpx_nps4")), {}, True, False),
+    ("NVIDIA management devices", pod_spec(limits("management.nvidia.com/gpu")), {}, True, False),
+    ("Intel monitoring (a policy pattern too)", pod_spec(limits("gpu.intel.com/monitoring")), {}, True, True),
+    # Ordinary CPU pods: never sent.
+    ("CUDA_VISIBLE_DEVICES", pod_spec(env("CUDA_VISIBLE_DEVICES")), {}, False, False),
+    ("a variable whose value names the device variable", pod_spec(env("X", "NVIDIA_VISIBLE_DEVICES")), {}, False,
+     False),
+    ("envFrom a ConfigMap", pod_spec({**BARE, "envFrom": [{"configMapRef": {"name": "c"}}]}), {}, False, False),
+    ("privileged: false", pod_spec({**BARE, "securityContext": {"privileged": False}}), {}, False, False),
+    ("a security context without privileged", pod_spec({**BARE, "securityContext": {"runAsUser": 1000}}), {}, False,
+     False),
+    ("emptyDir and configMap volumes", pod_spec(BARE, volumes=[{"name": "e", "emptyDir": {}},
+                                                               {"name": "c", "configMap": {"name": "c"}}]), {},
+     False, False),
+    ("an ordinary mount", pod_spec({**BARE, "volumeMounts": [{"name": "v", "mountPath": "/data"}]}), {}, False, False),
+    ("runtimeClassName kata", pod_spec(BARE, runtimeClassName="kata"), {}, False, False),
+    ("ordinary annotations", pod_spec(BARE), {"prometheus.io/scrape": "true", "example.com/cdi.k8s.io": "x"}, False,
+     False),
+    ("a KAI fraction annotation alone (exempt from every rule)", pod_spec(BARE), {"gpu-fraction": "0.5"}, False,
+     False),
+    ("a DRA claim alone (the claims' own rules are elsewhere)",
+     pod_spec({**BARE, "resources": {"claims": [{"name": "gpu"}]}}, resourceClaims=[{"name": "gpu"}]), {}, False,
+     False),
+    ("a CPU pod with every ordinary field", pod_spec(
+        {**PLAIN, "env": [{"name": "PATH", "value": "/bin"}], "volumeMounts": [{"name": "e", "mountPath": "/e"}],
+         "securityContext": {"runAsNonRoot": True}},
+        volumes=[{"name": "e", "emptyDir": {}}], nodeSelector={"zone": "a"},
+        tolerations=[{"key": "x", "operator": "Exists"}]), {"team": "a"}, False, False),
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    ("spec", "annotations", "validate", "mutate"), [c[1:] for c in ISOLATION_CASES], ids=[c[0] for c in ISOLATION_CASES]
+)
+def test_match_conditions_take_what_the_isolation_rules_need(
+    conditions: dict[str, Condition], kind: str, spec: dict[str, Any], annotations: dict[str, str], validate: bool,
+    mutate: bool,
+) -> None:
+    obj = annotated(wrap(kind, copy.deepcopy(spec)), kind, annotations)
+    assert conditions[VALIDATE].holds(kind, obj) is validate
+    assert conditions[MUTATE].holds(kind, obj) is mutate
+
+
+@pytest.mark.parametrize("case", ISOLATION_CASES, ids=[c[0] for c in ISOLATION_CASES])
+def test_what_reaches_validate_is_what_the_webhook_may_refuse(case: tuple[Any, ...]) -> None:
+    """Every object a rule can speak about is sent; what is not sent draws nothing from the default policy
+    (only check's warning on envFrom, a source admission cannot read anyway)."""
+    name, spec, annotations, sent, _ = case
+    obj = annotated(wrap("Pod", copy.deepcopy(spec)), "Pod", annotations)
+    rules = {v.rule for v in decide(obj, "", "Pod", "default", parse_policy("{}")).violations}
+    if not sent:
+        assert rules <= {"visible-devices-unread"}, (name, rules)
+
+
+@pytest.mark.parametrize(
+    ("policy", "hidden"),
+    [
+        ({"namespaces": {"shared": {"isolation": {"hideGpus": "void"}}, "lab": {"isolation": {"hideGpus": "none"}}}},
+         {"shared", "lab"}),
+        ({"isolation": {"hideGpus": "void"}, "namespaces": {"gpu-jobs": {"isolation": {"hideGpus": False}},
+                                                            "ml": {"isolation": {"hideGpus": "off"}}}},
+         {"default", "shared", "lab", "team-a"}),
+        ({"isolation": {"hideGpus": "none"}}, {"default", "shared", "lab", "team-a", "gpu-jobs", "ml"}),
+        ({"isolation": {"hideGpus": False}, "namespaces": {"ml": {"enforcement": "warn"}}}, set()),
+        ({}, set()),
+    ],
+    ids=["named-namespaces", "everywhere-but", "everywhere", "bare-off", "default"],
+)
+def test_mutate_takes_every_pod_where_hide_gpus_applies(helm: Helm, policy: dict[str, Any], hidden: set[str]) -> None:
+    expressions = conditions_of(helm.template(*values_args({"policy": policy})))
+    mutate, validate = Condition(expressions[MUTATE]), Condition(expressions[VALIDATE])
+    policies = parse_policy(json.dumps(policy))
+    cpu_pod = wrap("Pod", pod_spec(PLAIN))
+    for namespace in ("default", "shared", "lab", "team-a", "gpu-jobs", "ml"):
+        assert mutate.holds("Pod", cpu_pod, namespace) is (namespace in hidden), namespace
+        webhook_hides = policies.for_namespace(namespace).hide_gpus != "off"
+        assert webhook_hides is (namespace in hidden), "the chart agrees with the webhook"
+        assert validate.holds("Pod", cpu_pod, namespace) is False
 
 
 # --- NOTES.txt ---------------------------------------------------------------------------------
@@ -923,11 +1084,14 @@ def test_notes_warn_about_test_settings_and_avoid_excluded_namespaces(helm: Helm
     assert "kubectl -n gpu-webhook-test run gpu-test" in text
 
 
-def test_cluster_checks_bring_read_only_node_access_and_nothing_else(helm: Helm) -> None:
+def test_cluster_checks_bring_read_only_node_and_runtime_class_access_and_nothing_else(helm: Helm) -> None:
     assert not {"ClusterRole", "ClusterRoleBinding"} & {d["kind"] for d in helm.template()}
     docs = helm.template(*values_args({"policy": {"cluster": {"enabled": True}}}))
     role = one(docs, "ClusterRole")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["node.k8s.io"], "resources": ["runtimeclasses"], "verbs": ["get", "list", "watch"]},
+    ]
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     account = one(docs, "ServiceAccount")["metadata"]["name"]

@@ -12,7 +12,9 @@ from tests.manifests import admission_request, pytorch_job, ray_cluster, workloa
 from webhook.policy import PolicySet, parse_policy
 
 GPU_NAMES = ("nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915", "nvidia.com/mig-1g.5gb")
-OTHER_NAMES = ("cpu", "memory", "example.com/widget")
+# Vendor names no default policy pattern lists: time-sliced replicas, HAMi shares, Intel monitoring.
+VENDOR_NAMES = ("nvidia.com/gpu.shared", "nvidia.com/gpumem", "nvidia.com/gpucores", "gpu.intel.com/monitoring")
+OTHER_NAMES = ("cpu", "memory", "example.com/widget", *VENDOR_NAMES)
 ACCELERATORS = ("nvidia-l4", "nvidia-t4", "nvidia-a100")
 ANNOTATION = "gpu-webhook/accelerator"
 NAMESPACES = ("default", "research")
@@ -32,6 +34,12 @@ POLICY_TEXTS = {
         "accelerator: {default: nvidia-t4}\n"
         "namespaces: {research: {enforcement: warn, tolerations: true, accelerator: {default: nvidia-l4}}}\n"
         "checks: {mixedGpuAndMig: warn, cpuPodOnGpuNodes: off}\n"
+    ),
+    "isolating": (
+        "platform: aks\ntolerations: true\naccelerator: {default: nvidia-l4}\n"
+        "isolation: {runtimeClass: nvidia, trusted: {serviceAccounts: [research/dcgm]}}\n"
+        "namespaces: {research: {isolation: {hideGpus: void}}}\n"
+        "checks: {visibleDevicesUnread: deny, zeroGpuLimit: deny, runtimeClassWithoutGpu: deny}\n"
     ),
 }
 POLICIES: dict[str, PolicySet] = {name: parse_policy(text, name) for name, text in POLICY_TEXTS.items()}
@@ -68,16 +76,33 @@ resources = st.one_of(
     odd,
 )
 _names = st.sampled_from(["main", "sidecar", "pytorch", "x"])
+env_item = st.fixed_dictionaries(
+    {"name": st.sampled_from(["NVIDIA_VISIBLE_DEVICES", "NVIDIA_MIG_CONFIG_DEVICES", "CUDA_VISIBLE_DEVICES", "A"])},
+    optional={"value": st.one_of(st.sampled_from(["all", "void", "none", "", "0", "GPU-1"]), odd),
+              "valueFrom": st.just({"configMapKeyRef": {"name": "c", "key": "k"}})},
+)
+isolation_fields = {
+    "restartPolicy": st.just("Always"),
+    "env": st.one_of(st.lists(env_item, max_size=2), odd),
+    "envFrom": st.lists(st.fixed_dictionaries({"configMapRef": st.just({"name": "c"})},
+                                              optional={"prefix": st.sampled_from(["", "APP_", "NVIDIA_"])}),
+                        max_size=1),
+    "securityContext": st.one_of(st.fixed_dictionaries({"privileged": st.booleans()}), odd),
+    "volumeMounts": st.lists(st.fixed_dictionaries(
+        {"name": st.just("v"), "mountPath": st.sampled_from(["/data", "/var/run/nvidia-container-devices/all"])}),
+        max_size=1),
+}
 container = st.one_of(
-    st.fixed_dictionaries({"name": _names, "image": st.just("busybox"), "resources": usual_resources}),
+    st.fixed_dictionaries({"name": _names, "image": st.just("busybox"), "resources": usual_resources},
+                          optional=isolation_fields),
     st.fixed_dictionaries({"name": _names, "image": st.just("busybox"), "resources": resources},
-                          optional={"restartPolicy": st.just("Always")}),
-    st.fixed_dictionaries({"name": _names, "image": st.just("busybox")}, optional={"restartPolicy": st.just("Always")}),
+                          optional=isolation_fields),
+    st.fixed_dictionaries({"name": _names, "image": st.just("busybox")}, optional=isolation_fields),
 )
 toleration = st.fixed_dictionaries(
     {},
-    optional={"key": st.sampled_from((*GPU_NAMES, "other")), "operator": st.sampled_from(["Exists", "Equal"]),
-              "effect": st.sampled_from(["NoSchedule", "NoExecute", ""])},
+    optional={"key": st.sampled_from((*GPU_NAMES, "other", "sku")), "operator": st.sampled_from(["Exists", "Equal"]),
+              "value": st.sampled_from(["gpu", "present"]), "effect": st.sampled_from(["NoSchedule", "NoExecute", ""])},
 )
 accelerator_value = st.one_of(st.sampled_from(ACCELERATORS), st.just(""), odd)
 node_selector = st.dictionaries(st.sampled_from(["accelerator", "zone"]), accelerator_value, max_size=2)
@@ -96,9 +121,17 @@ pod_spec = st.fixed_dictionaries(
         "tolerations": st.one_of(st.lists(toleration, max_size=2), odd),
         "affinity": affinity,
         "resources": resources,
+        "runtimeClassName": st.one_of(st.sampled_from(["nvidia", "kata", ""]), odd),
+        "serviceAccountName": st.sampled_from(["default", "dcgm"]),
+        "volumes": st.lists(st.fixed_dictionaries(
+            {"name": st.just("h"),
+             "hostPath": st.fixed_dictionaries({"path": st.sampled_from(["/dev/nvidia0", "/tmp"])})}),
+            max_size=1),
     },
 )
-annotations = st.dictionaries(st.sampled_from([ANNOTATION, "other"]), accelerator_value, max_size=2)
+annotations = st.dictionaries(
+    st.sampled_from([ANNOTATION, "other", "cdi.k8s.io/gpu", "gpu-fraction"]), accelerator_value, max_size=2
+)
 metadata = st.fixed_dictionaries(
     {"name": st.sampled_from(["p", "q", "r"])},
     optional={"annotations": st.one_of(annotations, annotations, odd)},

@@ -182,35 +182,102 @@ wildcard is a trailing "*" is a prefix, anything else becomes an anchored RE2 re
 {{- end }}
 
 {{/*
-The matchConditions expression: true when the object holds a pod spec in which a container, an
-init container, an ephemeral container or the pod-level `resources` names a GPU resource in its
-limits or requests. The pod spec is found by request.kind.kind the way the webhook finds it.
+The pod templates ({metadata, spec}) of the object, found by request.kind.kind the way the webhook finds
+them: a Pod is its own template.
+*/}}
+{{- define "gpu-webhook.celPodTemplates" -}}
+(request.kind.kind == 'Pod'
+  ? [object]
+  : request.kind.kind == 'PodTemplate'
+    ? (has(object.template) ? [object.template] : [])
+    : request.kind.kind == 'CronJob'
+      ? (has(object.spec) && has(object.spec.jobTemplate) && has(object.spec.jobTemplate.spec)
+          && has(object.spec.jobTemplate.spec.template) ? [object.spec.jobTemplate.spec.template] : [])
+      : (has(object.spec) && has(object.spec.template) ? [object.spec.template] : [])
+)
+{{- end }}
+
+{{/*
+The matchConditions expression of one webhook; call with (dict "root" $ "hook" "validate"|"mutate").
 Every field access is guarded by has(): an evaluation error would reject the request under
 failurePolicy Fail. The pod spec itself is appended to its container list so that its pod-level
 `resources` is tested by the same clause as the containers'.
+
+Both webhooks take a pod spec in which a container, an init container, an ephemeral container or the
+pod-level `resources` names a GPU resource (policy.resources) in its limits or requests.
+/validate also takes what the isolation rules need, and nothing more: any vendor GPU name of the
+webhook's registry (time-sliced, MIG, HAMi, Volcano, Intel monitoring...), a container env entry named
+NVIDIA_VISIBLE_DEVICES or NVIDIA_MIG_CONFIG_DEVICES, a privileged container, a mount into
+nvidia-container-devices, a hostPath volume, runtimeClassName nvidia*, a CDI annotation.
+/mutate also takes every pod of the namespaces where isolation.hideGpus applies.
 */}}
 {{- define "gpu-webhook.matchExpression" -}}
-{{- $gpu := include "gpu-webhook.celResourceTest" . -}}
-(request.kind.kind == 'Pod'
-  ? (has(object.spec) ? [object.spec] : [])
-  : request.kind.kind == 'PodTemplate'
-    ? (has(object.template) && has(object.template.spec) ? [object.template.spec] : [])
-    : request.kind.kind == 'CronJob'
-      ? (has(object.spec) && has(object.spec.jobTemplate) && has(object.spec.jobTemplate.spec)
-          && has(object.spec.jobTemplate.spec.template) && has(object.spec.jobTemplate.spec.template.spec)
-          ? [object.spec.jobTemplate.spec.template.spec] : [])
-      : (has(object.spec) && has(object.spec.template) && has(object.spec.template.spec)
-          ? [object.spec.template.spec] : [])
-).exists(s,
-  ((has(s.containers) ? s.containers : [])
-    + (has(s.initContainers) ? s.initContainers : [])
-    + (has(s.ephemeralContainers) ? s.ephemeralContainers : [])
-    + [s]
-  ).exists(c, has(c.resources) && (
-    (has(c.resources.limits) && c.resources.limits.exists(k, {{ $gpu }}))
-    || (has(c.resources.requests) && c.resources.requests.exists(k, {{ $gpu }}))
-  ))
-)
+{{- $gpu := include "gpu-webhook.celResourceTest" .root -}}
+{{- if eq .hook "validate" }}
+{{- $gpu = printf "%s || k.matches('%s')" $gpu (include "gpu-webhook.celString" (include "gpu-webhook.registryPattern" .root)) }}
+{{- end }}
+{{- $hidden := include "gpu-webhook.hideGpusCondition" .root | trim -}}
+{{- if and (eq .hook "mutate") $hidden }}{{ $hidden }}
+|| {{ end -}}
+{{ include "gpu-webhook.celPodTemplates" . }}.exists(t, has(t.spec) && (
+  ((has(t.spec.containers) ? t.spec.containers : [])
+    + (has(t.spec.initContainers) ? t.spec.initContainers : [])
+    + (has(t.spec.ephemeralContainers) ? t.spec.ephemeralContainers : [])
+    + [t.spec]
+  ).exists(c, (has(c.resources)
+    && ((has(c.resources.limits) ? [c.resources.limits] : []) + (has(c.resources.requests) ? [c.resources.requests] : []))
+      .exists(r, r.exists(k, {{ $gpu }})))
+{{- if eq .hook "validate" }}
+    || (has(c.env) && c.env.exists(e, has(e.name)
+          && (e.name == 'NVIDIA_VISIBLE_DEVICES' || e.name == 'NVIDIA_MIG_CONFIG_DEVICES')))
+    || (has(c.securityContext) && has(c.securityContext.privileged) && c.securityContext.privileged == true)
+    || (has(c.volumeMounts) && c.volumeMounts.exists(m, has(m.mountPath)
+          && m.mountPath.contains('nvidia-container-devices')))
+  )
+  || (has(t.spec.volumes) && t.spec.volumes.exists(v, has(v.hostPath)))
+  || (has(t.spec.runtimeClassName) && t.spec.runtimeClassName.startsWith('nvidia'))
+  || (has(t.metadata) && has(t.metadata.annotations) && t.metadata.annotations.exists(k,
+        k.startsWith('cdi.k8s.io/') || k.startsWith('nvidia.cdi.k8s.io')))
+{{- else }}
+  )
+{{- end }}
+))
+{{- end }}
+
+{{/*
+The namespaces where isolation.hideGpus applies, as a CEL test of request.namespace; empty when none.
+On by default (policy.isolation.hideGpus void or none): every namespace but those whose overlay turns it
+off. Off by default: the namespaces whose overlay turns it on.
+*/}}
+{{- define "gpu-webhook.hideGpusCondition" -}}
+{{- $policy := .Values.policy | default dict }}
+{{- $isolation := $policy.isolation | default dict }}
+{{- $global := has (toString $isolation.hideGpus) (list "void" "none") }}
+{{- $on := list }}
+{{- $off := list }}
+{{- range $ns, $overlay := ($policy.namespaces | default dict) }}
+{{- $nsIsolation := ($overlay | default dict).isolation | default dict }}
+{{- if hasKey $nsIsolation "hideGpus" }}
+{{- if has (toString $nsIsolation.hideGpus) (list "void" "none") }}
+{{- $on = append $on $ns }}
+{{- else }}
+{{- $off = append $off $ns }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $global }}
+{{- if $off }}!(request.namespace in {{ include "gpu-webhook.celList" $off }}){{ else }}true{{ end }}
+{{- else if $on }}request.namespace in {{ include "gpu-webhook.celList" $on }}
+{{- end }}
+{{- end }}
+
+{{/* A CEL list of string literals. */}}
+{{- define "gpu-webhook.celList" -}}
+{{- $items := list }}
+{{- range . }}
+{{- $items = append $items (printf "'%s'" (include "gpu-webhook.celString" (toString .))) }}
+{{- end }}
+{{- printf "[%s]" (join ", " $items) }}
 {{- end }}
 
 {{/* Namespaces the webhooks never see: the system ones, the release's own, and webhook.excludeNamespaces. */}}
