@@ -252,12 +252,12 @@ def check_parity(servers: dict[str, harness.Server]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------- the run
 
 
-def peer_build() -> dict[str, str]:
+def peer_build() -> dict[str, Any]:
     """The peer's pinned modules (from bench/peer/go.mod) and the Go that built it."""
     text = (PEER_DIR / "go.mod").read_text()
     pins = dict(re.findall(r"^\s*(sigs\.k8s\.io/controller-runtime|k8s\.io/api|k8s\.io/apimachinery|"
                            r"k8s\.io/client-go)\s+(v\S+)", text, re.M))
-    info = {"modules": pins}
+    info: dict[str, Any] = {"modules": pins}
     version = loadgen.bin_dir() / f"{BINARY}.version"
     if version.exists():
         info["source_hash"] = version.read_text().strip()
@@ -266,6 +266,10 @@ def peer_build() -> dict[str, str]:
         done = subprocess.run([go, "version", str(find_peer())], capture_output=True, text=True)
         info["go"] = done.stdout.strip().rsplit(" ", 1)[-1]
     return info
+
+
+def _prefixed(log: Callable[[str], None], prefix: str) -> Callable[[str], None]:
+    return lambda line: log(prefix + line)
 
 
 def run(plan: PeerPlan, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
@@ -280,7 +284,7 @@ def run(plan: PeerPlan, log: Callable[[str], None] = lambda s: print(s, file=sys
         sides: dict[str, PeerBench] = {}
         for name in SIDES:
             (work / name).mkdir()
-            sides[name] = PeerBench(bench_plan, work / name, lambda s, name=name: log(f"{name:4s}{s}"))
+            sides[name] = PeerBench(bench_plan, work / name, _prefixed(log, f"{name:4s}"))
         pins = sides["ours"].pins
         try:
             sides["ours"].server = harness.start_server(work / "ours", certs, pins.server, threads=plan.connections)
