@@ -344,18 +344,24 @@ def summarise(plan: PeerPlan, sides: dict[str, PeerBench], parity: list[dict], m
         block["ours_over_peer"] = {
             "throughput_by_round": spread([o.throughput_rps / p.throughput_rps for o, p in paired
                                            if p.throughput_rps]),
-            "p50": round(ours["fixed_latency_ms"]["p50"] / peer["fixed_latency_ms"]["p50"], 2),
-            "p99": round(ours["fixed_latency_ms"]["p99"] / peer["fixed_latency_ms"]["p99"], 2),
+            "p50": round(ours["fixed_latency_ms"]["p50"] / peer["fixed_latency_ms"]["p50"], 3),
+            "p99": round(ours["fixed_latency_ms"]["p99"] / peer["fixed_latency_ms"]["p99"], 3),
             "p99_by_round": spread([o.latency_ms["p99"] / p.latency_ms["p99"] for o, p in
                                     zip(runs("ours", "fixed", e), runs("peer", "fixed", e), strict=True)
                                     if p.latency_ms["p99"]], 2),
             "cpu_us_per_request_fixed": round(ours["fixed_cpu_us_per_request"]["median"]
                                               / peer["fixed_cpu_us_per_request"]["median"], 2),
+            # Throughput per second of server CPU: what each would do with the whole core, whatever share of it
+            # other processes left in a round (the ratio of CPU per request at max, inverted).
+            "throughput_per_cpu_second": round(peer["max_cpu_us_per_request"]["median"]
+                                               / ours["max_cpu_us_per_request"]["median"], 2),
         }
         by_endpoint[e] = block
     timed = [r for s in sides.values() for r in s.runs]
     all_runs_ok = all(r.ok == r.requests and r.requests > 0 for r in timed)
     parity_ok = all(row["agree"] for row in parity if row["must_agree"])
+    core = {side: {"server_core_others": spread([r.server_core_others for r in sides[side].runs]),
+                   "server_core_steal": spread([r.server_core_steal for r in sides[side].runs])} for side in SIDES}
     return {
         "schema": 1,
         "started": started.isoformat(timespec="seconds"),
@@ -363,6 +369,7 @@ def summarise(plan: PeerPlan, sides: dict[str, PeerBench], parity: list[dict], m
         "machine": {**info, "pinning": sides["ours"].pinning, "interference": {
             "server_core_steal": spread([r.server_core_steal for r in timed]),
             "server_core_others": spread([r.server_core_others for r in timed]),
+            "by_side": core,
         }},
         "code": code,
         "peer": {"stack": "controller-runtime webhook.NewServer + admission.Webhook, Go net/http, GOMAXPROCS=1",
@@ -400,7 +407,7 @@ def section(s: dict) -> str:
         f"same core, one at a time under load); load average at start "
         f"{', '.join(f'{x:.2f}' for x in m['loadavg_start'])}. On the server's core during runs: hypervisor steal "
         f"{steal['median']:.0%} median ({steal['max']:.0%} max), other processes {others['median']:.0%} "
-        f"({others['max']:.0%} max). Ours: {s['code']['commit']}, {s['code']['source']}; peer: {mods}, "
+        f"({others['max']:.0%} max; {_others(s)}). Ours: {s['code']['commit']}, {s['code']['source']}; peer: {mods}, "
         f"{peer.get('go', 'go')}. Run {s['started']}, {s['seconds']:.0f} s, {s['requests']} requests, "
         f"{'every answer of both right' if s['all_ok'] else 'NOT ALL ANSWERS RIGHT'}; rule cases "
         f"{'agree' if s['parity_ok'] else 'DISAGREE'} "
@@ -412,17 +419,19 @@ def section(s: dict) -> str:
         "",
         "| endpoint | max rps ours / peer | ours ÷ peer throughput (range) | p50 ms @"
         f"{s['plan']['rate']} ours / peer (ratio) | p99 ms @{s['plan']['rate']} ours / peer (ratio) | "
-        f"CPU µs/req @{s['plan']['rate']} ours / peer |",
-        "|---|---|---|---|---|---|",
+        f"CPU µs/req @{s['plan']['rate']} ours / peer | CPU µs/req @max ours / peer (peer ÷ ours) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for e, b in s["by_endpoint"].items():
         o, p, r = b["ours"], b["peer"], b["ours_over_peer"]
         lines.append(
             f"| /{e} | {o['max_rps']['median']:.0f} / {p['max_rps']['median']:.0f} | "
             f"{_range(r['throughput_by_round'])} | "
-            f"{o['fixed_latency_ms']['p50']:.2f} / {p['fixed_latency_ms']['p50']:.2f} ({r['p50']:.2f}×) | "
-            f"{o['fixed_latency_ms']['p99']:.2f} / {p['fixed_latency_ms']['p99']:.2f} ({r['p99']:.2f}×) | "
-            f"{o['fixed_cpu_us_per_request']['median']:.0f} / {p['fixed_cpu_us_per_request']['median']:.0f} |"
+            f"{o['fixed_latency_ms']['p50']:.2f} / {p['fixed_latency_ms']['p50']:.2f} ({_x(r['p50'])}) | "
+            f"{o['fixed_latency_ms']['p99']:.2f} / {p['fixed_latency_ms']['p99']:.2f} ({_x(r['p99'])}) | "
+            f"{o['fixed_cpu_us_per_request']['median']:.0f} / {p['fixed_cpu_us_per_request']['median']:.0f} | "
+            f"{o['max_cpu_us_per_request']['median']:.0f} / {p['max_cpu_us_per_request']['median']:.0f} "
+            f"({r['throughput_per_cpu_second']:.2f}) |"
         )
     mem_end, mem_start = s["memory_mb"]["end"], s["memory_mb"]["start"]
     lines += [
@@ -445,6 +454,16 @@ def section(s: dict) -> str:
         lines.append("- **Answers that differ** (rule cases; each is a difference named below): " + "; ".join(
             f"{r['case']} /{r['endpoint']}: ours {_said(r['ours'])}, peer {_said(r['peer'])}" for r in differ) + ".")
     return "\n".join(lines)
+
+
+def _x(ratio: float) -> str:
+    return f"{ratio:.0f}×" if ratio >= 10 else f"{ratio:.2f}×" if ratio >= 0.1 else f"{ratio:.3f}×"
+
+
+def _others(s: dict) -> str:
+    by_side = s["machine"]["interference"].get("by_side", {})
+    return "median " + ", ".join(f"{v['server_core_others']['median']:.0%} during {side}"
+                                 for side, v in by_side.items())
 
 
 def _said(seen: dict) -> str:
