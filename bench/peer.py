@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,6 +76,10 @@ class PeerPlan:
         return len(SIDES) * len(self.endpoints) * (self.warmup + self.rounds * (self.fixed_duration
                                                                                 + self.max_duration))
 
+
+# A run counts as quiet when other processes took at most this share of the server's core, and the hypervisor
+# at most that: the machine is shared, and a run that got half a core measures the neighbours.
+QUIET_OTHERS, QUIET_STEAL = 0.10, 0.05
 
 FULL = PeerPlan()
 SMOKE = PeerPlan(rounds=1, fixed_duration=1.0, max_duration=1.0, warmup=0.5, endpoints=("validate", "mutate"))
@@ -302,10 +307,13 @@ def run(plan: PeerPlan, log: Callable[[str], None] = lambda s: print(s, file=sys
                 for endpoint in plan.endpoints:
                     sides[name].run("warmup", endpoint, "seed", 0, 100, plan.warmup, record=False)
             for rnd in range(plan.rounds):
-                for name in SIDES if rnd % 2 == 0 else SIDES[::-1]:
-                    for endpoint in runner.rotate(plan.endpoints, rnd):
-                        sides[name].run("max", endpoint, "seed", rnd, 0, plan.max_duration)
-                        sides[name].run("fixed", endpoint, "seed", rnd, plan.rate, plan.fixed_duration)
+                # A B B A per endpoint, and B A A B the next round: each pair of runs compared is adjacent in time.
+                first, second = (sides[n] for n in (SIDES if rnd % 2 == 0 else SIDES[::-1]))
+                for endpoint in runner.rotate(plan.endpoints, rnd):
+                    first.run("max", endpoint, "seed", rnd, 0, plan.max_duration)
+                    second.run("max", endpoint, "seed", rnd, 0, plan.max_duration)
+                    second.run("fixed", endpoint, "seed", rnd, plan.rate, plan.fixed_duration)
+                    first.run("fixed", endpoint, "seed", rnd, plan.rate, plan.fixed_duration)
             memory_end = {name: harness.memory_mb(s.workers()[0]) for name, s in servers.items()}
             memory_end["ours_master"] = harness.memory_mb(servers["ours"].pid)
         finally:
@@ -322,12 +330,29 @@ def summarise(plan: PeerPlan, sides: dict[str, PeerBench], parity: list[dict], m
         return sorted((r for r in sides[side].runs if r.scenario == scenario and r.endpoint == endpoint),
                       key=lambda r: r.round)
 
+    def quiet(selected: list[runner.Run]) -> list[runner.Run]:
+        return [r for r in selected if r.server_core_others <= QUIET_OTHERS and r.server_core_steal <= QUIET_STEAL]
+
+    def median(values: list[float], digits: int = 3) -> float | None:
+        return round(statistics.median(values), digits) if values else None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 3) if a is not None and b else None
+
     by_endpoint: dict[str, Any] = {}
     for e in plan.endpoints:
         block: dict[str, Any] = {}
         for side in SIDES:
             maxed, fixed = runs(side, "max", e), runs(side, "fixed", e)
+            calm_max, calm_fixed = quiet(maxed), quiet(fixed)
             block[side] = {
+                "quiet": {
+                    "max_runs": len(calm_max),
+                    "max_rps": median([r.throughput_rps for r in calm_max], 1),
+                    "fixed_runs": len(calm_fixed),
+                    "fixed_p50_ms": median([r.latency_ms["p50"] for r in calm_fixed]),
+                    "fixed_p99_ms": median([r.latency_ms["p99"] for r in calm_fixed]),
+                },
                 "max_rps": spread([r.throughput_rps for r in maxed], 1),
                 "max_cpu_us_per_request": spread([r.server_cpu_us_per_request for r in maxed], 1),
                 "max_server_cpu_util": spread([r.server_cpu_util for r in maxed]),
@@ -340,14 +365,21 @@ def summarise(plan: PeerPlan, sides: dict[str, PeerBench], parity: list[dict], m
                 "ok": sum(r.ok for r in maxed + fixed),
             }
         ours, peer = block["ours"], block["peer"]
-        paired = zip(runs("ours", "max", e), runs("peer", "max", e), strict=True)
+        paired = list(zip(runs("ours", "max", e), runs("peer", "max", e), strict=True))
+        paired_fixed = list(zip(runs("ours", "fixed", e), runs("peer", "fixed", e), strict=True))
         block["ours_over_peer"] = {
             "throughput_by_round": spread([o.throughput_rps / p.throughput_rps for o, p in paired
                                            if p.throughput_rps]),
+            "p50_by_round": spread([o.latency_ms["p50"] / p.latency_ms["p50"] for o, p in paired_fixed
+                                    if p.latency_ms["p50"]], 2),
+            "quiet": {
+                "max_rps": ratio(ours["quiet"]["max_rps"], peer["quiet"]["max_rps"]),
+                "fixed_p50": ratio(ours["quiet"]["fixed_p50_ms"], peer["quiet"]["fixed_p50_ms"]),
+                "fixed_p99": ratio(ours["quiet"]["fixed_p99_ms"], peer["quiet"]["fixed_p99_ms"]),
+            },
             "p50": round(ours["fixed_latency_ms"]["p50"] / peer["fixed_latency_ms"]["p50"], 3),
             "p99": round(ours["fixed_latency_ms"]["p99"] / peer["fixed_latency_ms"]["p99"], 3),
-            "p99_by_round": spread([o.latency_ms["p99"] / p.latency_ms["p99"] for o, p in
-                                    zip(runs("ours", "fixed", e), runs("peer", "fixed", e), strict=True)
+            "p99_by_round": spread([o.latency_ms["p99"] / p.latency_ms["p99"] for o, p in paired_fixed
                                     if p.latency_ms["p99"]], 2),
             "cpu_us_per_request_fixed": round(ours["fixed_cpu_us_per_request"]["median"]
                                               / peer["fixed_cpu_us_per_request"]["median"], 2),
@@ -399,6 +431,7 @@ def _range(s: dict, fmt: str = ".2f") -> str:
 
 def section(s: dict) -> str:
     m = s["machine"]
+    rate = s["plan"]["rate"]
     steal, others = m["interference"]["server_core_steal"], m["interference"]["server_core_others"]
     peer = s["peer"]
     mods = ", ".join(f"{k} {v}" for k, v in peer.get("modules", {}).items())
@@ -413,25 +446,45 @@ def section(s: dict) -> str:
         f"{'agree' if s['parity_ok'] else 'DISAGREE'} "
         f"({sum(r['agree'] for r in s['parity'])} of {len(s['parity'])} answers the same).",
         "",
-        f"Seed pod, {s['plan']['rounds']} rounds; max = {s['plan']['connections']} connections for "
-        f"{s['plan']['max_duration']:.0f} s, fixed = {s['plan']['rate']} rps for {s['plan']['fixed_duration']:.0f} s; "
-        "latencies from vegeta, pooled over rounds; ranges are over rounds; ratios are ours ÷ peer.",
+        f"Seed pod, {s['plan']['rounds']} rounds, each endpoint A B B A (B A A B the next round); max = "
+        f"{s['plan']['connections']} connections for {s['plan']['max_duration']:.0f} s, fixed = {s['plan']['rate']} "
+        f"rps for {s['plan']['fixed_duration']:.0f} s. Ratios are ours ÷ peer. *Quiet* runs are those in which other "
+        f"processes took at most {QUIET_OTHERS:.0%} of the server's core (steal at most {QUIET_STEAL:.0%}); n = "
+        "how many of ours / the peer's. CPU per request is the measure noise moves least.",
         "",
-        "| endpoint | max rps ours / peer | ours ÷ peer throughput (range) | p50 ms @"
-        f"{s['plan']['rate']} ours / peer (ratio) | p99 ms @{s['plan']['rate']} ours / peer (ratio) | "
-        f"CPU µs/req @{s['plan']['rate']} ours / peer | CPU µs/req @max ours / peer (peer ÷ ours) |",
-        "|---|---|---|---|---|---|---|",
+        "| endpoint | max rps ours / peer, median of rounds | quiet runs: max rps ours / peer (n) | ours ÷ peer "
+        "throughput: per CPU-second · by round, median (range) · quiet | CPU µs/req @max ours / peer | "
+        f"CPU µs/req @{rate} ours / peer |",
+        "|---|---|---|---|---|---|",
     ]
     for e, b in s["by_endpoint"].items():
         o, p, r = b["ours"], b["peer"], b["ours_over_peer"]
+        oq, pq = o["quiet"], p["quiet"]
         lines.append(
             f"| /{e} | {o['max_rps']['median']:.0f} / {p['max_rps']['median']:.0f} | "
-            f"{_range(r['throughput_by_round'])} | "
-            f"{o['fixed_latency_ms']['p50']:.2f} / {p['fixed_latency_ms']['p50']:.2f} ({_x(r['p50'])}) | "
-            f"{o['fixed_latency_ms']['p99']:.2f} / {p['fixed_latency_ms']['p99']:.2f} ({_x(r['p99'])}) | "
-            f"{o['fixed_cpu_us_per_request']['median']:.0f} / {p['fixed_cpu_us_per_request']['median']:.0f} | "
-            f"{o['max_cpu_us_per_request']['median']:.0f} / {p['max_cpu_us_per_request']['median']:.0f} "
-            f"({r['throughput_per_cpu_second']:.2f}) |"
+            f"{_n(oq['max_rps'], '.0f')} / {_n(pq['max_rps'], '.0f')} ({oq['max_runs']} / {pq['max_runs']}) | "
+            f"**{r['throughput_per_cpu_second']:.2f}** · {_range(r['throughput_by_round'])} · "
+            f"{_n(r['quiet']['max_rps'], '.2f')} | "
+            f"{o['max_cpu_us_per_request']['median']:.0f} / {p['max_cpu_us_per_request']['median']:.0f} | "
+            f"{o['fixed_cpu_us_per_request']['median']:.0f} / {p['fixed_cpu_us_per_request']['median']:.0f} |"
+        )
+    lines += [
+        "",
+        f"| endpoint @{rate} rps | p50 ms ours / peer, pooled (ratio) | p50 ratio by round, median (range) | "
+        "p99 ms ours / peer, pooled (ratio) | p99 ratio by round, median (range) | quiet runs: p50 / p99 ms ours ; "
+        "peer (ratios) (n) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for e, b in s["by_endpoint"].items():
+        o, p, r = b["ours"], b["peer"], b["ours_over_peer"]
+        oq, pq, rq = o["quiet"], p["quiet"], r["quiet"]
+        lat_o, lat_p = o["fixed_latency_ms"], p["fixed_latency_ms"]
+        lines.append(
+            f"| /{e} | {lat_o['p50']:.2f} / {lat_p['p50']:.2f} ({_x(r['p50'])}) | {_range(r['p50_by_round'])} | "
+            f"{lat_o['p99']:.2f} / {lat_p['p99']:.2f} ({_x(r['p99'])}) | {_range(r['p99_by_round'])} | "
+            f"{_n(oq['fixed_p50_ms'])} / {_n(oq['fixed_p99_ms'])} ; {_n(pq['fixed_p50_ms'])} / "
+            f"{_n(pq['fixed_p99_ms'])} ({_xn(rq['fixed_p50'])}, {_xn(rq['fixed_p99'])}) "
+            f"({oq['fixed_runs']} / {pq['fixed_runs']}) |"
         )
     mem_end, mem_start = s["memory_mb"]["end"], s["memory_mb"]["start"]
     lines += [
@@ -454,6 +507,14 @@ def section(s: dict) -> str:
         lines.append("- **Answers that differ** (rule cases; each is a difference named below): " + "; ".join(
             f"{r['case']} /{r['endpoint']}: ours {_said(r['ours'])}, peer {_said(r['peer'])}" for r in differ) + ".")
     return "\n".join(lines)
+
+
+def _n(value: float | None, fmt: str = ".2f") -> str:
+    return "–" if value is None else f"{value:{fmt}}"
+
+
+def _xn(ratio: float | None) -> str:
+    return "–" if ratio is None else _x(ratio)
 
 
 def _x(ratio: float) -> str:
