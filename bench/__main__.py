@@ -4,6 +4,7 @@
     python -m bench --smoke              # every endpoint and scenario briefly; fails unless all got 200s
     python -m bench --apply fix.patch    # the same on a patched copy of webhook/ -> results/proposed.*
     python -m bench --profile            # py-spy profiles of each endpoint at max throughput
+    python -m bench --peer               # beside the Go controller-runtime peer (python -m bench.peer)
 """
 
 from __future__ import annotations
@@ -53,12 +54,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help="rounds of the fixed-rate and max scenarios (default 3)")
     parser.add_argument("--no-readme", action="store_true", help="leave bench/README.md alone")
     parser.add_argument("--profile", action="store_true", help="profile each endpoint with py-spy instead")
+    parser.add_argument("--peer", action="store_true",
+                        help="ours beside the Go controller-runtime peer (bench/peer) -> results/peer.json")
     parser.add_argument("--readme-only", action="store_true",
                         help="rewrite bench/README.md's results from results/latest.json (and proposed.json)")
     args = parser.parse_args(argv)
     if args.readme_only:
         _refresh_readme()
         return 0
+
+    if args.peer:
+        from bench import peer
+
+        passed = (["--smoke"] if args.smoke else []) + (["--rounds", str(args.rounds)] if args.rounds else [])
+        passed += (["--out", str(args.out)] if args.out else []) + (["--no-readme"] if args.no_readme else [])
+        return peer.main(passed)
 
     try:
         loadgen.find_vegeta()

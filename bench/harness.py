@@ -143,6 +143,48 @@ def start_server(tmp: Path, certs: dict[str, Path], pin: list[str], source: Path
     raise RuntimeError(f"server not ready within 60 s:\n{log.read_text()}")
 
 
+class PeerServer(Server):
+    """The Go peer (bench/peer): one process, no workers; CPU and memory are its own."""
+
+    def workers(self) -> list[int]:
+        return [self.pid]
+
+    def cpu_seconds(self) -> float:
+        return runtime_seconds(self.pid)
+
+    def cpu_seconds_ticks(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def full_collections(self) -> dict[str, object]:
+        return {}
+
+
+def start_peer(tmp: Path, certs: dict[str, Path], pin: list[str], binary: Path, threads: int = 8) -> PeerServer:
+    """The Go peer on a free port with the same certificate, GOMAXPROCS=1 (one core, as our one worker)."""
+    if certs["cert"].parent != certs["key"].parent:
+        raise ValueError("the peer reads its certificate and key from one directory (CertDir)")
+    port = free_port()
+    log = tmp / "peer.log"
+    command = [*pin, str(binary), "-host", "127.0.0.1", "-port", str(port), "-cert-dir", str(certs["cert"].parent),
+               "-cert-name", certs["cert"].name, "-key-name", certs["key"].name]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=tmp,
+                                env={**os.environ, "GOMAXPROCS": "1"})
+    server = PeerServer(proc, port, certs["ca"], log, threads, tmp / "no-gc-log")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"peer exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            if server.get("/readyz") == 200:
+                return server
+        except OSError:
+            pass
+        time.sleep(0.05)
+    server.stop()
+    raise RuntimeError(f"peer not ready within 30 s:\n{log.read_text()}")
+
+
 def children(pid: int) -> list[int]:
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()

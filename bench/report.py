@@ -178,10 +178,11 @@ def comparison(columns: list[tuple[str, dict]]) -> str:
     return "\n".join(rows + [""] + notes)
 
 
-def update_readme(readme: Path, body: str) -> None:
+def update_readme(readme: Path, body: str, start: str = START, end: str = END) -> None:
+    """Replace what stands between the ``start`` and ``end`` markers of ``readme`` with ``body``."""
     text = readme.read_text()
-    if START not in text or END not in text:
-        raise SystemExit(f"{readme} lacks the {START} ... {END} markers")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{START}\n{body}\n{END}{tail}")
+    if start not in text or end not in text:
+        raise SystemExit(f"{readme} lacks the {start} ... {end} markers")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    readme.write_text(f"{head}{start}\n{body}\n{end}{tail}")

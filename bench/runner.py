@@ -124,6 +124,10 @@ class Bench:
         self.runs: list[Run] = []
         self.server: harness.Server | None = None
 
+    def judge(self, endpoint: str, body: str, raw: bytes, uids: set[str]) -> bool:
+        """Whether one answer (of a 200) is right; a subclass may look further (``bench.peer``: the patch's effect)."""
+        return check_answer(endpoint, body, raw, uids)
+
     def targets(self, endpoint: str, body: str) -> Path:
         path = self.workdir / f"targets-{endpoint}-{body}.json"
         if not path.exists():
@@ -151,8 +155,8 @@ class Bench:
         run.requests = results.count
         run.non_200 = sum(1 for c in results.codes if c != 200)
         uids = self.uids[body]
-        good = [c == 200 and check_answer(endpoint, body, b, uids) for c, b in zip(results.codes, results.bodies,
-                                                                                    strict=True)]
+        good = [c == 200 and self.judge(endpoint, body, b, uids) for c, b in zip(results.codes, results.bodies,
+                                                                                  strict=True)]
         run.ok = sum(good)
         run.bad_answers = sum(1 for c, g in zip(results.codes, good, strict=True) if c == 200 and not g)
         run.errors = results.errors

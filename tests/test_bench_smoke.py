@@ -3,6 +3,8 @@ seconds against a real server. Nothing about timing is asserted: only that every
 with a correct AdmissionReview and that the JSON result and the PNG plot were written.
 
 vegeta is built by ``tests/prepare vegeta``; in CI (``CI=true``) a missing load tool fails this test, locally it skips.
+The same holds for the Go peer of ``python -m bench.peer --smoke`` (``tests/prepare bench-peer``), which only the
+second test needs.
 """
 
 from __future__ import annotations
@@ -48,3 +50,30 @@ def test_the_benchmark_smoke_run_answers_every_request(tmp_path):
     assert summary["all_ok"] and summary["requests"] > 0
     assert {r["endpoint"] for r in summary["runs"]} == {"noop", "validate", "mutate"}
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_the_peer_smoke_run_agrees_with_ours_and_answers_every_request(tmp_path):
+    """Ours and the Go controller-runtime peer, one short round each (~15 s): both answer every request right,
+    and give the same decisions (and /mutate patches of the same effect) on the rule cases."""
+    missing = _missing()
+    if missing:
+        unavailable("the benchmark's load tool", missing, "vegeta")
+    from bench import peer
+
+    try:
+        peer.find_peer()
+    except peer.PeerMissing as exc:
+        unavailable("the benchmark's Go peer", str(exc), "bench-peer")
+    out = tmp_path / "peer.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.peer", "--smoke", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads(out.read_text())
+    assert summary["all_ok"] and summary["parity_ok"] and summary["requests"] > 0
+    for side in ("ours", "peer"):
+        assert {r["endpoint"] for r in summary["runs"][side]} == {"validate", "mutate"}
+    known = {r["case"] for r in summary["parity"] if not r["agree"]}
+    assert known <= {r["case"] for r in summary["parity"] if not r["must_agree"]}
