@@ -7,14 +7,14 @@ so a manifest that passes here is admitted by the server with the same policy.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
 from webhook.admission import decide
-from webhook.nodes import NodeIndex, NodeSummary
+from webhook.cluster import ClusterState, ClusterView
 from webhook.podspecs import as_mapping, group_of
 from webhook.policy import PolicySet
 
@@ -46,13 +46,43 @@ def read_objects(path: str) -> list[Mapping[str, Any]]:
     return objects
 
 
-def read_nodes(path: str, node_label: str) -> NodeSummary:
-    """A node summary from saved Node objects, for the cluster-aware checks offline."""
-    index = NodeIndex(node_label)
-    index.replace([o for o in read_objects(path) if o.get("kind") == "Node"])
-    summary = index.summary()
-    assert summary is not None
-    return summary
+def read_cluster_state(paths: list[str]) -> list[Mapping[str, Any]]:
+    """Saved objects (``kubectl get nodes,resourceslices,deviceclasses -o yaml``) for the cluster view."""
+    objects: list[Mapping[str, Any]] = []
+    for path in paths:
+        objects.extend(read_objects(path))
+    return objects
+
+
+def cluster_view(
+    state: Sequence[Mapping[str, Any]], node_label: str, manifests: Sequence[Mapping[str, Any]] = ()
+) -> ClusterView:
+    """A cluster view from saved objects, for the cluster-aware checks offline. ResourceClaims and
+    ResourceClaimTemplates among the manifests being checked join it, so pods are judged with the claims
+    they come with."""
+    objects = list(state)
+    objects.extend(o for o in manifests if o.get("kind") in ("ResourceClaim", "ResourceClaimTemplate"))
+    cluster = ClusterState(node_label)
+    cluster.load(objects)
+    view = cluster.view()
+    assert view is not None
+    return view
+
+
+def manifest_view(objects: list[Mapping[str, Any]], namespace: str, node_label: str) -> ClusterView | None:
+    """Without --cluster-state: the claims and templates in the checked files, so a pod and the template it
+    names, checked together, are judged together. None when the files hold none."""
+    found = [o for o in objects if o.get("kind") in ("ResourceClaim", "ResourceClaimTemplate")]
+    if not found:
+        return None
+    return cluster_view([], node_label, [_with_namespace(o, namespace) for o in found])
+
+
+def _with_namespace(obj: Mapping[str, Any], namespace: str) -> Mapping[str, Any]:
+    metadata = as_mapping(obj.get("metadata"))
+    if metadata.get("namespace"):
+        return obj
+    return {**obj, "metadata": {**metadata, "namespace": namespace}}
 
 
 def _identity(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -67,14 +97,14 @@ def check_objects(
     source: str,
     policies: PolicySet,
     namespace: str,
-    nodes: NodeSummary | None = None,
+    view: ClusterView | None = None,
 ) -> Iterator[tuple[bool, str]]:
     """(denied?, line) for every violation, in the ``FILE: Kind/name: path: message`` form."""
     for obj in objects:
         kind = str(obj["kind"])
         name, own_namespace = _identity(obj)
         target = own_namespace or namespace
-        answer = decide(obj, group_of(obj.get("apiVersion")), kind, target, policies, nodes)
+        answer = decide(obj, group_of(obj.get("apiVersion")), kind, target, policies, view)
         policy = policies.for_namespace(target)
         for violation in answer.violations:
             denied = policy.action(violation.rule) == "deny"
@@ -87,8 +117,11 @@ def run(
     policies: PolicySet,
     namespace: str = "default",
     out: TextIO = sys.stdout,
-    nodes: NodeSummary | None = None,
+    cluster_state: list[Mapping[str, Any]] | None = None,
 ) -> int:
+    """Check every file; ``cluster_state`` holds Nodes, ResourceSlices, DeviceClasses, ... (from
+    :func:`read_cluster_state`) for the cluster-aware checks."""
+    node_label = policies.default.node_label
     status = EXIT_ADMITTED
     for path in paths:
         source = "<stdin>" if path == "-" else path
@@ -98,7 +131,12 @@ def run(
             print(f"{source}: {exc}", file=sys.stderr)
             status = EXIT_UNREADABLE
             continue
-        for denied, line in check_objects(objects, source, policies, namespace, nodes):
+        view: ClusterView | None
+        if cluster_state is not None:
+            view = cluster_view(cluster_state, node_label, [_with_namespace(o, namespace) for o in objects])
+        else:
+            view = manifest_view(objects, namespace, node_label)
+        for denied, line in check_objects(objects, source, policies, namespace, view):
             print(line, file=out)
             if denied and status == EXIT_ADMITTED:
                 status = EXIT_DENIED

@@ -63,7 +63,10 @@ def _parser() -> argparse.ArgumentParser:
     lint.add_argument("--policy", help="policy YAML file (default: built-in defaults)")
     lint.add_argument("--namespace", default="default", help="namespace for objects that name none (default: default)")
     lint.add_argument(
-        "--nodes", help="Node objects (kubectl get nodes -o yaml) to run the cluster-aware checks against"
+        "--cluster-state", "--nodes", dest="cluster_state", action="append", metavar="FILE",
+        help="Nodes, ResourceSlices, DeviceClasses, ResourceClaims, ResourceClaimTemplates and RuntimeClasses "
+        "(kubectl get nodes,resourceslices,deviceclasses -o yaml) to run the cluster-aware checks against; "
+        "repeatable (--nodes is the old name)",
     )
     lint.add_argument("paths", nargs="+", metavar="PATH", help="YAML or JSON manifest files; - for stdin")
     return parser
@@ -168,14 +171,14 @@ def _check(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(f"gpu-webhook: {exc}", file=sys.stderr)
         return check.EXIT_UNREADABLE
-    nodes = None
-    if args.nodes:
+    state = None
+    if args.cluster_state:
         try:
-            nodes = check.read_nodes(args.nodes, policies.default.node_label)
+            state = check.read_cluster_state(args.cluster_state)
         except check.UnreadableInput as exc:
-            print(f"gpu-webhook: {args.nodes}: {exc}", file=sys.stderr)
+            print(f"gpu-webhook: {', '.join(args.cluster_state)}: {exc}", file=sys.stderr)
             return check.EXIT_UNREADABLE
-    return check.run(args.paths, policies, args.namespace, nodes=nodes)
+    return check.run(args.paths, policies, args.namespace, cluster_state=state)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,8 @@ import jsonpatch
 from jsonpointer import JsonPointer
 
 from webhook import quantity
+from webhook.claims import claim_gpu_resources
+from webhook.cluster import ClusterView
 from webhook.policy import Policy
 from webhook.rules import CONTAINER_LISTS, gpu_entries
 
@@ -118,12 +120,19 @@ def add_tolerations(spec: Mapping[str, Any], resources: set[str]) -> list[Operat
     return [_add(t, "spec", "tolerations", len(tolerations) + k) for k, t in enumerate(added)]
 
 
-def pod_patch(pod: Mapping[str, Any], policy: Policy) -> list[Operation]:
-    """RFC 6902 operations that give ``pod`` its GPU defaults; empty when nothing changes."""
+def pod_patch(
+    pod: Mapping[str, Any], policy: Policy, view: ClusterView | None = None, namespace: str = ""
+) -> list[Operation]:
+    """RFC 6902 operations that give ``pod`` its GPU defaults; empty when nothing changes.
+
+    A pod that gets GPUs only through claims gets the same selector and tolerations: the built-in
+    ExtendedResourceToleration plugin looks only at extended-resource names. Its claims are read from
+    the cluster view, so without one such a pod is left alone."""
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         return []
     ops, used = default_requests(spec, policy)
+    used |= claim_gpu_resources(spec, namespace, policy, view)
     if used:
         ops += inject_accelerator(pod, spec, policy)
         if policy.tolerations:
@@ -131,6 +140,8 @@ def pod_patch(pod: Mapping[str, Any], policy: Policy) -> list[Operation]:
     return ops
 
 
-def mutated_pod(pod: Mapping[str, Any], policy: Policy) -> dict[str, Any]:
+def mutated_pod(
+    pod: Mapping[str, Any], policy: Policy, view: ClusterView | None = None, namespace: str = ""
+) -> dict[str, Any]:
     """The pod with GPU defaults applied (a copy; ``pod`` is not touched)."""
-    return jsonpatch.apply_patch(dict(pod), pod_patch(pod, policy))
+    return jsonpatch.apply_patch(dict(pod), pod_patch(pod, policy, view, namespace))

@@ -46,9 +46,31 @@ DEFAULTS: dict[str, Any] = {
         "unknownAccelerator": "deny",
         "exceedsNodeCapacity": "deny",
         "unadvertisedResource": "deny",
+        "unknownDeviceClass": "deny",
+        "exceedsDeviceCapacity": "deny",
+        "missingClaimSource": "warn",
+        "unknownClaimRequest": "warn",
+        "duplicateExtendedResourceName": "warn",
+    },
+    "dra": {
+        # Device classes whose devices are GPUs (globs): they count toward the caps, get the accelerator
+        # selector and tolerations, and clash with a GPU in limits. The vendors' DRA drivers' classes.
+        "gpuClasses": ["gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com", "gpu.amd.com", "gpu.intel.com"],
+        "allowedDeviceClasses": [],
+        "adminAccessNamespaces": [],
+        "deviceClassNotAllowed": "deny",
+        "allocationModeAll": "deny",
+        "adminAccess": "deny",
+        "blanketDeviceToleration": "warn",
+        "gpuLimitAndClaim": "deny",
+        "undeclaredClaim": "deny",
+        "claimSource": "deny",
+        "unusedClaim": "warn",
+        "nodeNameWithGpus": "warn",
     },
     "namespaces": {},
 }
+_DRA_LISTS = ("gpuClasses", "allowedDeviceClasses", "adminAccessNamespaces")
 
 # Settings of the opt-in checks, by the rule id their violations carry. Every other rule follows
 # ``enforcement``; these have a setting of their own, which ``enforcement: warn`` still softens.
@@ -61,6 +83,20 @@ CHECK_SETTINGS = {
     "unknown-accelerator": ("cluster", "unknownAccelerator"),
     "exceeds-node-capacity": ("cluster", "exceedsNodeCapacity"),
     "unadvertised-resource": ("cluster", "unadvertisedResource"),
+    "unknown-device-class": ("cluster", "unknownDeviceClass"),
+    "exceeds-device-capacity": ("cluster", "exceedsDeviceCapacity"),
+    "missing-claim-source": ("cluster", "missingClaimSource"),
+    "unknown-claim-request": ("cluster", "unknownClaimRequest"),
+    "duplicate-extended-resource-name": ("cluster", "duplicateExtendedResourceName"),
+    "device-class-not-allowed": ("dra", "deviceClassNotAllowed"),
+    "allocation-mode-all": ("dra", "allocationModeAll"),
+    "admin-access": ("dra", "adminAccess"),
+    "blanket-device-toleration": ("dra", "blanketDeviceToleration"),
+    "gpu-limit-and-claim": ("dra", "gpuLimitAndClaim"),
+    "undeclared-claim": ("dra", "undeclaredClaim"),
+    "claim-source": ("dra", "claimSource"),
+    "unused-claim": ("dra", "unusedClaim"),
+    "node-name-with-gpus": ("dra", "nodeNameWithGpus"),
 }
 
 _ENFORCEMENT = {"enum": ["deny", "warn"]}
@@ -107,6 +143,14 @@ SCHEMA: dict[str, Any] = {
                 **{key: _SETTING for key in DEFAULTS["cluster"] if key != "enabled"},
             },
         },
+        "dra": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                **{key: _STRINGS for key in _DRA_LISTS},
+                **{key: _SETTING for key in DEFAULTS["dra"] if key not in _DRA_LISTS},
+            },
+        },
         "namespaces": {
             "type": "object",
             "additionalProperties": {
@@ -121,6 +165,11 @@ SCHEMA: dict[str, Any] = {
                     "limits": _LIMITS,
                     "tolerations": {"type": "boolean"},
                     "enforcement": _ENFORCEMENT,
+                    "dra": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {"allowedDeviceClasses": _STRINGS},
+                    },
                 },
             },
         },
@@ -135,6 +184,10 @@ _CORE_RESOURCES = {
 }
 # A namespace name is a DNS-1123 label; a key that is not one can never match a namespace.
 _NAMESPACE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
+
+
+# Every DeviceClass is also an extended resource under this prefix (KEP-5004).
+IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
 
 
 class _Loader(yaml.SafeLoader):
@@ -195,16 +248,32 @@ class Policy:
     # rule id -> deny | warn | off, for the rules in CHECK_SETTINGS
     settings: Mapping[str, str] = field(default_factory=dict)
     cluster_enabled: bool = False
+    gpu_classes: tuple[str, ...] = ()
+    allowed_device_classes: tuple[str, ...] = ()
+    admin_access_namespaces: tuple[str, ...] = ()
     _gpu_names: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
 
     def is_gpu(self, resource_name: str) -> bool:
         # Resource names repeat across every request, so the glob match is memoised.
         known = self._gpu_names.get(resource_name)
         if known is None:
-            known = any(fnmatch.fnmatchcase(resource_name, p) for p in self.resources)
+            known = any(fnmatch.fnmatchcase(resource_name, p) for p in self.resources) or (
+                resource_name.startswith(IMPLICIT_PREFIX) and self.is_gpu_class(resource_name[len(IMPLICIT_PREFIX):])
+            )
             if len(self._gpu_names) < 4096:
                 self._gpu_names[resource_name] = known
         return known
+
+    def is_gpu_class(self, device_class: str) -> bool:
+        return any(fnmatch.fnmatchcase(device_class, p) for p in self.gpu_classes)
+
+    def device_class_allowed(self, device_class: str) -> bool:
+        return not self.allowed_device_classes or any(
+            fnmatch.fnmatchcase(device_class, p) for p in self.allowed_device_classes
+        )
+
+    def admin_access_allowed(self, namespace: str) -> bool:
+        return any(fnmatch.fnmatchcase(namespace, p) for p in self.admin_access_namespaces)
 
     def accelerator_allowed(self, value: str) -> bool:
         return not self.allowed or value in self.allowed
@@ -328,6 +397,9 @@ def _policy(document: Mapping[str, Any]) -> Policy:
         enforcement=document["enforcement"],
         settings={rule: document[section][key] or "off" for rule, (section, key) in CHECK_SETTINGS.items()},
         cluster_enabled=document["cluster"]["enabled"],
+        gpu_classes=tuple(document["dra"]["gpuClasses"]),
+        allowed_device_classes=tuple(document["dra"]["allowedDeviceClasses"]),
+        admin_access_namespaces=tuple(document["dra"]["adminAccessNamespaces"]),
     )
 
 

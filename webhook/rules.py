@@ -12,7 +12,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook import quantity
+from webhook import claims, quantity
+from webhook.capacity import check_cluster
+from webhook.cluster import ClusterView
 from webhook.crossfield import (
     check_cpu_pod_on_gpu_nodes,
     check_init_container_gpus,
@@ -21,7 +23,6 @@ from webhook.crossfield import (
     check_replica_accelerators,
 )
 from webhook.field import FieldPath, Violation
-from webhook.nodes import NodeSummary, check_cluster
 from webhook.podspecs import PodSpecRef, find_pod_specs
 from webhook.policy import Policy
 from webhook.quantity import quoted, shown
@@ -36,6 +37,7 @@ class ContainerGPUs:
     counts: dict[str, int] = field(default_factory=dict)
     named: set[str] = field(default_factory=set)  # every GPU resource named, valid or not
     sidecar: bool = False
+    slot: tuple[str, int] = ("", -1)  # (containers | initContainers | ephemeralContainers, index)
 
 
 def container_label(container: Mapping[str, Any], path: FieldPath) -> str:
@@ -184,7 +186,7 @@ def check_containers(spec: Mapping[str, Any], path: FieldPath, policy: Policy, g
                 continue
             # By name, so that a container inserted before this one changes no violation's subject.
             where = list_path.item(i, "name", container.get("name"))
-            c = ContainerGPUs(sidecar=container.get("restartPolicy") == "Always")
+            c = ContainerGPUs(sidecar=container.get("restartPolicy") == "Always", slot=(list_name, i))
             out.extend(check_container(container, where, policy, c))
             out.extend(check_mixed_gpu_and_mig(container, where, set(c.counts), policy))
             if list_name == "initContainers":
@@ -275,34 +277,42 @@ def check_accelerator(ref: PodSpecRef, policy: Policy, annotated: str | None, se
 
 
 def check_pod_spec(
-    ref: PodSpecRef, policy: Policy, nodes: NodeSummary | None = None
+    ref: PodSpecRef, policy: Policy, view: ClusterView | None = None, namespace: str = ""
 ) -> tuple[list[Violation], str | None]:
     """Violations of one pod spec, and the accelerator it names explicitly if it uses GPUs."""
     gpus = PodGPUs()
     out = check_containers(ref.spec, ref.path, policy, gpus)
     out.extend(check_pod_level_resources(ref.spec, ref.path, policy))
-    if not gpus.uses_gpus:
-        out.extend(check_cpu_pod_on_gpu_nodes(ref, policy))
-        return out, None
     totals = gpus.totals()
+    limit_counts = {c.slot: c.counts for c in (*gpus.app, *gpus.init)}
+    found, claim_gpus = claims.pod_violations(ref, policy, view, namespace, limit_counts, totals, gpus.uses_gpus)
+    out.extend(found)
+    if not gpus.uses_gpus and not claim_gpus:
+        if not isinstance(ref.spec.get("resourceClaims"), list) or not ref.spec["resourceClaims"]:
+            out.extend(check_cpu_pod_on_gpu_nodes(ref, policy))  # a pod with claims may hold GPUs we cannot see
+        return out, None
     out.extend(check_pod_limit(totals, ref.path, policy))
     annotated, selected = accelerator_of(ref, policy, out)
     out.extend(check_accelerator(ref, policy, annotated, selected))
     explicit = annotated or selected
-    if nodes is not None and policy.cluster_enabled:
+    if view is not None and policy.cluster_enabled and "nodes" in view.known:
         # The default is what mutation will inject, so the pod is judged as it will be scheduled.
-        out.extend(check_cluster(ref.path, explicit or policy.default or None, totals, nodes, policy))
+        out.extend(check_cluster(ref.path, explicit or policy.default or None, totals, view.nodes, policy))
     return out, explicit
 
 
 def violations(
-    obj: Mapping[str, Any], group: str, kind: str, policy: Policy, nodes: NodeSummary | None = None
+    obj: Mapping[str, Any], group: str, kind: str, policy: Policy, view: ClusterView | None = None,
+    namespace: str = "",
 ) -> list[Violation]:
-    """Every GPU violation in every pod spec of ``obj``, and across its replicas."""
+    """Every GPU violation in every pod spec of ``obj``, and across its replicas; or, for a ResourceClaim,
+    ResourceClaimTemplate or DeviceClass, in its device requests."""
+    if claims.is_dra_object(group, kind):
+        return claims.object_violations(obj, kind, policy, view, namespace)
     out: list[Violation] = []
     named: list[tuple[PodSpecRef, str]] = []
     for ref in find_pod_specs(obj, group, kind):
-        found, accelerator = check_pod_spec(ref, policy, nodes)
+        found, accelerator = check_pod_spec(ref, policy, view, namespace)
         out.extend(found)
         if accelerator is not None:
             named.append((ref, accelerator))

@@ -15,6 +15,8 @@ import logging
 import os
 import signal
 import ssl
+import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,9 +29,19 @@ from gunicorn.workers.base import Worker
 from webhook import logs, metrics
 from webhook.admission import Handler
 from webhook.app import DEFAULT_HANDLERS, DEFAULT_MAX_BODY, create_app
+from webhook.cluster import ClusterState, ClusterView
 from webhook.connections import Front, Limits
-from webhook.nodes import NodeIndex, NodeSummary
-from webhook.nodewatch import NodeWatcher
+from webhook.informer import (
+    DEVICE_CLASSES,
+    NODES,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    RUNTIME_CLASSES,
+    Informer,
+    KubeSource,
+    report_forever,
+)
 from webhook.policy import load_policy
 from webhook.tls import server_context
 from webhook.watch import Reloader
@@ -92,23 +104,39 @@ class _WorkerState:
 
         # Cluster checks are switched on at start; a reload that toggles cluster.enabled takes a restart.
         initial = self.policy.value.default
-        self.nodes = NodeIndex(initial.node_label) if initial.cluster_enabled else None
-        self.watcher = NodeWatcher(self.nodes, config.kubeconfig) if self.nodes is not None else None
+        self.cluster = ClusterState(initial.node_label) if initial.cluster_enabled else None
+        self.informers: list[Informer] = []
+        if self.cluster is not None:
+            # One list+watch per kind the view reads, all over one connection pool.
+            source = KubeSource(config.kubeconfig)
+            kinds = (NODES, RESOURCE_SLICES, DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, RUNTIME_CLASSES)
+            self.informers = [Informer(kind, source, self.cluster.indices[kind.name]) for kind in kinds]
+        self._stop = threading.Event()
 
     def start(self) -> None:
         self.policy.start()
         self.tls.start()
-        if self.watcher is not None:
-            self.watcher.start()
+        for informer in self.informers:
+            informer.start()
+        if self.informers:
+            nodes = self.informers[0]
 
-    def node_summary(self) -> NodeSummary | None:
-        return self.nodes.summary() if self.nodes is not None else None
+            def legacy_node_gauges() -> None:  # the node-only gauges documented before the other kinds came
+                metrics.NODE_INDEX_NODES.set(len(nodes.sink))
+                if nodes.loaded:
+                    metrics.NODE_INDEX_AGE.set(time.time() - nodes.last_sync)
+                metrics.NODE_INDEX_STALE.set(1 if nodes.stale else 0)
+
+            report_forever(self.informers, self._stop, legacy_node_gauges)
+
+    def cluster_view(self) -> ClusterView | None:
+        return self.cluster.view() if self.cluster is not None else None
 
     def readiness(self) -> str | None:
         if self.draining:
             return "draining after SIGTERM"
-        if self.nodes is not None and not self.nodes.loaded:
-            return "waiting for the first list of nodes"
+        if self.cluster is not None and not self.cluster.loaded:
+            return f"waiting for the first list of {', '.join(self.cluster.waiting_for())}"
         return None
 
 
@@ -285,7 +313,7 @@ class _Application(BaseApplication):
         _state.start()
         state = _state
         app = create_app(
-            lambda: state.policy.value, state.readiness, self.config.max_body, self.handlers, state.node_summary
+            lambda: state.policy.value, state.readiness, self.config.max_body, self.handlers, state.cluster_view
         )
         # Modules, the app and the policy live as long as the worker: take them out of the collector's
         # reach, so a full collection walks only what requests left behind. Without this, every few

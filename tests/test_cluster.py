@@ -1,4 +1,4 @@
-"""Cluster-aware checks against node lists built here, and the index's behaviour when the watch is lost."""
+"""Cluster-aware checks against node lists built here, and the view's behaviour as watch events arrive."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from tests.manifests import container, pod, seed_pod
 from webhook.admission import decide
-from webhook.nodes import NodeIndex, node_info, summarize
+from webhook.cluster import ClusterState, node_info, summarize
 from webhook.policy import parse_policy
 
 GPU = "nvidia.com/gpu"
@@ -34,10 +34,23 @@ NODES = [
 ]
 
 
+class NodeIndex:
+    """The Node part of a ClusterState, as the tests drive it (the other kinds loaded empty)."""
+
+    def __init__(self, nodes=()):
+        self.state = ClusterState("accelerator")
+        self.state.load(list(nodes))
+        self.state.known = frozenset(self.state.indices)
+
+    def apply(self, event, obj):
+        self.state.indices["nodes"].apply(event, obj)
+
+    def summary(self):
+        return self.state.view()
+
+
 def index_of(nodes):
-    index = NodeIndex("accelerator")
-    index.replace(nodes)
-    return index
+    return NodeIndex(nodes)
 
 
 def decision(obj, nodes=NODES, policy=CLUSTER):
@@ -89,7 +102,8 @@ def test_without_any_accelerator_all_nodes_count():
 
 def test_a_resource_no_node_advertises_is_refused():
     answer = decision(selecting("nvidia-l4", resource="nvidia.com/mig-1g.5gb"))
-    assert "no node advertises nvidia.com/mig-1g.5gb (nodes: 5)" in answer.message
+    expected = "no node advertises nvidia.com/mig-1g.5gb in allocatable or through a DeviceClass (nodes: 5)"
+    assert expected in answer.message
 
 
 def test_the_seed_pod_fits():
@@ -130,14 +144,19 @@ def test_a_heartbeat_that_changes_nothing_keeps_the_cached_summary():
 
 
 def test_a_stale_index_keeps_deciding_from_the_last_nodes():
-    index = index_of(NODES)
-    index.last_sync -= 3600  # an hour without news from the apiserver
+    index = index_of(NODES)  # no informer touches it: the view stays what it was
     assert decide(selecting("nvidia-l4", 4), "", "Pod", "default", CLUSTER, index.summary()).allowed
     assert not decide(selecting("nvidia-a100"), "", "Pod", "default", CLUSTER, index.summary()).allowed
 
 
-def test_before_the_first_list_there_is_no_summary():
-    assert NodeIndex("accelerator").summary() is None
+def test_before_the_first_list_there_is_no_view():
+    state = ClusterState("accelerator")
+    assert state.view() is None
+    for kind in ("nodes", "resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates"):
+        state.indices[kind].replace([])
+    assert state.view() is None and state.waiting_for() == ["runtimeclasses"]
+    state.indices["runtimeclasses"].replace([])
+    assert state.view() is not None
 
 
 def test_odd_allocatable_values_are_ignored():
