@@ -437,9 +437,10 @@ def test_client_ca_switches_probes_to_tcp(helm: Helm) -> None:
 def test_webhook_configurations(helm: Helm) -> None:
     docs = helm.template()
     hooks = webhooks(docs)
-    assert set(hooks) == {"mutate.gpu-webhook.io", "validate.gpu-webhook.io"}
+    assert set(hooks) == {"mutate.gpu-webhook.io", "validate.gpu-webhook.io", "validate-dra.gpu-webhook.io"}
     mutate, validate = hooks["mutate.gpu-webhook.io"], hooks["validate.gpu-webhook.io"]
-    for hook, path in ((mutate, "/mutate"), (validate, "/validate")):
+    dra = hooks["validate-dra.gpu-webhook.io"]
+    for hook, path in ((mutate, "/mutate"), (validate, "/validate"), (dra, "/validate")):
         assert hook["sideEffects"] == "None"
         assert hook["admissionReviewVersions"] == ["v1"]
         assert hook["failurePolicy"] == "Fail"
@@ -449,7 +450,15 @@ def test_webhook_configurations(helm: Helm) -> None:
         [expr] = hook["namespaceSelector"]["matchExpressions"]
         assert expr["key"] == "kubernetes.io/metadata.name" and expr["operator"] == "NotIn"
         assert expr["values"] == ["kube-system", "kube-node-lease", NAMESPACE]
+    for hook in (mutate, validate):
         assert [c["name"] for c in hook["matchConditions"]] == ["names-gpu-resource"]
+    assert [c["name"] for c in dra["matchConditions"]] == ["requests-devices-or-names-extended-resource"]
+    assert dra["rules"] == [
+        {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+         "resources": ["resourceclaims", "resourceclaimtemplates"], "scope": "Namespaced"},
+        {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+         "resources": ["deviceclasses"], "scope": "Cluster"},
+    ]
     assert mutate["reinvocationPolicy"] == "IfNeeded"
     assert "reinvocationPolicy" not in validate
     assert mutate["rules"] == [
@@ -478,7 +487,8 @@ def test_webhook_configurations(helm: Helm) -> None:
 
 def test_custom_values_reach_the_webhooks(helm: Helm) -> None:
     hooks = webhooks(helm.template(*RENDERS["custom"]))
-    assert set(hooks) == {"mutate.gpu-webhook.io", "validate.gpu-webhook.io", "validate-custom.gpu-webhook.io"}
+    assert set(hooks) == {"mutate.gpu-webhook.io", "validate.gpu-webhook.io", "validate-dra.gpu-webhook.io",
+                          "validate-custom.gpu-webhook.io"}
     for hook in hooks.values():
         assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 10
         assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == [
@@ -520,10 +530,8 @@ def test_url_switch_for_test_beds(helm: Helm) -> None:
         "url": "https://127.0.0.1:9443/mutate",
         "caBundle": CA_BUNDLE,
     }
-    assert hooks["validate.gpu-webhook.io"]["clientConfig"] == {
-        "url": "https://127.0.0.1:9443/validate",
-        "caBundle": CA_BUNDLE,
-    }
+    for name in ("validate.gpu-webhook.io", "validate-dra.gpu-webhook.io"):
+        assert hooks[name]["clientConfig"] == {"url": "https://127.0.0.1:9443/validate", "caBundle": CA_BUNDLE}
 
 
 def test_helm_mode_certificate(helm: Helm) -> None:
@@ -629,6 +637,11 @@ SPEC_CASES = [
     ),
     ("case-matters", pod_spec(gpu("NVIDIA.com/gpu")), False),
     ("pod-level-cpu-only", pod_spec(BARE, resources={"requests": {"cpu": "1"}}), False),
+    # DRA: the GPUs are in the claim, which the expression cannot see; and the implicit extended resource.
+    ("dra-claims", pod_spec(BARE, resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "t"}]), True),
+    ("empty-claims", pod_spec(BARE, resourceClaims=[]), False),
+    ("implicit-gpu-class-name", pod_spec(gpu("deviceclass.resource.kubernetes.io/gpu.nvidia.com")), True),
+    ("implicit-other-class-name", pod_spec(gpu("deviceclass.resource.kubernetes.io/nic.example.com")), False),
 ]
 
 
@@ -651,8 +664,9 @@ class Condition:
         return bool(result)
 
 
-def conditions_of(docs: list[dict[str, Any]]) -> list[str]:
-    return [c["expression"] for hook in webhooks(docs).values() for c in hook.get("matchConditions", [])]
+def conditions_of(docs: list[dict[str, Any]], name: str = "names-gpu-resource") -> list[str]:
+    return [c["expression"] for hook in webhooks(docs).values() for c in hook.get("matchConditions", [])
+            if c["name"] == name]
 
 
 @pytest.fixture(scope="module")
@@ -723,9 +737,10 @@ def test_default_patterns_are_the_webhooks(condition: Condition) -> None:
         name = pattern.replace("*", "x")
         assert policy.is_gpu(name)
         assert condition.holds("Pod", wrap("Pod", pod_spec(gpu(name)))), pattern
+    implicit = [f"deviceclass.resource.kubernetes.io/{c}" for c in DEFAULTS["dra"]["gpuClasses"]]
     for k in re.findall(r"'([^']+)'", condition.expression):
         if "/" in k:
-            assert any(p.startswith(k) or p == k for p in DEFAULTS["resources"]), k
+            assert any(p.startswith(k) or p == k for p in DEFAULTS["resources"] + implicit), k
 
 
 # --- NOTES.txt ---------------------------------------------------------------------------------
@@ -768,8 +783,36 @@ def test_cluster_checks_bring_read_only_node_access_and_nothing_else(helm: Helm)
     assert not {"ClusterRole", "ClusterRoleBinding"} & {d["kind"] for d in helm.template()}
     docs = helm.template(*values_args({"policy": {"cluster": {"enabled": True}}}))
     role = one(docs, "ClusterRole")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["resource.k8s.io"],
+         "resources": ["resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates"],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["node.k8s.io"], "resources": ["runtimeclasses"], "verbs": ["get", "list", "watch"]},
+    ]
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True, "the watches authenticate with the service account"
+    assert one(helm.template(), "Deployment")["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     account = one(docs, "ServiceAccount")["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+
+
+DRA_OBJECTS = [
+    ("ResourceClaim", {"spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "x"}}]}}}, True),
+    ("ResourceClaim", {"spec": {"devices": {}}}, False),
+    ("ResourceClaim", {"metadata": {"name": "c"}}, False),
+    ("ResourceClaimTemplate", {"spec": {"spec": {"devices": {"requests": [{"name": "g"}]}}}}, True),
+    ("ResourceClaimTemplate", {"spec": {"metadata": {}}}, False),
+    ("ResourceClaimTemplate", {}, False),
+    ("DeviceClass", {"spec": {"extendedResourceName": "example.com/gpu"}}, True),
+    ("DeviceClass", {"spec": {"selectors": []}}, False),
+    ("DeviceClass", {}, False),
+]
+
+
+@pytest.mark.parametrize(("kind", "obj", "expected"), DRA_OBJECTS)
+def test_dra_match_condition(helm: Helm, kind: str, obj: dict[str, Any], expected: bool) -> None:
+    [expression] = conditions_of(helm.template(), "requests-devices-or-names-extended-resource")
+    assert Condition(expression).holds(kind, obj) is expected

@@ -138,10 +138,20 @@ otherwise make a different CA for each.
 {{- end }}
 {{- end }}
 
-{{/* The GPU resource name patterns: policy.resources, else the webhook's built-in defaults. */}}
+{{/*
+The GPU resource name patterns: policy.resources, else the webhook's built-in defaults, and the implicit
+extended resource name (deviceclass.resource.kubernetes.io/<class>) of every GPU device class
+(policy.dra.gpuClasses, else the webhook's defaults), as webhook.policy.Policy.is_gpu reads them.
+*/}}
 {{- define "gpu-webhook.gpuResources" -}}
 {{- $policy := .Values.policy | default dict }}
-{{- toJson ($policy.resources | default (list "nvidia.com/gpu" "amd.com/gpu" "gpu.intel.com/*" "nvidia.com/mig-*")) }}
+{{- $dra := $policy.dra | default dict }}
+{{- $names := $policy.resources | default (list "nvidia.com/gpu" "amd.com/gpu" "gpu.intel.com/*" "nvidia.com/mig-*") }}
+{{- $classes := $dra.gpuClasses | default (list "gpu.nvidia.com" "mig.nvidia.com" "vfio.gpu.nvidia.com" "gpu.amd.com" "gpu.intel.com") }}
+{{- range $classes }}
+{{- $names = append $names (printf "deviceclass.resource.kubernetes.io/%s" .) }}
+{{- end }}
+{{- toJson $names }}
 {{- end }}
 
 {{/*
@@ -177,7 +187,8 @@ init container, an ephemeral container or the pod-level `resources` names a GPU 
 limits or requests. The pod spec is found by request.kind.kind the way the webhook finds it.
 Every field access is guarded by has(): an evaluation error would reject the request under
 failurePolicy Fail. The pod spec itself is appended to its container list so that its pod-level
-`resources` is tested by the same clause as the containers'.
+`resources` is tested by the same clause as the containers'. A pod spec with DRA claims
+(spec.resourceClaims) is sent too: its GPUs are in ResourceClaims and templates the expression cannot see.
 */}}
 {{- define "gpu-webhook.matchExpression" -}}
 {{- $gpu := include "gpu-webhook.celResourceTest" . -}}
@@ -200,6 +211,7 @@ failurePolicy Fail. The pod spec itself is appended to its container list so tha
     (has(c.resources.limits) && c.resources.limits.exists(k, {{ $gpu }}))
     || (has(c.resources.requests) && c.resources.requests.exists(k, {{ $gpu }}))
   ))
+  || (has(s.resourceClaims) && size(s.resourceClaims) > 0)
 )
 {{- end }}
 
