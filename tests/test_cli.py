@@ -145,3 +145,40 @@ def test_check_runs_the_cluster_checks_against_saved_nodes(tmp_path):
     assert result.returncode == 1
     assert "no node has accelerator=nvidia-a100, so the pod would stay Pending (nodes by accelerator: nvidia-l4: 1)" \
         in result.stdout
+
+
+DRA_STATE = [
+    {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "dra-a"}, "status": {"allocatable": {"cpu": "8"}}},
+    {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.example.com"},
+     "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.example.com'"}}],
+              "extendedResourceName": "example.com/gpu"}},
+    {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "dra-a-gpu"},
+     "spec": {"driver": "gpu.example.com", "nodeName": "dra-a", "pool": {"name": "dra-a", "generation": 1},
+              "devices": [{"name": f"gpu-{i}"} for i in range(4)]}},
+]
+
+
+def test_check_reads_resource_slices_and_device_classes_and_the_claims_beside_the_pods(tmp_path):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("resources: [example.com/gpu]\ncluster: {enabled: true}\ndra: {gpuClasses: [gpu.example.com]}\n")
+    state = write_manifests(tmp_path / "state.yaml", {"apiVersion": "v1", "kind": "List", "items": DRA_STATE})
+    fits = pod(container(limits={"example.com/gpu": 2}), name="fits")
+    six = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "six"},
+           "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+               "deviceClassName": "gpu.example.com", "count": 6}}]}}}}
+    wants_six = pod(container(resources={"claims": [{"name": "gpu"}]}), name="wants-six",
+                    resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "six"}])
+    manifests = write_manifests(tmp_path / "m.yaml", fits, six, wants_six)
+    result = gpu_webhook("check", "--policy", str(policy), "--cluster-state", state, manifests)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.splitlines() == [
+        f"{manifests}: ResourceClaimTemplate/six: spec.spec.devices.requests[0].exactly.count: 6 devices of class "
+        "gpu.example.com on one node, but the most any node has is 4 (1 node with such devices; counted its "
+        "selectors (cel-python))",
+        f"{manifests}: Pod/wants-six: spec.resourceClaims[0]: 6 devices of class gpu.example.com on one node, but the "
+        "most any node has is 4 (1 node with such devices; counted its selectors (cel-python))",
+    ]
+    # Without the state the DRA GPUs are unknown, so fits is not judged by capacity either way; the pod-only
+    # rules still run against the template found beside it.
+    alone = gpu_webhook("check", "--policy", str(policy), manifests)
+    assert alone.returncode == 0 and alone.stdout == ""

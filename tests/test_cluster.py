@@ -166,3 +166,142 @@ def test_odd_allocatable_values_are_ignored():
     )
     assert info.extended == (("amd.com/gpu", 2),)
     assert summarize([info], "accelerator").by_accelerator["x"].largest == {"amd.com/gpu": 2}
+
+
+# --- DRA capacity: ResourceSlices and DeviceClasses ------------------------------------------------
+
+NV_SELECTOR = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
+
+
+def device_class(name, extended=None, *selectors, created="2026-01-01T00:00:00Z"):
+    spec = {"selectors": [{"cel": {"expression": s}} for s in selectors]}
+    if extended:
+        spec["extendedResourceName"] = extended
+    return {"kind": "DeviceClass", "metadata": {"name": name, "creationTimestamp": created}, "spec": spec}
+
+
+def gpu_slice(where, count, driver="gpu.nvidia.com", kind="gpu", generation=1, pool=None, taint=None, **extra):
+    devices = []
+    for i in range(count):
+        device = {"name": f"gpu-{i}", "attributes": {"type": {"string": kind}, "uuid": {"string": f"GPU-{i}"}}}
+        if taint and i == 0:
+            device["taints"] = [{"key": "health", "effect": taint}]
+        devices.append(device)
+    spec = {"driver": driver, "pool": {"name": pool or str(where), "generation": generation}, "devices": devices,
+            **extra}
+    if not {"allNodes", "nodeSelector"} & set(extra):
+        spec["nodeName"] = where
+    return {"kind": "ResourceSlice", "metadata": {"name": f"{where}-{driver}-{pool}-{generation}"}, "spec": spec}
+
+
+def view_of(*objects):
+    state = ClusterState("accelerator")
+    state.load(list(objects))
+    state.known = frozenset(state.indices)
+    return state.view()
+
+
+DRA_NODE = node("dra-a", "nvidia-l4")  # no nvidia.com/gpu in allocatable: the driver publishes the GPUs
+
+
+def test_a_gpu_published_only_in_a_resource_slice_is_not_taken_for_missing():
+    """The false denial of issue 14: with only allocatable read, this pod was 'unadvertised-resource'."""
+    wants = selecting("nvidia-l4", gpus=4)
+    assert not decide(wants, "", "Pod", "default", CLUSTER, view_of(DRA_NODE)).allowed
+    view = view_of(DRA_NODE, device_class("gpu.nvidia.com", GPU, NV_SELECTOR), gpu_slice("dra-a", 4))
+    assert decide(wants, "", "Pod", "default", CLUSTER, view).allowed
+    assert view.class_devices["gpu.nvidia.com"].counted_by == "its selectors (cel-python)"
+    too_many = decide(selecting("nvidia-l4", gpus=5), "", "Pod", "default", CLUSTER, view)
+    assert "largest allocatable nvidia.com/gpu: 4" in too_many.message
+
+
+CAPACITY_CASES = [
+    # (case, objects besides the nodes and the class, most nvidia.com/gpu on one node)
+    ("selector matches gpus, not mig slices", [gpu_slice("dra-a", 4), gpu_slice("dra-b", 3, kind="mig")], 8),
+    ("device plugin and DRA add up on one node", [gpu_slice("l4-a", 5)], 9),
+    ("older pool generations are ignored", [gpu_slice("dra-a", 12, generation=1), gpu_slice("dra-a", 9, generation=2)],
+     9),
+    ("NoSchedule/NoExecute tainted devices are not offered", [gpu_slice("dra-a", 10, taint="NoExecute")], 9),
+    ("a None taint still offers the device", [gpu_slice("dra-a", 10, taint="None")], 10),
+    ("allNodes slices reach every node", [gpu_slice("net", 1, allNodes=True, pool="net")], 9),
+    ("node selector slices reach matching nodes",
+     [gpu_slice("sel", 3, pool="sel", nodeSelector={"nodeSelectorTerms": [
+         {"matchExpressions": [{"key": "accelerator", "operator": "In", "values": ["nvidia-tesla-p100"]}]}]})], 11),
+    ("another driver's devices do not count", [gpu_slice("dra-a", 10, driver="gpu.other.com")], 8),
+]
+
+
+@pytest.mark.parametrize(("objects", "largest"), [c[1:] for c in CAPACITY_CASES], ids=[c[0] for c in CAPACITY_CASES])
+def test_dra_capacity(objects, largest):
+    view = view_of(*NODES, DRA_NODE, node("dra-b"), device_class("gpu.nvidia.com", GPU, NV_SELECTOR), *objects)
+    assert view.nodes.total.largest[GPU] == largest
+
+
+def test_tainted_device_count():
+    view = view_of(DRA_NODE, device_class("gpu.nvidia.com", GPU, NV_SELECTOR),
+                   gpu_slice("dra-a", 4, taint="NoSchedule"))
+    assert view.nodes.total.largest[GPU] == 3
+    assert view.class_devices["gpu.nvidia.com"].largest == 3
+
+
+def test_every_class_is_also_its_implicit_extended_resource():
+    view = view_of(DRA_NODE, device_class("gpu.nvidia.com", None, NV_SELECTOR), gpu_slice("dra-a", 2))
+    assert view.nodes.total.largest == {"deviceclass.resource.kubernetes.io/gpu.nvidia.com": 2}
+    assert view.resource_of_class("gpu.nvidia.com") == "deviceclass.resource.kubernetes.io/gpu.nvidia.com"
+
+
+def test_a_selector_cel_python_cannot_evaluate_counts_the_drivers_devices_and_says_so():
+    semver = "device.attributes['gpu.nvidia.com'].uuid.isGreaterThan(semver('1.0.0'))"
+    view = view_of(DRA_NODE, device_class("gpu.nvidia.com", GPU, "device.driver == 'gpu.nvidia.com'", semver),
+                   gpu_slice("dra-a", 3), gpu_slice("dra-a", 5, driver="gpu.other.com"))
+    devices = view.class_devices["gpu.nvidia.com"]
+    assert devices.largest == 3
+    assert devices.counted_by.startswith("every device of driver gpu.nvidia.com (selectors not evaluated: ")
+    assert "isGreaterThan" in devices.counted_by
+    assert view.notes == (f"DeviceClass gpu.nvidia.com: counted {devices.counted_by}",)
+
+
+def test_a_missing_attribute_does_not_match_as_in_the_scheduler():
+    view = view_of(DRA_NODE, device_class("c", None, "device.attributes['gpu.nvidia.com'].nope == 'x'"),
+                   gpu_slice("dra-a", 3))
+    assert view.class_devices["c"].largest == 0
+    assert view.class_devices["c"].counted_by == "its selectors (cel-python)"
+
+
+def test_the_class_created_last_serves_an_extended_resource_name():
+    old = device_class("gpu.nvidia.com", GPU, NV_SELECTOR, created="2026-01-01T00:00:00Z")
+    new = device_class("gpu.other.com", GPU, "device.driver == 'gpu.other.com'", created="2026-02-01T00:00:00Z")
+    view = view_of(DRA_NODE, old, new, gpu_slice("dra-a", 2), gpu_slice("dra-a", 6, driver="gpu.other.com"))
+    assert view.extended_classes == {GPU: "gpu.other.com"}
+    assert view.nodes.total.largest[GPU] == 6
+    assert view.resource_of_class("gpu.nvidia.com") == "deviceclass.resource.kubernetes.io/gpu.nvidia.com"
+
+
+def test_runtime_classes_are_read_as_name_to_node_selector():
+    view = view_of({"kind": "RuntimeClass", "metadata": {"name": "nvidia"}, "handler": "nvidia",
+                    "scheduling": {"nodeSelector": {"nvidia.com/gpu.present": "true"}}},
+                   {"kind": "RuntimeClass", "metadata": {"name": "runc"}, "handler": "runc"})
+    assert view.runtime_class_node_selectors == {"nvidia": {"nvidia.com/gpu.present": "true"}, "runc": {}}
+    assert view.runtime_classes["nvidia"].handler == "nvidia"
+
+
+def test_a_claim_change_does_not_recount_devices():
+    state = ClusterState("accelerator")
+    state.load([DRA_NODE, device_class("gpu.nvidia.com", GPU, NV_SELECTOR), gpu_slice("dra-a", 2)])
+    first = state.view()
+    state.indices["resourceclaimtemplates"].apply("ADDED", {"metadata": {"name": "t", "namespace": "n"},
+                                                            "spec": {"spec": {}}})
+    second = state.view()
+    assert second is not first and second.nodes is first.nodes and ("n", "t") in second.templates
+    state.indices["resourceslices"].apply("ADDED", gpu_slice("dra-a", 3, pool="two"))
+    assert state.view().nodes.total.largest[GPU] == 5
+
+
+def test_a_claim_status_update_changes_nothing_indexed():
+    state = ClusterState("accelerator")
+    claim = {"kind": "ResourceClaim", "metadata": {"name": "c", "namespace": "n"},
+             "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "x"}}]}}}
+    state.load([claim])
+    view = state.view()
+    state.indices["resourceclaims"].apply("MODIFIED", {**claim, "status": {"reservedFor": [{"name": "p"}]}})
+    assert state.view() is view

@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 from tests.e2e.bed import CUSTOM_RESOURCES, register_webhook, unregister_webhook
-from tests.e2e.test_placement import node_of
 from tests.manifests import container, pod
 from tests.server import make_certs, start_webhook
 
@@ -59,7 +58,8 @@ def device_class(name: str, extended: str | None = None) -> dict:
 
 def resource_slice(node: str, devices: int) -> dict:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-{CLASS}"},
-            "spec": {"driver": CLASS, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "spec": {"driver": CLASS, "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
                      "devices": [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}}}
                                  for i in range(devices)]}}
 
