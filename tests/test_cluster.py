@@ -305,3 +305,23 @@ def test_a_claim_status_update_changes_nothing_indexed():
     view = state.view()
     state.indices["resourceclaims"].apply("MODIFIED", {**claim, "status": {"reservedFor": [{"name": "p"}]}})
     assert state.view() is view
+
+
+def test_with_a_refresher_a_change_reaches_the_view_without_a_rebuild_on_the_request_path():
+    import threading
+    import time
+
+    state = ClusterState("accelerator")
+    state.load([node("a", "nvidia-l4", **{"nvidia.com_gpu": 4})])
+    stop = threading.Event()
+    state.start_refresher(stop)
+    try:
+        first = state.view()
+        state.indices["nodes"].apply("ADDED", node("b", "nvidia-a100", **{"nvidia.com_gpu": 8}))
+        deadline = time.monotonic() + 5
+        while "nvidia-a100" not in state.view().nodes.by_accelerator:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert "nvidia-a100" not in first.nodes.by_accelerator, "a view, once handed out, never changes"
+    finally:
+        stop.set()

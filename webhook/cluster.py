@@ -641,11 +641,17 @@ class ClusterState:
         self._view: ClusterView | None = None
         self._capacity: _Capacity | None = None
         self._dirty: set[str] = set(KINDS)
+        self._changed = threading.Event()
+        self._background = False
         self.known: frozenset[str] = frozenset(KINDS)
 
         def index(kind: str, key: Callable[[Mapping[str, Any]], Any], info: Callable[[Mapping[str, Any]], Any],
                   ) -> Index:
-            return Index(key, info, lambda: self._dirty.add(kind))
+            def changed() -> None:
+                self._dirty.add(kind)
+                self._changed.set()
+
+            return Index(key, info, changed)
 
         self.indices: dict[str, Index] = {
             "nodes": index("nodes", _name, lambda o: node_info(o, node_label)),
@@ -675,10 +681,29 @@ class ClusterState:
             self.indices[kind].replace(found)
         self.known = frozenset(k for k, found in by_kind.items() if found)
 
+    def start_refresher(self, stop: threading.Event) -> None:
+        """Rebuild the view on a thread of its own as changes arrive, so no admission waits for a rebuild
+        (236 ms after a slice change with 16,000 devices); :meth:`view` then answers the last one built."""
+        self._background = True
+
+        def loop() -> None:
+            while not stop.is_set():
+                self._changed.wait(1.0)
+                self._changed.clear()  # a change after this sets it again; its kind is in _dirty either way
+                if self._dirty and self.loaded:
+                    self._rebuild()
+
+        threading.Thread(target=loop, name="cluster-view", daemon=True).start()
+
     def view(self) -> ClusterView | None:
         """The current view; None until every index has loaded once."""
         if not self.loaded:
             return None
+        if self._background and self._view is not None:
+            return self._view
+        return self._rebuild()
+
+    def _rebuild(self) -> ClusterView:
         with self._lock:
             if self._dirty or self._view is None:
                 dirty, self._dirty = self._dirty, set()  # changes during the build mark it dirty again
@@ -692,4 +717,5 @@ class ClusterState:
                     self.node_label, {}, (), i["deviceclasses"].items(), i["resourceclaims"].items(),
                     i["resourceclaimtemplates"].items(), i["runtimeclasses"].items(), self.known, self._capacity,
                 )
+            assert self._view is not None
             return self._view

@@ -116,6 +116,8 @@ class _WorkerState:
     def start(self) -> None:
         self.policy.start()
         self.tls.start()
+        if self.cluster is not None:
+            self.cluster.start_refresher(self._stop)
         for informer in self.informers:
             informer.start()
         if self.informers:

@@ -241,3 +241,17 @@ def test_a_pod_naming_a_template_that_does_not_exist_is_admitted_with_a_warning(
     created = create(cluster, claim_pod("wants-missing", "no-such-template"))
     assert created.returncode == 0, created.stderr
     assert 'ResourceClaimTemplate "no-such-template" does not exist in namespace "dra"' in created.stderr
+
+
+def test_a_driver_publishing_more_devices_reaches_decisions_through_the_watch(cluster, dra_bed):
+    """The driver grows the node's pool to 8 devices: the template for 6 is admitted once the slice's watch
+    event has reached the view (printed: the time it took)."""
+    assert create(cluster, claim_template("six-later", request(count=6))).returncode != 0
+    apply_all(cluster, resource_slice(NODE, 8))
+    changed = time.monotonic()
+    while create(cluster, claim_template("six-later", request(count=6))).returncode != 0:
+        assert time.monotonic() - changed < 10, "the slice change did not reach the webhook's view within 10 s"
+        time.sleep(0.05)
+    print(f"ResourceSlice change reached decisions in {time.monotonic() - changed:.2f} s")
+    assert dra_bed.metric("gpu_webhook_informer_stale", resource="resourceslices") == 0
+    assert dra_bed.metric("gpu_webhook_informer_objects", resource="resourceslices") >= 1
