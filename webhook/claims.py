@@ -143,7 +143,7 @@ def check_request_count(
         if cap and count > cap:
             scope = "per container" if cap == policy.per_container else "per pod"
             out.append(Violation(where, "per-container-limit" if scope == "per container" else "per-pod-limit",
-                                 f"{count} devices of class {name} is over the limit of {cap} {scope}", str(count)))
+                                 f"{count} devices of class {name} are over the limit of {cap} {scope}", str(count)))
     out.extend(_exceeds_devices(name, count, where, policy, view))
     return out
 
@@ -158,7 +158,8 @@ def _exceeds_devices(
         return []
     return [Violation(
         where, "exceeds-device-capacity",
-        f"{count} devices of class {device_class} on one node, but the most any node has is {devices.largest} "
+        f"{count} device{'s' if count != 1 else ''} of class {device_class} on one node, but the most any node has "
+        f"is {devices.largest} "
         f"({devices.nodes} node{'s' if devices.nodes != 1 else ''} with such devices; counted {devices.counted_by})",
         f"{count} {device_class}",
     )]

@@ -147,6 +147,7 @@ def test_a_gpu_served_only_by_dra_is_admitted_and_the_scheduler_binds_it(cluster
     wants["metadata"]["namespace"] = NS
     created = create(cluster, wants)
     assert created.returncode == 0, created.stderr
+    print(created.stdout.strip())
     assert node_of_ns(cluster, "extended-2") == NODE
     deadline = time.monotonic() + 30
     while True:
@@ -180,6 +181,7 @@ def test_more_devices_than_any_node_has_is_refused_in_the_pod_and_in_the_templat
         in refused.stderr
     print(refused.stderr.strip())
     again = create(cluster, claim_template("six-again", request(count=6)))
+    print(again.stderr.strip())
     assert OUR_DENIAL in again.stderr
     assert "spec.spec.devices.requests[0].exactly.count: 6 devices of class gpu.example.com" in again.stderr
 
@@ -191,6 +193,7 @@ def test_a_template_for_two_is_admitted_and_its_pod_scheduled_with_the_injected_
     # Only claims, no extended resource: our mutation added the selector and the GPU taint's toleration,
     # without which the scheduler could not use the tainted node.
     spec = json.loads(cluster.kubectl("-n", NS, "get", "pod", "wants-two", "-o", "jsonpath={.spec}").stdout)
+    print("nodeSelector:", json.dumps(spec["nodeSelector"]), "tolerations:", json.dumps(spec["tolerations"]))
     assert spec["nodeSelector"] == {"accelerator": "example-gpu"}
     assert {"key": GPU, "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     assert node_of_ns(cluster, "wants-two") == NODE
@@ -201,6 +204,7 @@ def test_a_template_for_two_is_admitted_and_its_pod_scheduled_with_the_injected_
 
 def test_a_class_outside_the_namespace_list_is_refused_with_its_path(cluster, dra_bed):
     refused = create(cluster, resource_claim("nic", request("nic", "nic.example.com"), namespace=TEAM))
+    print(refused.stderr.strip())
     assert OUR_DENIAL in refused.stderr
     assert ('spec.devices.requests[0].exactly.deviceClassName: device class "nic.example.com" is not allowed here '
             "(allowed: gpu.example.com)") in refused.stderr
@@ -209,6 +213,7 @@ def test_a_class_outside_the_namespace_list_is_refused_with_its_path(cluster, dr
 
 def test_allocation_mode_all_is_refused(cluster, dra_bed):
     refused = create(cluster, resource_claim("every-gpu", request(allocationMode="All")))
+    print(refused.stderr.strip())
     assert OUR_DENIAL in refused.stderr
     assert "spec.devices.requests[0].exactly.allocationMode: allocationMode: All takes every matching device" \
         in refused.stderr
@@ -217,6 +222,7 @@ def test_allocation_mode_all_is_refused(cluster, dra_bed):
 def test_admin_access_only_in_the_namespaces_the_policy_names(cluster, dra_bed):
     """The namespace label alone (which a tenant who may edit its namespace can set) is not enough."""
     refused = create(cluster, resource_claim("monitor", request(allocationMode="ExactCount", adminAccess=True)))
+    print(refused.stderr.strip())
     assert OUR_DENIAL in refused.stderr
     assert "spec.devices.requests[0].exactly.adminAccess: adminAccess gives access to devices in use" in refused.stderr
     admitted = create(cluster, resource_claim("monitor", request(adminAccess=True), namespace=ADMINS))
@@ -239,6 +245,7 @@ def test_a_pytorchjob_worker_naming_an_undeclared_claim_is_refused(cluster, dra_
 
 def test_a_pod_naming_a_template_that_does_not_exist_is_admitted_with_a_warning(cluster, dra_bed):
     created = create(cluster, claim_pod("wants-missing", "no-such-template"))
+    print(created.stderr.strip(), created.stdout.strip())
     assert created.returncode == 0, created.stderr
     assert 'ResourceClaimTemplate "no-such-template" does not exist in namespace "dra"' in created.stderr
 
