@@ -183,6 +183,8 @@ POD_CASES = [
      [("spec.resourceClaims[0].resourceClaimTemplateName", "missing-claim-source")]),
     ("missing-claim", claim_pod(uses("gpu"), claims=[{"name": "gpu", "resourceClaimName": "nope"}]),
      [("spec.resourceClaims[0].resourceClaimName", "missing-claim-source")]),
+    ("generated-claim", claim_pod(uses("gpu"), claims=[{"name": "gpu", "resourceClaimName": "generated"}]),
+     [("spec.resourceClaims[0].resourceClaimName", "generated-claim-reference")]),
     ("unknown-request", claim_pod(uses("gpu", request="b"), claims=[TWO]),
      [(f"{C}.resources.claims[0].request", "unknown-claim-request")]),
     ("known-request",

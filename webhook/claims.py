@@ -368,6 +368,28 @@ def check_missing_sources(
     return out
 
 
+def check_generated_claims(
+    spec: Mapping[str, Any], path: FieldPath, policy: Policy, view: ClusterView | None, namespace: str
+) -> list[Violation]:
+    """D6: resourceClaimName naming a claim generated from a template for another pod: it lives and dies
+    with that pod."""
+    if view is None or not policy.checks("generated-claim-reference"):
+        return []
+    out = []
+    for i, entry in enumerate(_list(spec.get("resourceClaims"))):
+        name = as_mapping(entry).get("resourceClaimName")
+        info = view.claims.get((namespace, name)) if isinstance(name, str) else None
+        if info is not None and info.generated:
+            out.append(Violation(
+                path.child("resourceClaims").item(i, "name", as_mapping(entry).get("name")).child("resourceClaimName"),
+                "generated-claim-reference",
+                f"ResourceClaim {quoted(name)} was generated from a template for another pod and is deleted with it; "
+                "name the template, or a claim made for sharing",
+                str(name),
+            ))
+    return out
+
+
 def check_claim_requests(claims: PodClaims, path: FieldPath, policy: Policy) -> list[Violation]:
     """D4: a container's resources.claims[].request that the claim it names does not have."""
     if not policy.checks("unknown-claim-request"):
@@ -533,6 +555,7 @@ def pod_violations(
     out += check_claim_sources(spec, path, policy)
     out += check_claim_references(claims, path, policy)
     out += check_missing_sources(spec, path, policy, view, namespace)
+    out += check_generated_claims(spec, path, policy, view, namespace)
     out += check_claim_requests(claims, path, policy)
     out += check_claim_caps(claims, gpus, limit_counts, pod_totals, path, policy)
     out += check_pod_device_capacity(gpus, path, policy, view)

@@ -51,6 +51,7 @@ DEFAULTS: dict[str, Any] = {
         "missingClaimSource": "warn",
         "unknownClaimRequest": "warn",
         "duplicateExtendedResourceName": "warn",
+        "generatedClaimReference": "warn",
     },
     "dra": {
         # Device classes whose devices are GPUs (globs): they count toward the caps, get the accelerator
@@ -88,6 +89,7 @@ CHECK_SETTINGS = {
     "missing-claim-source": ("cluster", "missingClaimSource"),
     "unknown-claim-request": ("cluster", "unknownClaimRequest"),
     "duplicate-extended-resource-name": ("cluster", "duplicateExtendedResourceName"),
+    "generated-claim-reference": ("cluster", "generatedClaimReference"),
     "device-class-not-allowed": ("dra", "deviceClassNotAllowed"),
     "allocation-mode-all": ("dra", "allocationModeAll"),
     "admin-access": ("dra", "adminAccess"),
