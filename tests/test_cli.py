@@ -182,3 +182,15 @@ def test_check_reads_resource_slices_and_device_classes_and_the_claims_beside_th
     # rules still run against the template found beside it.
     alone = gpu_webhook("check", "--policy", str(policy), manifests)
     assert alone.returncode == 0 and alone.stdout == ""
+
+
+def test_claims_beside_the_pods_resolve_them_but_never_make_a_kind_complete(tmp_path):
+    """A template the files do not hold may well exist in the cluster: only --cluster-state says what does not."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("cluster: {enabled: true}\n")
+    other = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "other"},
+             "spec": {"spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "x"}}]}}}}
+    elsewhere = pod(container(resources={"claims": [{"name": "gpu"}]}), name="p",
+                    resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "in-the-cluster"}])
+    result = gpu_webhook("check", "--policy", str(policy), write_manifests(tmp_path / "m.yaml", other, elsewhere))
+    assert result.returncode == 0 and "does not exist" not in result.stdout

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 import yaml
 
 from webhook.admission import decide
-from webhook.cluster import ClusterState, ClusterView
+from webhook.cluster import KIND_OF, ClusterState, ClusterView
 from webhook.podspecs import as_mapping, group_of
 from webhook.policy import PolicySet
 
@@ -61,9 +61,11 @@ def cluster_view(
     ResourceClaimTemplates among the manifests being checked join it, so pods are judged with the claims
     they come with."""
     objects = list(state)
+    # The state files say which kinds are complete; claims beside the pods only help resolve them.
+    known = {KIND_OF[str(o.get("kind"))] for o in objects if o.get("kind") in KIND_OF}
     objects.extend(o for o in manifests if o.get("kind") in ("ResourceClaim", "ResourceClaimTemplate"))
     cluster = ClusterState(node_label)
-    cluster.load(objects)
+    cluster.load(objects, known)
     view = cluster.view()
     assert view is not None
     return view

@@ -669,9 +669,10 @@ class ClusterState:
     def waiting_for(self) -> list[str]:
         return [name for name, index in self.indices.items() if not index.loaded]
 
-    def load(self, objects: Iterable[Mapping[str, Any]]) -> None:
+    def load(self, objects: Iterable[Mapping[str, Any]], known: Iterable[str] | None = None) -> None:
         """Fill the indices from objects read from files (``check --cluster-state``). Kinds the files
-        do not hold stay unknown: nothing is judged missing for want of them."""
+        do not hold stay unknown: nothing is judged missing for want of them. ``known`` overrides which
+        kinds count as complete."""
         by_kind: dict[str, list[Mapping[str, Any]]] = {k: [] for k in KINDS}
         for obj in objects:
             kind = KIND_OF.get(str(obj.get("kind")))
@@ -679,7 +680,7 @@ class ClusterState:
                 by_kind[kind].append(obj)
         for kind, found in by_kind.items():
             self.indices[kind].replace(found)
-        self.known = frozenset(k for k, found in by_kind.items() if found)
+        self.known = frozenset(known if known is not None else (k for k, found in by_kind.items() if found))
 
     def start_refresher(self, stop: threading.Event) -> None:
         """Rebuild the view on a thread of its own as changes arrive, so no admission waits for a rebuild
