@@ -6,6 +6,7 @@ import ipaddress
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -194,3 +195,26 @@ def test_claims_beside_the_pods_resolve_them_but_never_make_a_kind_complete(tmp_
                     resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "in-the-cluster"}])
     result = gpu_webhook("check", "--policy", str(policy), write_manifests(tmp_path / "m.yaml", other, elsewhere))
     assert result.returncode == 0 and "does not exist" not in result.stdout
+
+
+def test_the_readme_dra_example(tmp_path):
+    """README, DRA, Offline: the same lines, and the inference pod refused against the Node alone."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("cluster: {enabled: true}\n")
+    state, manifests = str(EXAMPLES / "dra" / "cluster-state.yaml"), str(EXAMPLES / "dra" / "training.yaml")
+    with_dra = gpu_webhook("check", "--policy", str(policy), "--cluster-state", state, manifests)
+    assert with_dra.returncode == 1
+    lines = with_dra.stdout.splitlines()
+    assert [line.split(": ", 3)[1:3] for line in lines] == [
+        ["ResourceClaimTemplate/eight-gpus", "spec.spec.devices.requests[0].exactly.count"],
+        ["Pod/trainer", "spec.resourceClaims[0]"],
+        ["Pod/trainer", "spec.containers[0].resources.claims[0]"],
+    ]
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    for line in lines:
+        assert line.replace(str(EXAMPLES.parent) + "/", "") in readme
+    nodes_only = tmp_path / "nodes.yaml"
+    nodes_only.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List",
+                                          "items": yaml.safe_load(Path(state).read_text())["items"][:1]}))
+    before = gpu_webhook("check", "--policy", str(policy), "--nodes", str(nodes_only), manifests)
+    assert "Pod/inference: spec: no node advertises nvidia.com/gpu" in before.stdout
