@@ -71,7 +71,7 @@ CLUSTER = [
     node("n1"), node("n2"),
     device_class(GPU_CLASS, "example.com/gpu", f"device.driver == '{GPU_CLASS}'"),
     device_class("nic.example.com", selector="device.driver == 'nic.example.com'"),
-    slice_of("n1", GPU_CLASS, 4), slice_of("n2", GPU_CLASS, 2),
+    slice_of("n1", GPU_CLASS, 4, model="l4"), slice_of("n2", GPU_CLASS, 2, model="h100"),
     template(req(count=2), name="two"), template(req(count=3), name="three"),
     template(req("a", count=1), req("b", count=1), name="pair"),
     template(req("nic", "nic.example.com"), name="nic"),
@@ -115,6 +115,7 @@ def uses(*names, request=None):
 
 
 E = "spec.devices.requests[0].exactly"
+MODEL = "device.attributes['gpu.example.com'].model == '{}'"
 
 # --- claims and templates: one row per rule --------------------------------------------------------
 CLAIM_CASES = [
@@ -145,6 +146,14 @@ CLAIM_CASES = [
      "default", [("spec.devices.requests[0].firstAvailable[0].count", "exceeds-device-capacity"),
                  ("spec.devices.requests[0].firstAvailable[0].count", "per-container-limit"),
                  ("spec.devices.requests[0].firstAvailable[1].deviceClassName", "unknown-device-class")]),
+    ("selector-matches-no-device", claim(req(selectors=[{"cel": {"expression": MODEL.format("b200")}}])), "default",
+     [(f"{E}.selectors", "selector-matches-no-device"), (f"{E}.count", "exceeds-device-capacity")]),
+    ("selector-narrows-capacity", claim(req(count=3, selectors=[{"cel": {"expression": MODEL.format("h100")}}])),
+     "default", [(f"{E}.count", "exceeds-device-capacity")]),
+    ("selector-fits", claim(req(count=2, selectors=[{"cel": {"expression": MODEL.format("h100")}}])), "default", []),
+    ("selector-cel-python-cannot-evaluate", claim(req(count=4, selectors=[{"cel": {"expression":
+                                                   "device.attributes['gpu.example.com'].model.isGreaterThan(1)"}}])),
+     "default", []),
     ("template-paths", template(req(allocationMode="All")), "default",
      [("spec.spec.devices.requests[0].exactly.allocationMode", "allocation-mode-all")]),
     ("v1beta1-shape", {**claim(), "spec": {"devices": {"requests": [{"name": "g", "deviceClassName": GPU_CLASS,

@@ -144,24 +144,65 @@ def check_request_count(
             scope = "per container" if cap == policy.per_container else "per pod"
             out.append(Violation(where, "per-container-limit" if scope == "per container" else "per-pod-limit",
                                  f"{count} devices of class {name} are over the limit of {cap} {scope}", str(count)))
-    out.extend(_exceeds_devices(name, count, where, policy, view))
+    out.extend(_exceeds_devices(name, count, where, policy, view, _selectors(request)))
     return out
 
 
+def _selectors(request: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(
+        str(as_mapping(s.get("cel")).get("expression"))
+        for s in _list(request.get("selectors"))
+        if isinstance(s, Mapping) and isinstance(as_mapping(s.get("cel")).get("expression"), str)
+    )
+
+
 def _exceeds_devices(
-    device_class: str, count: int, where: FieldPath, policy: Policy, view: ClusterView | None
+    device_class: str, count: int, where: FieldPath, policy: Policy, view: ClusterView | None,
+    selectors: tuple[str, ...] = (),
 ) -> list[Violation]:
     if view is None or not {"resourceslices", "deviceclasses"} <= view.known:
         return []
     devices = view.class_devices.get(device_class)
-    if devices is None or count <= devices.largest or not policy.checks("exceeds-device-capacity"):
+    if devices is None or not policy.checks("exceeds-device-capacity"):
+        return []
+    largest, nodes, how = devices.largest, devices.nodes, devices.counted_by
+    narrowed = view.devices_matching(device_class, selectors) if selectors else None
+    if narrowed is not None:
+        largest, nodes = narrowed
+        how += " and the request's selectors"
+    if count <= largest:
         return []
     return [Violation(
         where, "exceeds-device-capacity",
         f"{count} device{'s' if count != 1 else ''} of class {device_class} on one node, but the most any node has "
-        f"is {devices.largest} "
-        f"({devices.nodes} node{'s' if devices.nodes != 1 else ''} with such devices; counted {devices.counted_by})",
+        f"is {largest} ({nodes} node{'s' if nodes != 1 else ''} with such devices; counted {how})",
         f"{count} {device_class}",
+    )]
+
+
+def check_request_selectors(
+    request: Mapping[str, Any], path: FieldPath, policy: Policy, view: ClusterView | None
+) -> list[Violation]:
+    """D14: a request whose selectors match none of its class's published devices (a typo in an attribute
+    name or domain, a product no node has): the claim would never be allocated."""
+    selectors = _selectors(request)
+    name = request.get("deviceClassName")
+    if not selectors or view is None or not isinstance(name, str):
+        return []
+    if not {"resourceslices", "deviceclasses"} <= view.known:
+        return []
+    devices = view.class_devices.get(name)
+    if devices is None or not devices.devices or not policy.checks("selector-matches-no-device"):
+        return []
+    narrowed = view.devices_matching(name, selectors)
+    if narrowed is None or narrowed[0] > 0:
+        return []
+    total = len(devices.devices)
+    return [Violation(
+        path.child("selectors"), "selector-matches-no-device",
+        f"the selectors match none of the {total} published device{'s' if total != 1 else ''} of class {name} "
+        "(a misspelt attribute or domain does not match either)",
+        name,
     )]
 
 
@@ -175,6 +216,7 @@ def check_device_request(
         *check_admin_access(request, path, policy, namespace),
         *check_device_tolerations(request, path, policy),
         *check_request_count(request, path, policy, view),
+        *check_request_selectors(request, path, policy, view),
     ]
 
 

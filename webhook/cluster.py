@@ -343,6 +343,8 @@ class ClassDevices:
     largest: int
     nodes: int
     counted_by: str  # "its selectors" or "the devices of driver X (...why...)"
+    # the devices counted, each with the nodes it reaches, for requests that narrow the class with selectors
+    devices: tuple[tuple[Device, tuple[str, ...]], ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -358,6 +360,29 @@ class ClusterView:
     # What is known at all: a kind the apiserver does not serve, or a file did not hold, is not judged.
     known: frozenset[str] = frozenset()
     notes: tuple[str, ...] = ()
+    _memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def devices_matching(self, device_class: str, selectors: tuple[str, ...]) -> tuple[int, int] | None:
+        """(most on one node, nodes) of a class's devices that also pass a request's own selectors; None when
+        the class is unknown or cel-python cannot evaluate the selectors. Memoised per view."""
+        key = (device_class, selectors)
+        if key not in self._memo:
+            counted = self.class_devices.get(device_class)
+            result: tuple[int, int] | None = None
+            if counted is not None:
+                try:
+                    on_node: dict[str, int] = {}
+                    for device, reach in counted.devices:
+                        if _device_matches(selectors, device):
+                            for node in reach:
+                                on_node[node] = on_node.get(node, 0) + 1
+                    result = (max(on_node.values(), default=0), len(on_node))
+                except cel.Unevaluable:
+                    result = None
+            if len(self._memo) < 4096:
+                self._memo[key] = result
+            return result
+        return self._memo[key]
 
     def resource_of_class(self, device_class: str) -> str:
         """The extended resource name a class's devices count under: its extendedResourceName when it
@@ -520,7 +545,10 @@ def dra_capacity(
         for _, reach in matched:
             for node in reach:
                 on_node[node] = on_node.get(node, 0) + 1
-        class_devices[info.name] = ClassDevices(max(on_node.values(), default=0), len(on_node), counted_by)
+        class_devices[info.name] = ClassDevices(
+            max(on_node.values(), default=0), len(on_node), counted_by,
+            tuple((d, tuple(reach)) for d, reach in matched),
+        )
         names = [IMPLICIT_PREFIX + info.name]
         if info.extended_resource_name is not None and winners.get(info.extended_resource_name) == info.name:
             names.append(info.extended_resource_name)

@@ -52,6 +52,7 @@ DEFAULTS: dict[str, Any] = {
         "unknownClaimRequest": "warn",
         "duplicateExtendedResourceName": "warn",
         "generatedClaimReference": "warn",
+        "selectorMatchesNoDevice": "warn",
     },
     "dra": {
         # Device classes whose devices are GPUs (globs): they count toward the caps, get the accelerator
@@ -90,6 +91,7 @@ CHECK_SETTINGS = {
     "unknown-claim-request": ("cluster", "unknownClaimRequest"),
     "duplicate-extended-resource-name": ("cluster", "duplicateExtendedResourceName"),
     "generated-claim-reference": ("cluster", "generatedClaimReference"),
+    "selector-matches-no-device": ("cluster", "selectorMatchesNoDevice"),
     "device-class-not-allowed": ("dra", "deviceClassNotAllowed"),
     "allocation-mode-all": ("dra", "allocationModeAll"),
     "admin-access": ("dra", "adminAccess"),
