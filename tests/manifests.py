@@ -104,3 +104,16 @@ def admission_request(obj: dict | None, operation: str = "CREATE", namespace: st
 
 def admission_review(obj: dict | None, api_version: str = "admission.k8s.io/v1", **kw: Any) -> dict:
     return {"apiVersion": api_version, "kind": "AdmissionReview", "request": admission_request(obj, **kw)}
+
+
+def runtime_class_view(classes: dict[str, dict[str, str]] | None, node_label: str = "accelerator"):
+    """A cluster view that knows only RuntimeClasses (name -> scheduling.nodeSelector); None stays None."""
+    if classes is None:
+        return None
+    from webhook.cluster import ClusterState
+
+    state = ClusterState(node_label)
+    state.load([{"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name},
+                 "handler": "nvidia", **({"scheduling": {"nodeSelector": selector}} if selector else {})}
+                for name, selector in classes.items()], known=["runtimeclasses"])
+    return state.view()

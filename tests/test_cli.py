@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -382,8 +383,9 @@ def test_the_policy_may_still_switch_a_cluster_check_off(cli, tmp_path):
     assert (code, out) == (0, "")
 
 
-NODE_FILES = [  # (id, nodes file content, the error after "gpu-webhook: --nodes: F: ")
-    ("no Node objects", GOOD, "no Node objects (save them with kubectl get nodes -o yaml)"),
+NODE_FILES = [  # (id, nodes file content, the error after "gpu-webhook: --cluster-state: F: ")
+    ("no Node objects", GOOD,
+     "no Node objects (save them with kubectl get nodes,resourceslices,deviceclasses,runtimeclasses -o yaml)"),
     ("empty List", "kind: List\nitems: []\n", "no Kubernetes objects"),
     ("broken", "kind: [\n", "document 1: not valid YAML: "),
 ]
@@ -395,7 +397,7 @@ def test_check_refuses_a_nodes_file_without_nodes(cli, tmp_path, content, says):
     nodes.write_text(content)
     code, out, err = cli("check", "--nodes", str(nodes), write_manifests(tmp_path / "p.yaml", WANTS_A100))
     assert (code, out, len(err)) == (2, "", 1)
-    assert err[0].startswith(f"gpu-webhook: --nodes: {nodes}: {says}"), err
+    assert err[0].startswith(f"gpu-webhook: --cluster-state: {nodes}: {says}"), err
 
 
 # ------------------------------------------------------------------ certs: refusals
@@ -555,3 +557,75 @@ def test_check_says_which_cpu_container_would_see_every_gpu(tmp_path):
         'sets NVIDIA_VISIBLE_DEVICES="all": the NVIDIA runtime would show it every GPU of its node, outside the '
         "scheduler's accounting; remove it or set it to void\n"
     )
+
+
+DRA_STATE = [
+    {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "dra-a"}, "status": {"allocatable": {"cpu": "8"}}},
+    {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.example.com"},
+     "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.example.com'"}}],
+              "extendedResourceName": "example.com/gpu"}},
+    {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "dra-a-gpu"},
+     "spec": {"driver": "gpu.example.com", "nodeName": "dra-a", "pool": {"name": "dra-a", "generation": 1},
+              "devices": [{"name": f"gpu-{i}"} for i in range(4)]}},
+]
+
+
+def test_check_reads_resource_slices_and_device_classes_and_the_claims_beside_the_pods(tmp_path):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("resources: [example.com/gpu]\ncluster: {enabled: true}\ndra: {gpuClasses: [gpu.example.com]}\n")
+    state = write_manifests(tmp_path / "state.yaml", {"apiVersion": "v1", "kind": "List", "items": DRA_STATE})
+    fits = pod(container(limits={"example.com/gpu": 2}), name="fits")
+    six = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "six"},
+           "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+               "deviceClassName": "gpu.example.com", "count": 6}}]}}}}
+    wants_six = pod(container(resources={"claims": [{"name": "gpu"}]}), name="wants-six",
+                    resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "six"}])
+    manifests = write_manifests(tmp_path / "m.yaml", fits, six, wants_six)
+    result = gpu_webhook("check", "--policy", str(policy), "--cluster-state", state, manifests)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.splitlines() == [
+        f"{manifests}: ResourceClaimTemplate/six: spec.spec.devices.requests[0].exactly.count: 6 devices of class "
+        "gpu.example.com on one node, but the most any node has is 4 (1 node with such devices; counted its "
+        "selectors (cel-python))",
+        f"{manifests}: Pod/wants-six: spec.resourceClaims[0]: 6 devices of class gpu.example.com on one node, but the "
+        "most any node has is 4 (1 node with such devices; counted its selectors (cel-python))",
+    ]
+    # Without the state the DRA GPUs are unknown, so fits is not judged by capacity either way; the pod-only
+    # rules still run against the template found beside it.
+    alone = gpu_webhook("check", "--policy", str(policy), manifests)
+    assert alone.returncode == 0 and alone.stdout == ""
+
+
+def test_claims_beside_the_pods_resolve_them_but_never_make_a_kind_complete(tmp_path):
+    """A template the files do not hold may well exist in the cluster: only --cluster-state says what does not."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("cluster: {enabled: true}\n")
+    other = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "other"},
+             "spec": {"spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "x"}}]}}}}
+    elsewhere = pod(container(resources={"claims": [{"name": "gpu"}]}), name="p",
+                    resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "in-the-cluster"}])
+    result = gpu_webhook("check", "--policy", str(policy), write_manifests(tmp_path / "m.yaml", other, elsewhere))
+    assert result.returncode == 0 and "does not exist" not in result.stdout
+
+
+def test_the_readme_dra_example(tmp_path):
+    """README, DRA, Offline: the same lines, and the inference pod refused against the Node alone."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("cluster: {enabled: true}\n")
+    state, manifests = str(EXAMPLES / "dra" / "cluster-state.yaml"), str(EXAMPLES / "dra" / "training.yaml")
+    with_dra = gpu_webhook("check", "--policy", str(policy), "--cluster-state", state, manifests)
+    assert with_dra.returncode == 1
+    lines = with_dra.stdout.splitlines()
+    assert [line.split(": ", 3)[1:3] for line in lines] == [
+        ["ResourceClaimTemplate/eight-gpus", "spec.spec.devices.requests[0].exactly.count"],
+        ["Pod/trainer", "spec.resourceClaims[0]"],
+        ["Pod/trainer", "spec.containers[0].resources.claims[0]"],
+    ]
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    for line in lines:
+        assert line.replace(str(EXAMPLES.parent) + "/", "") in readme
+    nodes_only = tmp_path / "nodes.yaml"
+    nodes_only.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List",
+                                          "items": yaml.safe_load(Path(state).read_text())["items"][:1]}))
+    before = gpu_webhook("check", "--policy", str(policy), "--nodes", str(nodes_only), manifests)
+    assert "Pod/inference: spec: no node advertises nvidia.com/gpu" in before.stdout

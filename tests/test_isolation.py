@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.manifests import container, pod, workload
+from tests.manifests import container, pod, runtime_class_view, workload
 from webhook.admission import decide
 from webhook.podspecs import group_of
 from webhook.policy import parse_policy
@@ -43,8 +43,8 @@ def gpu(name="main", n=1, **extra):
 def found(obj, policy=DEFAULT, namespace="default", runtime_classes=None):
     return {
         (str(v.path), v.rule)
-        for v in violations(obj, group_of(obj["apiVersion"]), obj["kind"], policy.for_namespace(namespace), None,
-                            runtime_classes)
+        for v in violations(obj, group_of(obj["apiVersion"]), obj["kind"], policy.for_namespace(namespace),
+                            runtime_class_view(runtime_classes), namespace)
     }
 
 
@@ -268,9 +268,9 @@ def test_runtime_class_against_the_cluster(obj, policy, classes, expected):
 def test_runtime_class_rules_are_cluster_rules():
     """With cluster.enabled false they are off, like every cluster rule."""
     obj = pod(gpu(), runtimeClassName="nvidia-legacy")
-    answer = decide(obj, "", "Pod", "default", DEFAULT, runtime_classes=H100)
+    answer = decide(obj, "", "Pod", "default", DEFAULT, runtime_class_view(H100))
     assert answer.allowed and not answer.violations
-    answer = decide(obj, "", "Pod", "default", CLUSTER, runtime_classes=H100)
+    answer = decide(obj, "", "Pod", "default", CLUSTER, runtime_class_view(H100))
     assert not answer.allowed
 
 
@@ -283,7 +283,7 @@ def test_the_messages_say_what_the_container_would_see_and_where():
         "scheduler's accounting; remove it or set it to void"
     )
     conflict = pod(gpu(), runtimeClassName="nvidia-h100", nodeSelector={"accelerator": "nvidia-l4"})
-    answer = decide(conflict, "", "Pod", "default", CLUSTER, runtime_classes=H100)
+    answer = decide(conflict, "", "Pod", "default", CLUSTER, runtime_class_view(H100))
     assert answer.message == (
         "1 GPU violation: spec.runtimeClassName: runtimeClassName nvidia-h100, whose scheduling.nodeSelector "
         "contradicts the pod's: accelerator=nvidia-h100 (pod: nvidia-l4); the apiserver would reject the pod"

@@ -9,7 +9,7 @@ import json
 import jsonpatch
 import pytest
 
-from tests.manifests import admission_request, container, pod, seed_pod, workload
+from tests.manifests import admission_request, container, pod, runtime_class_view, seed_pod, workload
 from webhook import admission
 from webhook.mutate import mutated_pod, pod_patch
 from webhook.policy import parse_policy
@@ -227,8 +227,8 @@ def test_a_container_with_a_gpu_limit_of_zero_is_hidden():
     assert env_of(result) == [VOID]
 
 
-RUNTIME = parse_policy("isolation: {runtimeClass: nvidia}")
-CLASSES = {"nvidia": {}, "nvidia-h100": {"accelerator": "nvidia-h100"}}
+RUNTIME = parse_policy("isolation: {runtimeClass: nvidia}\ncluster: {enabled: true}")
+CLASSES = runtime_class_view({"nvidia": {}, "nvidia-h100": {"accelerator": "nvidia-h100"}})
 
 
 def test_the_runtime_class_goes_to_gpu_pods_that_name_none():
@@ -245,8 +245,10 @@ def test_the_runtime_class_is_injected_only_if_it_exists_and_agrees_with_the_sel
     gpu_pod = pod(container(limits={GPU: 1}))
     policy = RUNTIME.for_namespace("default")
     assert mutated_pod(gpu_pod, policy, CLASSES)["spec"]["runtimeClassName"] == "nvidia"
-    assert "runtimeClassName" not in mutated_pod(gpu_pod, policy, {"kata": {}})["spec"]
-    h100 = parse_policy("isolation: {runtimeClass: nvidia-h100}\naccelerator: {default: nvidia-l4}").default
+    assert "runtimeClassName" not in mutated_pod(gpu_pod, policy, runtime_class_view({"kata": {}}))["spec"]
+    h100 = parse_policy(
+        "isolation: {runtimeClass: nvidia-h100}\naccelerator: {default: nvidia-l4}\ncluster: {enabled: true}"
+    ).default
     assert "runtimeClassName" not in mutated_pod(gpu_pod, h100, CLASSES)["spec"], "it contradicts the default"
     agreeing = pod(container(limits={GPU: 1}), annotations={"gpu-webhook/accelerator": "nvidia-h100"})
     result = mutated_pod(agreeing, h100, CLASSES)["spec"]

@@ -44,7 +44,6 @@ KINDS = [
     ("volcano.sh/vgpu-memory", Kind.MEMORY),
     ("volcano.sh/vgpu-memory-percentage", Kind.MEMORY),
     ("volcano.sh/vgpu-cores", Kind.CORES),
-    ("deviceclass.resource.kubernetes.io/gpu.nvidia.com", Kind.DEVICE),
     # Not vendor names this registry knows.
     ("nvidia.com/gpus", None),
     ("nvidia.com/mig-1g", None),

@@ -32,7 +32,7 @@ def versions() -> dict[str, str]:
     return pairs
 
 
-CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubectl", "helm")
+CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl", "helm")
 
 
 def control_plane_bin() -> Path:

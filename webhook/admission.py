@@ -10,16 +10,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from webhook import review
+from webhook.cluster import ClusterView
 from webhook.field import Violation
 from webhook.mutate import pod_patch
-from webhook.nodes import NodeSummary
 from webhook.podspecs import as_mapping, group_of
 from webhook.policy import PolicySet
 from webhook.review import Response
-from webhook.rules import RuntimeClasses, violations
+from webhook.rules import violations
 
-# (AdmissionReview request, policies in force, node summary when cluster checks are on) -> Response
-Handler = Callable[[Mapping[str, Any], PolicySet, NodeSummary | None], Response]
+# (AdmissionReview request, policies in force, cluster view when cluster checks are on) -> Response
+Handler = Callable[[Mapping[str, Any], PolicySet, ClusterView | None], Response]
 
 CHECKED_OPERATIONS = ("CREATE", "UPDATE")
 
@@ -61,18 +61,17 @@ def decide(
     kind: str,
     namespace: str,
     policies: PolicySet,
-    nodes: NodeSummary | None = None,
+    view: ClusterView | None = None,
     old: Mapping[str, Any] | None = None,
-    runtime_classes: RuntimeClasses | None = None,
 ) -> Response:
     """The validation decision for one object, shared by ``/validate`` and ``gpu-webhook check``.
 
     ``old`` is the object before an UPDATE; a violation it already had, about the same value at the same
-    place (list items by name), is not held against the update. ``runtime_classes`` (RuntimeClass name ->
-    its scheduling.nodeSelector) turns on the runtime-class cluster checks.
+    place (list items by name), is not held against the update. ``view`` is the cluster as the cluster-aware
+    checks see it (nodes, DRA devices and classes, claims, RuntimeClasses), None when they are off.
     """
     policy = policies.for_namespace(namespace)
-    judged = [(v, policy.action(v.rule)) for v in violations(obj, group, kind, policy, nodes, runtime_classes)]
+    judged = [(v, policy.action(v.rule)) for v in violations(obj, group, kind, policy, view, namespace)]
     judged = [(v, action) for v, action in judged if action != "off"]
     if old is not None:
         # An update is judged on what it changes: a pod admitted under an older policy must still
@@ -80,7 +79,7 @@ def decide(
         # changes is held to the policy in force, so a violation made different (3 GPUs over the cap
         # made 64, one disallowed accelerator swapped for another) is no longer excused, while one that
         # only moved (a container inserted before it) still is.
-        before = {v.subject for v in violations(old, group, kind, policy, nodes, runtime_classes)}
+        before = {v.subject for v in violations(old, group, kind, policy, view, namespace)}
         judged = [(v, action) for v, action in judged if v.subject not in before]
     if not judged:
         return review.allowed()
@@ -93,12 +92,7 @@ def decide(
     return review.denied(describe(denials), warnings=warnings, violations=found, actions=actions)
 
 
-def validate(
-    request: Mapping[str, Any],
-    policies: PolicySet,
-    nodes: NodeSummary | None = None,
-    runtime_classes: RuntimeClasses | None = None,
-) -> Response:
+def validate(request: Mapping[str, Any], policies: PolicySet, view: ClusterView | None = None) -> Response:
     if request.get("operation") not in CHECKED_OPERATIONS:
         return review.allowed()
     obj = request.get("object")
@@ -107,27 +101,22 @@ def validate(
     group, kind = _kind(request, obj)
     old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
     return decide(
-        obj, group, kind, _namespace(request, obj), policies, nodes, old if isinstance(old, Mapping) else None,
-        runtime_classes,
+        obj, group, kind, _namespace(request, obj), policies, view, old if isinstance(old, Mapping) else None
     )
 
 
-def mutate(
-    request: Mapping[str, Any],
-    policies: PolicySet,
-    nodes: NodeSummary | None = None,
-    runtime_classes: RuntimeClasses | None = None,
-) -> Response:
+def mutate(request: Mapping[str, Any], policies: PolicySet, view: ClusterView | None = None) -> Response:
     """Patches new Pods only; never denies, since invalid objects are ``/validate``'s to refuse."""
     obj = request.get("object")
     if request.get("operation") != "CREATE" or not isinstance(obj, Mapping):
         return review.allowed()
     if _kind(request, obj) != ("", "Pod"):
         return review.allowed()
-    ops = pod_patch(obj, policies.for_namespace(_namespace(request, obj)), runtime_classes)
+    namespace = _namespace(request, obj)
+    ops = pod_patch(obj, policies.for_namespace(namespace), view, namespace)
     return review.patched(ops) if ops else review.allowed()
 
 
-def allow_all(request: Mapping[str, Any], policies: PolicySet, nodes: NodeSummary | None = None) -> Response:
+def allow_all(request: Mapping[str, Any], policies: PolicySet, view: ClusterView | None = None) -> Response:
     """The no-op floor the benchmark measures beside the real handlers."""
     return review.allowed()

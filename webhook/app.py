@@ -17,7 +17,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
 from webhook import admission, logs, metrics, review
-from webhook.nodes import NodeSummary
+from webhook.cluster import ClusterView
 from webhook.podspecs import as_mapping, is_builtin
 from webhook.policy import PolicySet
 
@@ -66,12 +66,12 @@ class Health:
         self.errors_in_a_row = 0 if ok else self.errors_in_a_row + 1
 
     def problem(self, handler: admission.Handler | None, policies: PolicySet,
-                nodes: NodeSummary | None) -> str | None:
+                view: ClusterView | None) -> str | None:
         if self.errors_in_a_row >= self.limit:
             return f"the last {self.errors_in_a_row} admission requests failed with internal errors"
         if handler is not None:
             try:
-                handler(_PROBE, policies, nodes)
+                handler(_PROBE, policies, view)
             except Exception as exc:
                 return f"the handler fails on a known-good review: {type(exc).__name__}"
         return None
@@ -97,9 +97,9 @@ def create_app(
     readiness: Callable[[], str | None],
     max_body: int = DEFAULT_MAX_BODY,
     handlers: Mapping[str, admission.Handler] = DEFAULT_HANDLERS,
-    nodes: Callable[[], NodeSummary | None] = lambda: None,
+    view: Callable[[], ClusterView | None] = lambda: None,
 ) -> Flask:
-    """``policies`` gives the policy in force now, ``nodes`` the node summary (None without cluster
+    """``policies`` gives the policy in force now, ``view`` the cluster view (None without cluster
     checks); ``readiness`` gives None when ready, else why not."""
     app = Flask("gpu_webhook")
     app.config["MAX_CONTENT_LENGTH"] = max_body
@@ -119,7 +119,7 @@ def create_app(
                        remote=request.remote_addr)
             return _json({"error": str(exc)}, 400)
         try:
-            answer = handler(parsed.request, policies(), nodes())
+            answer = handler(parsed.request, policies(), view())
         except Exception:
             # Not a denial: an HTTP 500 is a failed call, so the apiserver applies the operator's
             # failurePolicy (a well-formed allowed: false would be a rejection whatever the policy says).
@@ -150,7 +150,7 @@ def create_app(
 
     @app.get("/readyz")
     def readyz() -> Response:
-        reason = readiness() or health.problem(probe_handler, policies(), nodes())
+        reason = readiness() or health.problem(probe_handler, policies(), view())
         if reason:
             return Response(f"not ready: {reason}\n", status=503, mimetype="text/plain")
         return Response("ok\n", mimetype="text/plain")

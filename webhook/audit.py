@@ -20,8 +20,9 @@ from typing import Any
 
 from webhook import reports
 from webhook.admission import decide
+from webhook.cluster import ClusterState, ClusterView
+from webhook.informer import CLUSTER_KINDS
 from webhook.kubeapi import ApiError, Kube
-from webhook.nodes import NodeIndex, NodeSummary
 from webhook.podspecs import as_mapping, is_builtin
 from webhook.policy import PolicySet
 from webhook.reports import Finding
@@ -173,13 +174,25 @@ def pages(
             return
 
 
-def node_summary(kube: Kube, node_label: str, limit: int = PAGE_SIZE) -> NodeSummary:
-    """What the cluster's nodes offer, for the cluster checks: one paged list, only the summary kept."""
-    index = NodeIndex(node_label)
-    index.replace(node for items, _ in pages(kube, "/api/v1/nodes", limit=limit) for node in items)
-    summary = index.summary()
-    assert summary is not None
-    return summary
+def cluster_view(kube: Kube, node_label: str, limit: int = PAGE_SIZE) -> ClusterView:
+    """The cluster as the cluster checks see it (the server's informers, listed once): Nodes, DRA objects,
+    RuntimeClasses, a paged list each, only the summaries kept. A kind the apiserver does not serve (DRA
+    before 1.34) or this identity may not list stays unknown, and nothing is judged missing for want of it."""
+    state = ClusterState(node_label)
+    known = []
+    for kind in CLUSTER_KINDS:
+        try:
+            state.indices[kind.name].replace(obj for items, _ in pages(kube, kind.path, limit=limit) for obj in items)
+        except ApiError as exc:
+            if kind.name == "nodes" or exc.status not in (403, 404):
+                raise
+            state.indices[kind.name].replace([])
+            continue
+        known.append(kind.name)
+    state.known = frozenset(known)
+    view = state.view()
+    assert view is not None
+    return view
 
 
 @dataclass
@@ -228,9 +241,9 @@ class Audit:
     def findings(self) -> Iterator[Finding]:
         try:
             resources = pod_bearing(discover(self.kube), self.custom)
-            nodes = None
+            view = None
             if self.policies.default.cluster_enabled:
-                nodes = node_summary(self.kube, self.policies.default.node_label, self.page_size)
+                view = cluster_view(self.kube, self.policies.default.node_label, self.page_size)
         except ApiError as exc:
             raise AuditError(f"cannot discover the cluster's resources: {exc}") from None
         for resource in resources:
@@ -239,7 +252,7 @@ class Audit:
             self.progress.resources += 1
             self.progress.resource, self.progress.resource_done, self.progress.resource_total = str(resource), 0, None
             try:
-                yield from self._resource(resource, nodes)
+                yield from self._resource(resource, view)
             except ApiError as exc:
                 if exc.status == 404 or (exc.status == 403 and not resource.builtin):
                     # Gone since discovery, or a custom resource this identity may not list: say so, go on.
@@ -247,12 +260,12 @@ class Audit:
                     continue
                 raise AuditError(f"cannot list {resource}: {exc}") from None
 
-    def _resource(self, resource: Resource, nodes: NodeSummary | None) -> Iterator[Finding]:
+    def _resource(self, resource: Resource, view: ClusterView | None) -> Iterator[Finding]:
         path = resource.path(self.namespace)
         field_selector = self._field_selector() if resource.namespaced else None
         for items, remaining in pages(self.kube, path, self.selector, field_selector, self.page_size):
             for obj in items:
-                found = self.decide(resource, obj, nodes)
+                found = self.decide(resource, obj, view)
                 self.progress.objects += 1
                 self.progress.findings += len(found)
                 self.progress.denied_objects += any(f.action == "deny" for f in found)
@@ -262,11 +275,11 @@ class Audit:
                 self.progress.resource_total = self.progress.resource_done + remaining
             self.on_page(self.progress)
 
-    def decide(self, resource: Resource, obj: Mapping[str, Any], nodes: NodeSummary | None) -> list[Finding]:
+    def decide(self, resource: Resource, obj: Mapping[str, Any], view: ClusterView | None) -> list[Finding]:
         """What ``/validate`` would say about ``obj`` if it were created now, as findings."""
         metadata = as_mapping(obj.get("metadata"))
         namespace = str(metadata.get("namespace") or "")
-        answer = decide(obj, resource.group, resource.kind, namespace, self.policies, nodes)
+        answer = decide(obj, resource.group, resource.kind, namespace, self.policies, view)
         if not answer.violations:
             return []
         policy = self.policies.for_namespace(namespace)

@@ -15,7 +15,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -23,8 +23,7 @@ from typing import Any, TextIO
 import yaml
 
 from webhook.admission import decide
-from webhook.isolation import runtime_class_selectors
-from webhook.nodes import NodeIndex, NodeSummary
+from webhook.cluster import KIND_OF, ClusterState, ClusterView
 from webhook.podspecs import as_mapping, group_of
 from webhook.policy import PolicySet
 
@@ -296,20 +295,56 @@ def read_manifests(path: str, recursive: bool = False) -> list[Manifest]:
     return [read_manifest(str(f)) for f in files]
 
 
-def read_nodes(path: str, node_label: str) -> NodeSummary:
-    """A node summary from saved Node objects, for the cluster-aware checks offline."""
-    manifests = read_manifests(path)
-    problems = [f"{m.source}: {p}" for m in manifests for p in m.problems]
+def read_cluster_state(paths: list[str]) -> list[Mapping[str, Any]]:
+    """Saved objects (``kubectl get nodes,resourceslices,deviceclasses,runtimeclasses -o yaml``) for the
+    cluster view. Without a Node among them every GPU pod would be refused for want of one: an error."""
+    objects: list[Mapping[str, Any]] = []
+    problems: list[str] = []
+    for path in paths:
+        for manifest in read_manifests(path):
+            problems.extend(f"{manifest.source}: {p}" for p in manifest.problems)
+            objects.extend(manifest.objects)
     if problems:
         raise UnreadableInput("; ".join(problems))
-    nodes = [o for m in manifests for o in m.objects if o.get("kind") == "Node"]
-    if not nodes:
-        raise UnreadableInput(f"{path}: no Node objects (save them with kubectl get nodes -o yaml)")
-    index = NodeIndex(node_label)
-    index.replace(nodes)
-    summary = index.summary()
-    assert summary is not None
-    return summary
+    if not any(o.get("kind") == "Node" for o in objects):
+        raise UnreadableInput(
+            f"{', '.join(paths)}: no Node objects (save them with kubectl get nodes,resourceslices,deviceclasses,"
+            "runtimeclasses -o yaml)"
+        )
+    return objects
+
+
+def cluster_view(
+    state: Sequence[Mapping[str, Any]], node_label: str, manifests: Sequence[Mapping[str, Any]] = ()
+) -> ClusterView:
+    """A cluster view from saved objects, for the cluster-aware checks offline. ResourceClaims and
+    ResourceClaimTemplates among the manifests being checked join it, so pods are judged with the claims
+    they come with."""
+    objects = list(state)
+    # The state files say which kinds are complete; claims beside the pods only help resolve them.
+    known = {KIND_OF[str(o.get("kind"))] for o in objects if o.get("kind") in KIND_OF}
+    objects.extend(o for o in manifests if o.get("kind") in ("ResourceClaim", "ResourceClaimTemplate"))
+    cluster = ClusterState(node_label)
+    cluster.load(objects, known)
+    view = cluster.view()
+    assert view is not None
+    return view
+
+
+def manifest_view(objects: list[Mapping[str, Any]], namespace: str, node_label: str) -> ClusterView | None:
+    """Without --cluster-state: the claims and templates in the checked files, so a pod and the template it
+    names, checked together, are judged together. None when the files hold none."""
+    found = [o for o in objects if o.get("kind") in ("ResourceClaim", "ResourceClaimTemplate")]
+    if not found:
+        return None
+    return cluster_view([], node_label, [_with_namespace(o, namespace) for o in found])
+
+
+def _with_namespace(obj: Mapping[str, Any], namespace: str) -> Mapping[str, Any]:
+    metadata = as_mapping(obj.get("metadata"))
+    if metadata.get("namespace"):
+        return obj
+    return {**obj, "metadata": {**metadata, "namespace": namespace}}
 
 
 def with_cluster_checks(policies: PolicySet) -> PolicySet:
@@ -346,13 +381,6 @@ class Finding:
         return json.dumps(dataclasses.asdict(self))
 
 
-def runtime_classes_of(objects: list[Mapping[str, Any]]) -> dict[str, dict[str, str]] | None:
-    """RuntimeClass name -> its scheduling.nodeSelector, from saved RuntimeClass objects
-    (``kubectl get nodes,runtimeclasses -o yaml``); None when there are none, so the runtime-class checks
-    stay off rather than call every class unknown."""
-    return runtime_class_selectors(o for o in objects if o.get("kind") == "RuntimeClass") or None
-
-
 def _identity(obj: Mapping[str, Any]) -> tuple[str, str]:
     metadata = as_mapping(obj.get("metadata"))
     name = metadata.get("name") or metadata.get("generateName") or "(unnamed)"
@@ -361,20 +389,13 @@ def _identity(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def findings(
-    obj: Mapping[str, Any],
-    source: str,
-    policies: PolicySet,
-    namespace: str,
-    nodes: NodeSummary | None = None,
-    runtime_classes: Mapping[str, Mapping[str, str]] | None = None,
+    obj: Mapping[str, Any], source: str, policies: PolicySet, namespace: str, view: ClusterView | None = None
 ) -> list[Finding]:
     """The violations of one object, each with the action ``admission.decide`` took on it."""
     kind = str(obj["kind"])
     name, own_namespace = _identity(obj)
     target = own_namespace or namespace
-    answer = decide(
-        obj, group_of(obj.get("apiVersion")), kind, target, policies, nodes, runtime_classes=runtime_classes
-    )
+    answer = decide(obj, group_of(obj.get("apiVersion")), kind, target, policies, view)
     return [
         Finding(source, kind, name, target, str(v.path), v.rule, action, v.message) for v, action in answer.judged()
     ]
@@ -385,12 +406,11 @@ def check_objects(
     source: str,
     policies: PolicySet,
     namespace: str,
-    nodes: NodeSummary | None = None,
-    runtime_classes: Mapping[str, Mapping[str, str]] | None = None,
+    view: ClusterView | None = None,
 ) -> Iterator[tuple[bool, str]]:
     """(denied?, line) for every violation, in the ``FILE: Kind/name: path: message`` form."""
     for obj in objects:
-        for finding in findings(obj, source, policies, namespace, nodes, runtime_classes):
+        for finding in findings(obj, source, policies, namespace, view):
             yield finding.action == "deny", finding.line()
 
 
@@ -417,14 +437,16 @@ def run(
     policies: PolicySet,
     namespace: str = "default",
     out: TextIO | None = None,
-    nodes: NodeSummary | None = None,
     output: str = "text",
     recursive: bool = False,
     err: TextIO | None = None,
-    runtime_classes: Mapping[str, Mapping[str, str]] | None = None,
+    cluster_state: list[Mapping[str, Any]] | None = None,
 ) -> int:
-    """Check every file; print each violation (text or JSON lines) on ``out``, problems and a summary on ``err``."""
+    """Check every file; print each violation (text or JSON lines) on ``out``, problems and a summary on ``err``.
+    ``cluster_state`` holds Nodes, ResourceSlices, DeviceClasses, ... (from :func:`read_cluster_state`) for the
+    cluster-aware checks."""
     out, err = out or sys.stdout, err or sys.stderr
+    node_label = policies.default.node_label
     status = EXIT_ADMITTED
     tally = Tally()
     for path in paths:
@@ -432,8 +454,14 @@ def run(
             for problem in manifest.problems:
                 print(f"{manifest.source}: {problem}", file=err)
                 status = EXIT_UNREADABLE
+            view: ClusterView | None
+            if cluster_state is not None:
+                objects = [_with_namespace(o, namespace) for o in manifest.objects]
+                view = cluster_view(cluster_state, node_label, objects)
+            else:
+                view = manifest_view(manifest.objects, namespace, node_label)
             for obj in manifest.objects:
-                found = findings(obj, manifest.source, policies, namespace, nodes, runtime_classes)
+                found = findings(obj, manifest.source, policies, namespace, view)
                 tally.add(found)
                 for finding in found:
                     print(finding.json() if output == "json" else finding.line(), file=out)

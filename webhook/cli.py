@@ -107,9 +107,10 @@ def _parser() -> argparse.ArgumentParser:
     lint.add_argument("--policy", help="policy YAML file (default: built-in defaults)")
     lint.add_argument("--namespace", default="default", help="namespace for objects that name none (default: default)")
     lint.add_argument(
-        "--nodes",
-        help="Node and RuntimeClass objects (kubectl get nodes,runtimeclasses -o yaml); turns the cluster-aware "
-        "checks on and runs them against these",
+        "--cluster-state", "--nodes", dest="cluster_state", action="append", metavar="FILE",
+        help="Nodes, ResourceSlices, DeviceClasses, ResourceClaims, ResourceClaimTemplates and RuntimeClasses "
+        "(kubectl get nodes,resourceslices,deviceclasses,runtimeclasses -o yaml); turns the cluster-aware checks "
+        "on and runs them against these; repeatable (--nodes is the old name)",
     )
     lint.add_argument(
         "-o", "--output", choices=["text", "json"], default="text", help="text lines, or one JSON object per violation"
@@ -302,18 +303,16 @@ def _check(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(f"gpu-webhook: {exc}", file=sys.stderr)
         return check.EXIT_UNREADABLE
-    nodes = runtime_classes = None
-    if args.nodes:
+    state = None
+    if args.cluster_state:
         try:
-            nodes = check.read_nodes(args.nodes, policies.default.node_label)
-            runtime_classes = check.runtime_classes_of([o for m in check.read_manifests(args.nodes) for o in m.objects])
+            state = check.read_cluster_state(args.cluster_state)
         except check.UnreadableInput as exc:
-            print(f"gpu-webhook: --nodes: {exc}", file=sys.stderr)
+            print(f"gpu-webhook: --cluster-state: {exc}", file=sys.stderr)
             return check.EXIT_UNREADABLE
         policies = check.with_cluster_checks(policies)
     return check.run(
-        args.paths, policies, args.namespace, nodes=nodes, output=args.output, recursive=args.recursive,
-        runtime_classes=runtime_classes,
+        args.paths, policies, args.namespace, output=args.output, recursive=args.recursive, cluster_state=state
     )
 
 

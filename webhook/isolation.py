@@ -81,7 +81,7 @@ def container_gpus(container: Mapping[str, Any], policy: Policy) -> tuple[bool, 
             if not isinstance(name, str):
                 continue
             entry = registry.lookup(name)
-            if entry is None and not policy.names_gpu(name):
+            if entry is None and not (policy.names_gpu(name) or policy.is_gpu(name)):
                 continue
             if (entry is not None and entry.kind is registry.Kind.PRIORITY) or not _nonzero(raw):
                 continue

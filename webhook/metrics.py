@@ -55,6 +55,23 @@ NODE_INDEX_STALE = Gauge(
     "1 while the node watch is down (decisions use the last index).",
     multiprocess_mode="livemax",
 )
+# The same, per resource the cluster view watches (nodes, resourceslices, deviceclasses, ...).
+INFORMER_OBJECTS = Gauge(
+    "gpu_webhook_informer_objects", "Objects of this resource in the cluster view.", ["resource"],
+    multiprocess_mode="livemax",
+)
+INFORMER_AGE = Gauge(
+    "gpu_webhook_informer_age_seconds",
+    "Seconds since the watch of this resource last heard from the apiserver.",
+    ["resource"],
+    multiprocess_mode="livemax",
+)
+INFORMER_STALE = Gauge(
+    "gpu_webhook_informer_stale",
+    "1 while the watch of this resource is down or its first list has not loaded.",
+    ["resource"],
+    multiprocess_mode="livemax",
+)
 
 # The periodic audit (serve --audit): set by the audit process, one per replica, after each run it made.
 # Violations are "live": they leave /metrics with the process that set them (a restarted audit process

@@ -16,6 +16,8 @@ import jsonpatch
 from jsonpointer import JsonPointer
 
 from webhook import quantity
+from webhook.claims import claim_gpu_resources
+from webhook.cluster import ClusterView
 from webhook.isolation import (
     VISIBLE_DEVICES,
     GpuUse,
@@ -26,7 +28,7 @@ from webhook.isolation import (
 )
 from webhook.podspecs import as_mapping
 from webhook.policy import Policy, Taint
-from webhook.rules import CONTAINER_LISTS, RuntimeClasses, gpu_entries
+from webhook.rules import CONTAINER_LISTS, RuntimeClasses, gpu_entries, runtime_classes
 
 Operation = dict[str, Any]
 
@@ -165,25 +167,33 @@ def inject_runtime_class(
     return [_add(name, "spec", "runtimeClassName")]
 
 
-def pod_patch(pod: Mapping[str, Any], policy: Policy, runtime_classes: RuntimeClasses | None = None) -> list[Operation]:
-    """RFC 6902 operations that give ``pod`` its GPU defaults; empty when nothing changes."""
+def pod_patch(
+    pod: Mapping[str, Any], policy: Policy, view: ClusterView | None = None, namespace: str = ""
+) -> list[Operation]:
+    """RFC 6902 operations that give ``pod`` its GPU defaults; empty when nothing changes.
+
+    A pod that gets GPUs only through claims gets the same selector and tolerations: the built-in
+    ExtendedResourceToleration plugin looks only at extended-resource names. Its claims are read from
+    the cluster view, so without one such a pod is left alone."""
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         return []
     metadata = as_mapping(pod.get("metadata"))
     use = gpu_use(spec, metadata, policy)
     ops, used = default_requests(spec, policy)
+    used |= claim_gpu_resources(spec, namespace, policy, view)
     if used:
         ops += inject_accelerator(pod, spec, policy)
         if policy.tolerations:
             ops += add_tolerations(spec, used, policy)
     ops += hide_gpus(spec, policy, use)
-    ops += inject_runtime_class(spec, policy, use, effective_node_selector(spec, metadata, policy), runtime_classes)
+    selector = effective_node_selector(spec, metadata, policy)
+    ops += inject_runtime_class(spec, policy, use, selector, runtime_classes(view, policy))
     return ops
 
 
 def mutated_pod(
-    pod: Mapping[str, Any], policy: Policy, runtime_classes: RuntimeClasses | None = None
+    pod: Mapping[str, Any], policy: Policy, view: ClusterView | None = None, namespace: str = ""
 ) -> dict[str, Any]:
     """The pod with GPU defaults applied (a copy; ``pod`` is not touched)."""
-    return jsonpatch.apply_patch(dict(pod), pod_patch(pod, policy, runtime_classes))
+    return jsonpatch.apply_patch(dict(pod), pod_patch(pod, policy, view, namespace))

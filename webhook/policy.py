@@ -67,9 +67,33 @@ DEFAULTS: dict[str, Any] = {
         "unadvertisedResource": "deny",
         "unknownRuntimeClass": "deny",
         "runtimeClassConflict": "deny",
+        "unknownDeviceClass": "deny",
+        "exceedsDeviceCapacity": "deny",
+        "missingClaimSource": "warn",
+        "unknownClaimRequest": "warn",
+        "duplicateExtendedResourceName": "warn",
+        "generatedClaimReference": "warn",
+        "selectorMatchesNoDevice": "warn",
+    },
+    "dra": {
+        # Device classes whose devices are GPUs (globs): they count toward the caps, get the accelerator
+        # selector and tolerations, and clash with a GPU in limits. The vendors' DRA drivers' classes.
+        "gpuClasses": ["gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com", "gpu.amd.com", "gpu.intel.com"],
+        "allowedDeviceClasses": [],
+        "adminAccessNamespaces": [],
+        "deviceClassNotAllowed": "deny",
+        "allocationModeAll": "deny",
+        "adminAccess": "deny",
+        "blanketDeviceToleration": "warn",
+        "gpuLimitAndClaim": "deny",
+        "undeclaredClaim": "deny",
+        "claimSource": "deny",
+        "unusedClaim": "warn",
+        "nodeNameWithGpus": "warn",
     },
     "namespaces": {},
 }
+_DRA_LISTS = ("gpuClasses", "allowedDeviceClasses", "adminAccessNamespaces")
 
 # What each platform labels and taints its GPU nodes with (shared/notes/gpu-landscape-2026.md section 5).
 # `platform: gke` stands for these keys; keys written in the policy still override them.
@@ -118,6 +142,22 @@ CHECK_SETTINGS = {
     "unadvertised-resource": ("cluster", "unadvertisedResource"),
     "unknown-runtime-class": ("cluster", "unknownRuntimeClass"),
     "runtime-class-conflict": ("cluster", "runtimeClassConflict"),
+    "unknown-device-class": ("cluster", "unknownDeviceClass"),
+    "exceeds-device-capacity": ("cluster", "exceedsDeviceCapacity"),
+    "missing-claim-source": ("cluster", "missingClaimSource"),
+    "unknown-claim-request": ("cluster", "unknownClaimRequest"),
+    "duplicate-extended-resource-name": ("cluster", "duplicateExtendedResourceName"),
+    "generated-claim-reference": ("cluster", "generatedClaimReference"),
+    "selector-matches-no-device": ("cluster", "selectorMatchesNoDevice"),
+    "device-class-not-allowed": ("dra", "deviceClassNotAllowed"),
+    "allocation-mode-all": ("dra", "allocationModeAll"),
+    "admin-access": ("dra", "adminAccess"),
+    "blanket-device-toleration": ("dra", "blanketDeviceToleration"),
+    "gpu-limit-and-claim": ("dra", "gpuLimitAndClaim"),
+    "undeclared-claim": ("dra", "undeclaredClaim"),
+    "claim-source": ("dra", "claimSource"),
+    "unused-claim": ("dra", "unusedClaim"),
+    "node-name-with-gpus": ("dra", "nodeNameWithGpus"),
 }
 
 _ENFORCEMENT = {"enum": ["deny", "warn"]}
@@ -199,6 +239,14 @@ SCHEMA: dict[str, Any] = {
             "additionalProperties": False,
             "properties": {"enabled": {"type": "boolean"}, **_CLUSTER_SETTINGS},
         },
+        "dra": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                **{key: _STRINGS for key in _DRA_LISTS},
+                **{key: _SETTING for key in DEFAULTS["dra"] if key not in _DRA_LISTS},
+            },
+        },
         "namespaces": {
             "type": "object",
             "additionalProperties": {
@@ -220,6 +268,11 @@ SCHEMA: dict[str, Any] = {
                     },
                     "checks": _CHECKS,
                     "cluster": {"type": "object", "additionalProperties": False, "properties": _CLUSTER_SETTINGS},
+                    "dra": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {"allowedDeviceClasses": _STRINGS},
+                    },
                 },
             },
         },
@@ -234,6 +287,10 @@ _CORE_RESOURCES = {
 }
 # A namespace name is a DNS-1123 label; a key that is not one can never match a namespace.
 _NAMESPACE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
+
+
+# Every DeviceClass is also an extended resource under this prefix (KEP-5004).
+IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
 
 
 class _Loader(yaml.SafeLoader):
@@ -334,6 +391,9 @@ class Policy:
     # isolation.trusted: the whole namespace, or pods running as these service accounts of it
     trusted: bool = False
     trusted_accounts: frozenset[str] = frozenset()
+    gpu_classes: tuple[str, ...] = ()
+    allowed_device_classes: tuple[str, ...] = ()
+    admin_access_namespaces: tuple[str, ...] = ()
     _gpu_names: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
 
     def names_gpu(self, resource_name: str) -> bool:
@@ -346,10 +406,23 @@ class Policy:
         # Resource names repeat across every request, so the answer is memoised.
         known = self._gpu_names.get(resource_name)
         if known is None:
-            known = self.names_gpu(resource_name) and registry.counts_gpus(resource_name)
+            known = (self.names_gpu(resource_name) and registry.counts_gpus(resource_name)) or (
+                resource_name.startswith(IMPLICIT_PREFIX) and self.is_gpu_class(resource_name[len(IMPLICIT_PREFIX):])
+            )
             if len(self._gpu_names) < 4096:
                 self._gpu_names[resource_name] = known
         return known
+
+    def is_gpu_class(self, device_class: str) -> bool:
+        return any(fnmatch.fnmatchcase(device_class, p) for p in self.gpu_classes)
+
+    def device_class_allowed(self, device_class: str) -> bool:
+        return not self.allowed_device_classes or any(
+            fnmatch.fnmatchcase(device_class, p) for p in self.allowed_device_classes
+        )
+
+    def admin_access_allowed(self, namespace: str) -> bool:
+        return any(fnmatch.fnmatchcase(namespace, p) for p in self.admin_access_namespaces)
 
     def accelerator_allowed(self, value: str) -> bool:
         return not self.allowed or value in self.allowed
@@ -502,6 +575,9 @@ def _policy(document: Mapping[str, Any], trusted: bool = False, accounts: frozen
         runtime_class=isolation["runtimeClass"],
         trusted=trusted,
         trusted_accounts=accounts,
+        gpu_classes=tuple(document["dra"]["gpuClasses"]),
+        allowed_device_classes=tuple(document["dra"]["allowedDeviceClasses"]),
+        admin_access_namespaces=tuple(document["dra"]["adminAccessNamespaces"]),
     )
 
 

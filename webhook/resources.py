@@ -90,11 +90,8 @@ REGISTRY: tuple[VendorResource, ...] = (
         "volcano",
     ),
     VendorResource(r"volcano\.sh/vgpu-cores", Kind.CORES, "volcano", "volcano.sh/vgpu-cores", True, "volcano"),
-    # KEP-5004: an extended resource backed by a DRA DeviceClass.
-    VendorResource(
-        r"deviceclass\.resource\.kubernetes\.io/.+", Kind.DEVICE, "kubernetes",
-        "deviceclass.resource.kubernetes.io/gpu.nvidia.com",
-    ),
+    # KEP-5004's implicit names, deviceclass.resource.kubernetes.io/<class>, are not here: whether one is a
+    # GPU depends on the class (policy.dra.gpuClasses), which policy.is_gpu decides.
 )
 
 # Memory given in absolute units and as a percentage are one or the other, never both (HAMi refuses both).

@@ -12,8 +12,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook import quantity
+from webhook import claims, quantity
 from webhook import resources as registry
+from webhook.capacity import check_cluster
+from webhook.cluster import ClusterView
 from webhook.crossfield import (
     check_cpu_pod_on_gpu_nodes,
     check_init_container_gpus,
@@ -23,7 +25,6 @@ from webhook.crossfield import (
 )
 from webhook.field import FieldPath, Violation
 from webhook.isolation import GpuUse, check_container_isolation, check_isolation, gpu_use, hides_gpus
-from webhook.nodes import NodeSummary, check_cluster
 from webhook.podspecs import CONTAINER_LISTS, PodSpecRef, find_pod_specs
 from webhook.policy import Policy
 from webhook.quantity import quoted, shown
@@ -41,6 +42,7 @@ class ContainerGPUs:
     counts: dict[str, int] = field(default_factory=dict)
     named: set[str] = field(default_factory=set)  # every GPU resource named, valid or not
     sidecar: bool = False
+    slot: tuple[str, int] = ("", -1)  # (containers | initContainers | ephemeralContainers, index)
 
 
 def container_label(container: Mapping[str, Any], path: FieldPath) -> str:
@@ -198,7 +200,7 @@ def check_containers(
                 continue
             # By name, so that a container inserted before this one changes no violation's subject.
             where = list_path.item(i, "name", container.get("name"))
-            c = ContainerGPUs(sidecar=container.get("restartPolicy") == "Always")
+            c = ContainerGPUs(sidecar=container.get("restartPolicy") == "Always", slot=(list_name, i))
             out.extend(check_container(container, where, policy, c))
             out.extend(check_mixed_gpu_and_mig(container, where, set(c.counts), policy))
             out.extend(registry.check_vendor_resources(container, where, policy, trusted))
@@ -292,27 +294,40 @@ def check_accelerator(ref: PodSpecRef, policy: Policy, annotated: str | None, se
     return out
 
 
+def runtime_classes(view: ClusterView | None, policy: Policy) -> RuntimeClasses | None:
+    """RuntimeClass name -> its scheduling.nodeSelector, when the cluster checks know the RuntimeClasses."""
+    if view is None or not policy.cluster_enabled or "runtimeclasses" not in view.known:
+        return None
+    return view.runtime_class_node_selectors
+
+
 def check_pod_spec(
-    ref: PodSpecRef, policy: Policy, nodes: NodeSummary | None = None, runtime_classes: RuntimeClasses | None = None
+    ref: PodSpecRef, policy: Policy, view: ClusterView | None = None, namespace: str = ""
 ) -> tuple[list[Violation], str | None]:
     """Violations of one pod spec, and the accelerator it names explicitly if it uses GPUs."""
     gpus = PodGPUs()
     use = gpu_use(ref.spec, ref.metadata, policy)
     out = check_containers(ref.spec, ref.path, policy, gpus, use, policy.trusts(ref.spec))
     out.extend(check_pod_level_resources(ref.spec, ref.path, policy))
-    out.extend(check_isolation(ref, policy, use, runtime_classes))
-    if not gpus.uses_gpus:
-        if not use.any:  # a time-sliced or HAMi pod is no CPU pod, though its names are not policy GPUs
+    out.extend(check_isolation(ref, policy, use, runtime_classes(view, policy)))
+    totals = gpus.totals()
+    limit_counts = {c.slot: c.counts for c in (*gpus.app, *gpus.init)}
+    found, claim_gpus = claims.pod_violations(ref, policy, view, namespace, limit_counts, totals, gpus.uses_gpus)
+    out.extend(found)
+    if not gpus.uses_gpus and not claim_gpus:
+        # A pod with claims may hold GPUs we cannot see; a time-sliced or HAMi pod is no CPU pod either,
+        # though its names are not policy GPUs.
+        claimed = isinstance(ref.spec.get("resourceClaims"), list) and bool(ref.spec["resourceClaims"])
+        if not claimed and not use.any:
             out.extend(check_cpu_pod_on_gpu_nodes(ref, policy))
         return out, None
-    totals = gpus.totals()
     out.extend(check_pod_limit(totals, ref.path, policy))
     annotated, selected = accelerator_of(ref, policy, out)
     out.extend(check_accelerator(ref, policy, annotated, selected))
     explicit = annotated or selected
-    if nodes is not None and policy.cluster_enabled:
+    if view is not None and policy.cluster_enabled and "nodes" in view.known:
         # The default is what mutation will inject, so the pod is judged as it will be scheduled.
-        out.extend(check_cluster(ref.path, explicit or policy.default or None, totals, nodes, policy))
+        out.extend(check_cluster(ref.path, explicit or policy.default or None, totals, view.nodes, policy))
     return out, explicit
 
 
@@ -321,14 +336,17 @@ def violations(
     group: str,
     kind: str,
     policy: Policy,
-    nodes: NodeSummary | None = None,
-    runtime_classes: RuntimeClasses | None = None,
+    view: ClusterView | None = None,
+    namespace: str = "",
 ) -> list[Violation]:
-    """Every GPU violation in every pod spec of ``obj``, and across its replicas."""
+    """Every GPU violation in every pod spec of ``obj``, and across its replicas; or, for a ResourceClaim,
+    ResourceClaimTemplate or DeviceClass, in its device requests."""
+    if claims.is_dra_object(group, kind):
+        return claims.object_violations(obj, kind, policy, view, namespace)
     out: list[Violation] = []
     named: list[tuple[PodSpecRef, str]] = []
     for ref in find_pod_specs(obj, group, kind):
-        found, accelerator = check_pod_spec(ref, policy, nodes, runtime_classes)
+        found, accelerator = check_pod_spec(ref, policy, view, namespace)
         out.extend(found)
         if accelerator is not None:
             named.append((ref, accelerator))

@@ -10,15 +10,14 @@ change, and every new TLS handshake gets the certificate loaded last.
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
-import json
 import logging
 import os
 import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -30,14 +29,13 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 from gunicorn.workers.base import Worker
 
-from webhook import admission, logs, metrics
+from webhook import logs, metrics
 from webhook.admission import Handler
 from webhook.app import DEFAULT_HANDLERS, DEFAULT_MAX_BODY, create_app
 from webhook.auditloop import LoopSettings
+from webhook.cluster import ClusterState, ClusterView
 from webhook.connections import Front, Limits
-from webhook.isolation import runtime_class_selectors
-from webhook.nodes import NodeIndex, NodeSummary
-from webhook.nodewatch import NodeWatcher, api_client
+from webhook.informer import CLUSTER_KINDS, Informer, KubeSource, report_forever
 from webhook.policy import load_policy
 from webhook.tls import server_context
 from webhook.watch import Reloader
@@ -102,51 +100,41 @@ class _WorkerState:
 
         # Cluster checks are switched on at start; a reload that toggles cluster.enabled takes a restart.
         initial = self.policy.value.default
-        self.nodes = NodeIndex(initial.node_label) if initial.cluster_enabled else None
-        self.watcher = NodeWatcher(self.nodes, config.kubeconfig) if self.nodes is not None else None
-        self.runtime_classes = _runtime_classes_once(config.kubeconfig) if initial.cluster_enabled else None
+        self.cluster = ClusterState(initial.node_label) if initial.cluster_enabled else None
+        self.informers: list[Informer] = []
+        if self.cluster is not None:
+            # One list+watch per kind the view reads, all over one connection pool.
+            source = KubeSource(config.kubeconfig)
+            self.informers = [Informer(kind, source, self.cluster.indices[kind.name]) for kind in CLUSTER_KINDS]
+        self._stop = threading.Event()
 
     def start(self) -> None:
         self.policy.start()
         self.tls.start()
-        if self.watcher is not None:
-            self.watcher.start()
+        if self.cluster is not None:
+            self.cluster.start_refresher(self._stop)
+        for informer in self.informers:
+            informer.start()
+        if self.informers:
+            nodes = self.informers[0]
 
-    def node_summary(self) -> NodeSummary | None:
-        return self.nodes.summary() if self.nodes is not None else None
+            def legacy_node_gauges() -> None:  # the node-only gauges documented before the other kinds came
+                metrics.NODE_INDEX_NODES.set(len(nodes.sink))
+                if nodes.loaded:
+                    metrics.NODE_INDEX_AGE.set(time.time() - nodes.last_sync)
+                metrics.NODE_INDEX_STALE.set(1 if nodes.stale else 0)
+
+            report_forever(self.informers, self._stop, legacy_node_gauges)
+
+    def cluster_view(self) -> ClusterView | None:
+        return self.cluster.view() if self.cluster is not None else None
 
     def readiness(self) -> str | None:
         if self.draining:
             return "draining after SIGTERM"
-        if self.nodes is not None and not self.nodes.loaded:
-            return "waiting for the first list of nodes"
+        if self.cluster is not None and not self.cluster.loaded:
+            return f"waiting for the first list of {', '.join(self.cluster.waiting_for())}"
         return None
-
-
-# TEMPORARY (isolation branch): the runtime-class checks need the cluster's RuntimeClasses, and the cluster
-# view that will list and watch them (webhook/cluster.py, webhook/informer.py) is being built elsewhere.
-# Until it is merged, each worker lists RuntimeClasses once when it starts: classes created or changed
-# later are not seen until a restart. Replace this adapter with the cluster view at merge.
-def _runtime_classes_once(kubeconfig: str | None) -> dict[str, dict[str, str]] | None:
-    """RuntimeClass name -> scheduling.nodeSelector, listed once; None (checks off) when the list fails."""
-    try:
-        from kubernetes import client
-
-        api: Any = client.NodeV1Api(api_client(kubeconfig))
-        response = api.list_runtime_class(_preload_content=False, _request_timeout=30)
-        classes = runtime_class_selectors(json.loads(response.data).get("items") or [])
-    except Exception as exc:  # any failure only turns the runtime-class checks off
-        logs.event("runtime_classes_unavailable", logging.WARNING, error=repr(exc))
-        return None
-    logs.event("runtime_classes_listed", count=len(classes))
-    return classes
-
-
-def _with_runtime_classes(handler: Handler, classes: dict[str, dict[str, str]] | None) -> Handler:
-    """TEMPORARY, with ``_runtime_classes_once``: the admission handlers given the classes listed at start."""
-    if classes is None or handler not in (admission.validate, admission.mutate):
-        return handler
-    return functools.partial(handler, runtime_classes=classes)
 
 
 _state: _WorkerState | None = None
@@ -407,9 +395,8 @@ class _Application(BaseApplication):
         _state = _WorkerState(self.config)
         _state.start()
         state = _state
-        handlers = {path: _with_runtime_classes(h, state.runtime_classes) for path, h in self.handlers.items()}
         app = create_app(
-            lambda: state.policy.value, state.readiness, self.config.max_body, handlers, state.node_summary
+            lambda: state.policy.value, state.readiness, self.config.max_body, self.handlers, state.cluster_view
         )
         # Modules, the app and the policy live as long as the worker: take them out of the collector's
         # reach, so a full collection walks only what requests left behind. Without this, every few

@@ -599,9 +599,10 @@ def test_service_monitor_scrapes_the_metrics_port_over_plain_http(helm: Helm, re
 def test_webhook_configurations(helm: Helm) -> None:
     docs = helm.template()
     hooks = webhooks(docs)
-    assert set(hooks) == {"mutate.gpu-webhook.io", "validate.gpu-webhook.io"}
+    assert set(hooks) == {"mutate.gpu-webhook.io", "validate.gpu-webhook.io", "validate-dra.gpu-webhook.io"}
     mutate, validate = hooks["mutate.gpu-webhook.io"], hooks["validate.gpu-webhook.io"]
-    for hook, path in ((mutate, "/mutate"), (validate, "/validate")):
+    dra = hooks["validate-dra.gpu-webhook.io"]
+    for hook, path in ((mutate, "/mutate"), (validate, "/validate"), (dra, "/validate")):
         assert hook["sideEffects"] == "None"
         assert hook["admissionReviewVersions"] == ["v1"]
         assert hook["failurePolicy"] == "Fail"
@@ -613,6 +614,13 @@ def test_webhook_configurations(helm: Helm) -> None:
         assert expr["values"] == ["kube-system", "kube-node-lease", NAMESPACE]
     assert [c["name"] for c in mutate["matchConditions"]] == ["gpu-or-hidden-namespace"]
     assert [c["name"] for c in validate["matchConditions"]] == ["gpu-or-isolation"]
+    assert [c["name"] for c in dra["matchConditions"]] == ["requests-devices-or-names-extended-resource"]
+    assert dra["rules"] == [
+        {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+         "resources": ["resourceclaims", "resourceclaimtemplates"], "scope": "Namespaced"},
+        {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+         "resources": ["deviceclasses"], "scope": "Cluster"},
+    ]
     assert mutate["reinvocationPolicy"] == "IfNeeded"
     assert "reinvocationPolicy" not in validate
     assert mutate["rules"] == [
@@ -641,7 +649,8 @@ def test_webhook_configurations(helm: Helm) -> None:
 
 def test_custom_values_reach_the_webhooks(helm: Helm) -> None:
     hooks = webhooks(helm.template(*RENDERS["custom"]))
-    assert set(hooks) == {"mutate.gpu-webhook.io", "validate.gpu-webhook.io", "validate-custom.gpu-webhook.io"}
+    assert set(hooks) == {"mutate.gpu-webhook.io", "validate.gpu-webhook.io", "validate-dra.gpu-webhook.io",
+                          "validate-custom.gpu-webhook.io"}
     for hook in hooks.values():
         assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 10
         assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == [
@@ -683,10 +692,8 @@ def test_url_switch_for_test_beds(helm: Helm) -> None:
         "url": "https://127.0.0.1:9443/mutate",
         "caBundle": CA_BUNDLE,
     }
-    assert hooks["validate.gpu-webhook.io"]["clientConfig"] == {
-        "url": "https://127.0.0.1:9443/validate",
-        "caBundle": CA_BUNDLE,
-    }
+    for name in ("validate.gpu-webhook.io", "validate-dra.gpu-webhook.io"):
+        assert hooks[name]["clientConfig"] == {"url": "https://127.0.0.1:9443/validate", "caBundle": CA_BUNDLE}
 
 
 def test_helm_mode_certificate(helm: Helm) -> None:
@@ -792,6 +799,11 @@ SPEC_CASES = [
     ),
     ("case-matters", pod_spec(gpu("NVIDIA.com/gpu")), False),
     ("pod-level-cpu-only", pod_spec(BARE, resources={"requests": {"cpu": "1"}}), False),
+    # DRA: the GPUs are in the claim, which the expression cannot see; and the implicit extended resource.
+    ("dra-claims", pod_spec(BARE, resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "t"}]), True),
+    ("empty-claims", pod_spec(BARE, resourceClaims=[]), False),
+    ("implicit-gpu-class-name", pod_spec(gpu("deviceclass.resource.kubernetes.io/gpu.nvidia.com")), True),
+    ("implicit-other-class-name", pod_spec(gpu("deviceclass.resource.kubernetes.io/nic.example.com")), False),
 ]
 
 
@@ -825,14 +837,15 @@ def conditions_of(docs: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
-MUTATE, VALIDATE = "mutate.gpu-webhook.io", "validate.gpu-webhook.io"
+MUTATE, VALIDATE, VALIDATE_DRA = "mutate.gpu-webhook.io", "validate.gpu-webhook.io", "validate-dra.gpu-webhook.io"
 
 
 @pytest.fixture(scope="module")
 def conditions(helm: Helm) -> dict[str, Condition]:
+    """The pod webhooks' conditions (validate-dra's is tested on its own, by test_dra_match_condition)."""
     expressions = conditions_of(helm.template())
-    assert set(expressions) == {MUTATE, VALIDATE}
-    return {name: Condition(expression) for name, expression in expressions.items()}
+    assert set(expressions) == {MUTATE, VALIDATE, VALIDATE_DRA}
+    return {name: Condition(expressions[name]) for name in (MUTATE, VALIDATE)}
 
 
 @pytest.fixture(scope="module")
@@ -880,7 +893,7 @@ def test_match_condition_follows_policy_resources(helm: Helm) -> None:
     """Exact names, trailing-* prefixes and other globs, with the webhook's fnmatch meaning."""
     docs = helm.template(*values_args({"policy": {"resources": CUSTOM_POLICY["resources"] + ["acme.io/gpu-?"]}}))
     expressions = conditions_of(docs)
-    assert len(expressions) == 2
+    assert set(expressions) == {MUTATE, VALIDATE, VALIDATE_DRA}
     holds = Condition(expressions[MUTATE]).holds  # the validating one also takes the registry's vendor names
     cases = {
         "nvidia.com/gpu": True,
@@ -909,9 +922,10 @@ def test_default_patterns_are_the_webhooks(conditions: dict[str, Condition]) -> 
         name = pattern.replace("*", "x")
         assert policy.is_gpu(name)
         assert condition.holds("Pod", wrap("Pod", pod_spec(gpu(name)))), pattern
+    implicit = [f"deviceclass.resource.kubernetes.io/{c}" for c in DEFAULTS["dra"]["gpuClasses"]]
     for k in re.findall(r"'([^']+)'", condition.expression):
         if "/" in k:
-            assert any(p.startswith(k) or p == k for p in DEFAULTS["resources"]), k
+            assert any(p.startswith(k) or p == k for p in DEFAULTS["resources"] + implicit), k
 
 
 # --- what the isolation rules need, and nothing more ---------------------------------------------
@@ -985,9 +999,9 @@ ISOLATION_CASES = [
      False),
     ("a KAI fraction annotation alone (exempt from every rule)", pod_spec(BARE), {"gpu-fraction": "0.5"}, False,
      False),
-    ("a DRA claim alone (the claims' own rules are elsewhere)",
-     pod_spec({**BARE, "resources": {"claims": [{"name": "gpu"}]}}, resourceClaims=[{"name": "gpu"}]), {}, False,
-     False),
+    ("a DRA claim (its devices count against the caps; mutation gives it the accelerator selector)",
+     pod_spec({**BARE, "resources": {"claims": [{"name": "gpu"}]}}, resourceClaims=[{"name": "gpu"}]), {}, True,
+     True),
     ("a CPU pod with every ordinary field", pod_spec(
         {**PLAIN, "env": [{"name": "PATH", "value": "/bin"}], "volumeMounts": [{"name": "e", "mountPath": "/e"}],
          "securityContext": {"runAsNonRoot": True}},
@@ -1090,6 +1104,9 @@ def test_cluster_checks_bring_read_only_node_and_runtime_class_access_and_nothin
     role = one(docs, "ClusterRole")
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["resource.k8s.io"],
+         "resources": ["resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates"],
+         "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["node.k8s.io"], "resources": ["runtimeclasses"], "verbs": ["get", "list", "watch"]},
     ]
     binding = one(docs, "ClusterRoleBinding")
@@ -1217,3 +1234,22 @@ def test_network_policy_egress_without_cluster_checks_allows_nothing(helm: Helm,
 def test_cluster_checks_leave_egress_alone_unless_asked(helm: Helm) -> None:
     spec = network_policy(helm.template(*RENDERS["network-policy"], *RENDERS["cluster-checks"]))
     assert spec["policyTypes"] == ["Ingress"] and "egress" not in spec
+
+
+DRA_OBJECTS = [
+    ("ResourceClaim", {"spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "x"}}]}}}, True),
+    ("ResourceClaim", {"spec": {"devices": {}}}, False),
+    ("ResourceClaim", {"metadata": {"name": "c"}}, False),
+    ("ResourceClaimTemplate", {"spec": {"spec": {"devices": {"requests": [{"name": "g"}]}}}}, True),
+    ("ResourceClaimTemplate", {"spec": {"metadata": {}}}, False),
+    ("ResourceClaimTemplate", {}, False),
+    ("DeviceClass", {"spec": {"extendedResourceName": "example.com/gpu"}}, True),
+    ("DeviceClass", {"spec": {"selectors": []}}, False),
+    ("DeviceClass", {}, False),
+]
+
+
+@pytest.mark.parametrize(("kind", "obj", "expected"), DRA_OBJECTS)
+def test_dra_match_condition(helm: Helm, kind: str, obj: dict[str, Any], expected: bool) -> None:
+    expression = conditions_of(helm.template())["validate-dra.gpu-webhook.io"]
+    assert Condition(expression).holds(kind, obj) is expected

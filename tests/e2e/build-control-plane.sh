@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build real upstream control-plane binaries (kube-apiserver, kube-scheduler,
-# kubectl, etcd, helm) from the Go module proxy into a cache directory.
+# kube-controller-manager, kubectl, etcd, helm) from the Go module proxy into a cache directory.
 #
 #   tests/e2e/build-control-plane.sh          # build what is missing
 #   BIN=$(tests/e2e/build-control-plane.sh)   # stdout is only the bin dir
@@ -125,8 +125,8 @@ need_any() { local b; for b; do [[ -x "${BIN}/${b}" ]] || return 0; done; return
 T0=$(date +%s)
 log "control plane ${KEY} -> ${BIN} ($("${GO}" version), jobs=${JOBS})"
 
-# --- kubernetes: kube-apiserver, kube-scheduler, kubectl --------------------
-if need_any kube-apiserver kube-scheduler kubectl; then
+# --- kubernetes: kube-apiserver, kube-scheduler, kube-controller-manager, kubectl
+if need_any kube-apiserver kube-scheduler kube-controller-manager kubectl; then
   KDIR="${BUILD}/kubernetes"
   mkdir -p "${KDIR}"
   log "kubernetes: fetching k8s.io/kubernetes@${KUBERNETES_VERSION} (module zip is ~60 MB on first use)"
@@ -162,6 +162,7 @@ if need_any kube-apiserver kube-scheduler kubectl; then
   gorun "${KDIR}" get \
     "k8s.io/kubernetes/cmd/kube-apiserver@${KUBERNETES_VERSION}" \
     "k8s.io/kubernetes/cmd/kube-scheduler@${KUBERNETES_VERSION}" \
+    "k8s.io/kubernetes/cmd/kube-controller-manager@${KUBERNETES_VERSION}" \
     "k8s.io/kubernetes/cmd/kubectl@${KUBERNETES_VERSION}" \
     || die "go get for kubernetes failed"
   KDATE=$(module_time k8s.io/kubernetes "${KUBERNETES_VERSION}")
@@ -175,8 +176,10 @@ if need_any kube-apiserver kube-scheduler kubectl; then
   build_one kube-apiserver "${KDIR}" k8s.io/kubernetes/cmd/kube-apiserver "${KLDFLAGS}" "${KTAGS}"
   build_one kube-scheduler "${KDIR}" k8s.io/kubernetes/cmd/kube-scheduler "${KLDFLAGS}" "${KTAGS}"
   build_one kubectl        "${KDIR}" k8s.io/kubernetes/cmd/kubectl        "${KLDFLAGS}" "${KTAGS}"
+  # The DRA tests need its resourceclaim controller (claims from ResourceClaimTemplates).
+  build_one kube-controller-manager "${KDIR}" k8s.io/kubernetes/cmd/kube-controller-manager "${KLDFLAGS}" "${KTAGS}"
 else
-  for b in kube-apiserver kube-scheduler kubectl; do log "cached: ${BIN}/${b}"; TIMES[${b}]=cached; done
+  for b in kube-apiserver kube-scheduler kube-controller-manager kubectl; do log "cached: ${BIN}/${b}"; TIMES[${b}]=cached; done
 fi
 
 # --- etcd -------------------------------------------------------------------
@@ -234,7 +237,7 @@ KUBERNETES_VERSION=${KUBERNETES_VERSION}
 ETCD_VERSION=${ETCD_VERSION}
 HELM_VERSION=${HELM_VERSION}
 EOF
-for b in kube-apiserver kube-scheduler kubectl etcd helm; do
+for b in kube-apiserver kube-scheduler kube-controller-manager kubectl etcd helm; do
   [[ -x "${BIN}/${b}" ]] || die "missing ${BIN}/${b} after build"
   log "  ${b}: ${TIMES[${b}]:-?}"
 done

@@ -2,7 +2,7 @@
 # Build what a real Kubernetes node needs for the e2e node bed (tests/e2e/node.py), from the Go
 # module proxy into a cache directory, the same way build-control-plane.sh builds the control plane:
 #
-#   kubelet, kube-proxy, kube-controller-manager   k8s.io/kubernetes (KUBERNETES_VERSION)
+#   kubelet, kube-proxy                           k8s.io/kubernetes (KUBERNETES_VERSION)
 #   containerd, containerd-shim-runc-v2, ctr       github.com/containerd/containerd/v2 (CONTAINERD_VERSION)
 #   cni/bridge, cni/host-local, cni/loopback       github.com/containernetworking/plugins (CNI_PLUGINS_VERSION)
 #   images/pause.oci.tar, images/agent.oci.tar     tests/e2e/images (our own Go programs, packaged by
@@ -227,8 +227,8 @@ else
   for b in containerd containerd-shim-runc-v2 ctr; do log "cached: ${BIN}/${b}"; TIMES[${b}]=cached; done
 fi
 
-# --- kubernetes: kubelet, kube-proxy, kube-controller-manager ------------------------
-K8S_TOOLS=(kubelet kube-proxy kube-controller-manager)
+# --- kubernetes: kubelet, kube-proxy (kube-controller-manager: build-control-plane.sh) ---
+K8S_TOOLS=(kubelet kube-proxy)  # kube-controller-manager comes with build-control-plane.sh
 if need_any "${K8S_TOOLS[@]}"; then
   KDIR="${BUILD}/kubernetes"
   mkdir -p "${KDIR}"

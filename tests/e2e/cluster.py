@@ -1,5 +1,6 @@
-"""A real control plane on loopback: etcd, kube-apiserver and (on demand) kube-scheduler,
-built from upstream sources by build-control-plane.sh. No kubelet, no controller-manager."""
+"""A real control plane on loopback: etcd, kube-apiserver and, on demand, kube-scheduler and
+kube-controller-manager (only the controllers a test names), built from upstream sources by
+build-control-plane.sh. No kubelet."""
 
 from __future__ import annotations
 
@@ -149,6 +150,22 @@ current-context: e2e
         ], self.workdir)
         self.processes.append(scheduler)
         return scheduler
+
+    def ensure_scheduler(self) -> Process:
+        """The running scheduler, started if none runs (two would race for every pod)."""
+        running = [p for p in self.processes if p.name == "kube-scheduler" and p.proc.poll() is None]
+        return running[0] if running else self.start_scheduler()
+
+    def start_controller_manager(self, *controllers: str) -> Process:
+        """kube-controller-manager running only ``controllers`` (e.g. resourceclaim-controller)."""
+        manager = _start("kube-controller-manager", [
+            self.binary("kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}", f"--authorization-kubeconfig={self.kubeconfig}",
+            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
+            f"--controllers={','.join(controllers)}",
+        ], self.workdir)
+        self.processes.append(manager)
+        return manager
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = False) -> subprocess.CompletedProcess:
         result = subprocess.run([self.binary("kubectl"), f"--kubeconfig={self.kubeconfig}", *args], input=stdin,

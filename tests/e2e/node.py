@@ -55,8 +55,8 @@ from tests.tools import cache_root, control_plane_bin, versions
 HERE = Path(__file__).resolve().parent
 IMAGES_SRC = HERE / "images"
 
-CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubectl")
-NODE_BINARIES = ("kubelet", "kube-proxy", "kube-controller-manager", "containerd", "containerd-shim-runc-v2", "ctr",
+CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl")
+NODE_BINARIES = ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr",
                  "cni/bridge", "cni/host-local", "cni/loopback")
 HOST_TOOLS = ("runc", "iptables", "iptables-restore", "ip", "nsenter", "unshare", "mount", "umount", "sleep")
 IMAGES = ("pause", "agent")

@@ -148,10 +148,20 @@ otherwise make a different CA for each.
 {{- end }}
 {{- end }}
 
-{{/* The GPU resource name patterns: policy.resources, else the webhook's built-in defaults. */}}
+{{/*
+The GPU resource name patterns: policy.resources, else the webhook's built-in defaults, and the implicit
+extended resource name (deviceclass.resource.kubernetes.io/<class>) of every GPU device class
+(policy.dra.gpuClasses, else the webhook's defaults), as webhook.policy.Policy.is_gpu reads them.
+*/}}
 {{- define "gpu-webhook.gpuResources" -}}
 {{- $policy := .Values.policy | default dict }}
-{{- toJson ($policy.resources | default (list "nvidia.com/gpu" "amd.com/gpu" "gpu.intel.com/*" "nvidia.com/mig-*")) }}
+{{- $dra := $policy.dra | default dict }}
+{{- $names := $policy.resources | default (list "nvidia.com/gpu" "amd.com/gpu" "gpu.intel.com/*" "nvidia.com/mig-*") }}
+{{- $classes := $dra.gpuClasses | default (list "gpu.nvidia.com" "mig.nvidia.com" "vfio.gpu.nvidia.com" "gpu.amd.com" "gpu.intel.com") }}
+{{- range $classes }}
+{{- $names = append $names (printf "deviceclass.resource.kubernetes.io/%s" .) }}
+{{- end }}
+{{- toJson $names }}
 {{- end }}
 
 {{/*
@@ -201,7 +211,8 @@ them: a Pod is its own template.
 The matchConditions expression of one webhook; call with (dict "root" $ "hook" "validate"|"mutate").
 Every field access is guarded by has(): an evaluation error would reject the request under
 failurePolicy Fail. The pod spec itself is appended to its container list so that its pod-level
-`resources` is tested by the same clause as the containers'.
+`resources` is tested by the same clause as the containers'. A pod spec with DRA claims
+(spec.resourceClaims) is sent too: its GPUs are in ResourceClaims and templates the expression cannot see.
 
 Both webhooks take a pod spec in which a container, an init container, an ephemeral container or the
 pod-level `resources` names a GPU resource (policy.resources) in its limits or requests.
@@ -241,6 +252,7 @@ nvidia-container-devices, a hostPath volume, runtimeClassName nvidia*, a CDI ann
 {{- else }}
   )
 {{- end }}
+  || (has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0)
 ))
 {{- end }}
 
