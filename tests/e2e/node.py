@@ -563,6 +563,8 @@ class NodeBed:
             f"--client-ca-file={w / 'pki/ca.crt'}",
             f"--kubelet-client-certificate={w / 'pki/apiserver-kubelet-client.crt'}",
             f"--kubelet-client-key={w / 'pki/apiserver-kubelet-client.key'}",
+            # The node's name resolves nowhere (no DNS in the bed): reach the kubelet (kubectl logs, exec) by IP.
+            "--kubelet-preferred-address-types=InternalIP",
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=Node,RBAC",
             "--enable-admission-plugins=NodeRestriction", f"--token-auth-file={w / 'pki/tokens.csv'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
