@@ -37,6 +37,10 @@ def release(node_bed: NodeBed, webhook_image: str):
     print(f"node bed timings (s): { {k: round(v, 1) for k, v in node_bed.timings.items()} }")
     yield reference
     uninstall = node_bed.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout=90s")
+    # The pod stops gracefully (preStop 5 s, the drain, its idle connections: about 26 s); deleted with the
+    # namespace meanwhile, the namespace controller would recheck only after the whole grace period and more.
+    until("the release's pod gone", lambda: not node_bed.kubectl_json("get", "pods", "-n", NAMESPACE)["items"], 90,
+          interval=0.5)
     node_bed.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=60s", timeout=90)
     assert uninstall.returncode == 0, uninstall.stderr
 

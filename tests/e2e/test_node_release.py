@@ -20,12 +20,15 @@ the end of the module (``-s`` shows them) and quoted in tests/e2e/README.md.
 from __future__ import annotations
 
 import base64
+import datetime
 import errno
 import hashlib
 import json
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -34,6 +37,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from tests.e2e.bed import CHART
+from tests.e2e.cluster import NO_PROXY_ENV
 from tests.e2e.load import AdmissionLoad, LoadReport
 from tests.e2e.node import SYNC_FREQUENCY, NodeBed, until
 from tests.manifests import container, pod, pytorch_job, seed_pod
@@ -143,6 +147,18 @@ def _fingerprint(pem: bytes) -> str:
     return hashlib.sha256(der).hexdigest()
 
 
+def _reloads(bed: NodeBed, p: dict, what: str, since: float = 0.0) -> list[float]:
+    """When (time.time()) the pod's workers logged reloading ``what`` since ``since``."""
+    times = [datetime.datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp()
+             for e in (json.loads(m) for _, m in _log_messages(bed, p))
+             if e.get("event") == "reloaded" and e.get("what") == what]
+    return [t for t in times if t >= since - 0.001]  # the log's times are in milliseconds
+
+
+def _reloaded(bed: NodeBed, p: dict, what: str, since: float = 0.0) -> bool:
+    return bool(_reloads(bed, p, what, since))
+
+
 def _log_messages(bed: NodeBed, p: dict) -> list[tuple[str, str]]:
     """(stream, message) of every line the kubelet logged for the pod's container (CRI log format)."""
     meta = p["metadata"]
@@ -204,6 +220,10 @@ def release(node_bed: NodeBed, webhook_image: str, tmp_path_factory):
         start = time.monotonic()
         uninstall = bed.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout=90s")
         FIGURES["helm uninstall --wait (s)"] = round(time.monotonic() - start, 1)
+        # The pods stop gracefully (preStop, drain, idle connections: about 26 s). Deleting the namespace while
+        # they do costs more: its controller rechecks after the pods' whole grace period (30 s) and then some.
+        until("the release's pods gone", lambda: not _pods(bed), 90, interval=0.5)
+        FIGURES["pods gone after helm uninstall (s)"] = round(time.monotonic() - start, 1)
         bed.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=90s", timeout=120)
         bed.kubectl("delete", "-f", str(CRD), "--ignore-not-found", "--wait=true", timeout=60)
         FIGURES["teardown: uninstall, namespace and CRD deleted (s)"] = round(time.monotonic() - start, 1)
@@ -296,7 +316,14 @@ def test_evicting_a_pod_under_load_fails_no_admission(node_bed, release):
         return node_bed.kubectl("create", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/eviction",
                                 "-f", "-", stdin=json.dumps(eviction))
 
-    first, second = (p["metadata"]["name"] for p in _settle(node_bed))
+    victim, other = _settle(node_bed)
+    first, second = victim["metadata"]["name"], other["metadata"]["name"]
+
+    def budget_allows_one() -> bool:
+        status = node_bed.kubectl_json("get", "pdb", RELEASE, "-n", NAMESPACE).get("status", {})
+        return status.get("currentHealthy") == 2 and status.get("disruptionsAllowed") == 1
+
+    until("the PodDisruptionBudget counting both pods", budget_allows_one, 30, interval=0.3)
     with _load(node_bed) as load:
         time.sleep(2)
         start = time.monotonic()
@@ -305,14 +332,31 @@ def test_evicting_a_pod_under_load_fails_no_admission(node_bed, release):
         # The budget (minAvailable 1) now allows no other disruption until the replacement is Ready.
         refused = evict(second)
         assert refused.returncode and "disruption budget" in refused.stderr, (refused.stdout, refused.stderr)
+        # The evicted pod's last words, read until the kubelet removes its log with the pod.
+        last: list[tuple[str, str]] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                last = _log_messages(node_bed, victim)
+            except FileNotFoundError:
+                break
+            time.sleep(0.2)
         pods = _settle(node_bed)
         replaced = time.monotonic() - start
         time.sleep(1)
     report = load.stop()
     _assert_no_failures(report, "eviction")
     assert first not in {p["metadata"]["name"] for p in pods}
+    # It drained (after the preStop sleep), then stopped; its shutdown is JSON lines too.
+    events = [json.loads(message) for _, message in last]
+    names = [e["event"] for e in events]
+    assert "draining" in names and "stopped" in names[names.index("draining"):], names[-10:]
+    draining = next(e for e in events if e["event"] == "draining")
+    stopped = [e for e in events if e["event"] == "stopped"]
     FIGURES["eviction of one pod"] = {"requests sent": report.sent, "failed": len(report.failed),
-                                      "replaced and gone (s)": round(replaced, 1)}
+                                      "replaced and gone (s)": round(replaced, 1),
+                                      "drain (s)": draining["seconds"],
+                                      "connections cut at the end": [e["connections_cut"] for e in stopped]}
 
 
 def test_a_policy_change_reaches_the_running_pods_without_a_restart(node_bed, release):
@@ -320,7 +364,7 @@ def test_a_policy_change_reaches_the_running_pods_without_a_restart(node_bed, re
     with _load(node_bed) as load:
         time.sleep(1)
         assert {r.accelerator for r in load.snapshot() if r.ok} == {"nvidia-tesla-k80"}
-        start = time.monotonic()
+        start, wall = time.monotonic(), time.time()
         helm = _upgrade(node_bed, "--set", "policy.accelerator.default=nvidia-l4")
 
         def all_new() -> bool:
@@ -330,6 +374,8 @@ def test_a_policy_change_reaches_the_running_pods_without_a_restart(node_bed, re
         # The kubelet updates the ConfigMap volume at each pod's next sync (syncFrequency, SYNC_FREQUENCY here),
         # the server sees the new bytes within its 1 s poll.
         until("every admission decided by the new policy", all_new, 90, interval=0.5)
+        until("both pods logged the policy reload",
+              lambda: all(_reloaded(node_bed, p, "policy", wall) for p in _pods(node_bed)), 30, interval=0.5)
     report = load.stop()
     _assert_no_failures(report, "policy change")
     after = {p["metadata"]["uid"]: p["status"]["containerStatuses"][0]["restartCount"] for p in _pods(node_bed)}
@@ -342,12 +388,36 @@ def test_a_policy_change_reaches_the_running_pods_without_a_restart(node_bed, re
                                             "helm upgrade (s)": round(helm, 1),
                                             "first admission by the new policy (s)": round(first_new, 1),
                                             "last admission by the old policy (s)": round(last_old, 1),
+                                            "each pod's workers reloaded (s)": sorted(
+                                                round(max(_reloads(node_bed, p, "policy", wall)) - wall, 1)
+                                                for p in _pods(node_bed)),
                                             "requests sent": report.sent, "failed": len(report.failed)}
-    for p in _pods(node_bed):
-        events = [json.loads(m) for _, m in _log_messages(node_bed, p)]
-        assert {"event": "reloaded", "what": "policy"}.items() <= next(
-            (e for e in events if e.get("event") == "reloaded" and e.get("what") == "policy"), {}).items(), \
-            f"{p['metadata']['name']} logged no policy reload"
+
+
+def test_the_notes_port_forward_reaches_readyz_and_metrics(node_bed, release):
+    """NOTES step 5: kubectl port-forward to the Service's metrics port (apiserver, kubelet, containerd's stream
+    server into the pod's network), then plain-HTTP /readyz and /metrics from the host."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    forward = subprocess.Popen([node_bed.binary("kubectl"), f"--kubeconfig={node_bed.kubeconfig}", "-n", NAMESPACE,
+                                "port-forward", f"service/{RELEASE}", f"{port}:metrics", "--address=127.0.0.1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=NO_PROXY_ENV)
+    try:
+        assert forward.stdout is not None
+        line = forward.stdout.readline()  # "Forwarding from 127.0.0.1:PORT -> 8080", or why not
+        assert line.startswith(f"Forwarding from 127.0.0.1:{port} -> 8080"), line
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(f"http://127.0.0.1:{port}/readyz", timeout=10) as response:
+            assert response.status == 200 and response.read().strip() == b"ok"
+        with opener.open(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+        # Whichever pod kubectl picked, it reloaded the policy in the test before.
+        assert 'gpu_webhook_reloads_total{result="success",what="policy"}' in metrics, metrics[-2000:]
+        assert 'gpu_webhook_requests_total{decision="patched",endpoint="mutate",kind="Pod"}' in metrics
+    finally:
+        forward.terminate()
+        forward.communicate(timeout=10)
 
 
 def test_a_ca_rotation_reaches_the_running_pods_under_load(node_bed, release):
@@ -364,8 +434,8 @@ def test_a_ca_rotation_reaches_the_running_pods_under_load(node_bed, release):
         time.sleep(1)
         overlap = base64.b64encode(release["ca"] + bundle.ca_pem).decode()
         _upgrade(node_bed, "--set", f"certs.secret.caBundle={overlap}")
-        time.sleep(1)  # the apiserver's webhook client follows the configurations asynchronously
-        start = time.monotonic()
+        time.sleep(2)  # the apiserver's webhook client follows the configurations asynchronously
+        start, wall = time.monotonic(), time.time()
         _apply(node_bed, _secret(bundle))
         served = until("the new certificate served by every pod",
                        lambda: (s := _served_certificates(node_bed, ips)) and set(s.values()) == {new} and s,
@@ -380,6 +450,9 @@ def test_a_ca_rotation_reaches_the_running_pods_under_load(node_bed, release):
     release.update(ca=bundle.ca_pem, cert=bundle.cert_pem)
     FIGURES["CA rotation (Secret)"] = {"kubelet syncFrequency": SYNC_FREQUENCY,
                                        "new certificate served by both pods (s)": round(rotated, 1),
+                                       "each pod's workers reloaded (s)": sorted(
+                                           round(max(_reloads(node_bed, p, "certificate", wall)) - wall, 1)
+                                           for p in _pods(node_bed)),
                                        "requests sent": report.sent, "failed": len(report.failed)}
 
 
