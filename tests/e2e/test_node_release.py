@@ -9,6 +9,7 @@ running as pods, then changed the ways an operator changes it while GPU pods kee
   pod creations (tests/e2e/load.py): zero failed admissions;
 - a policy change by ``helm upgrade`` and a CA rotation (overlap bundle, new Secret, old CA dropped) that reach
   the running pods without a restart, timed, under load;
+- NOTES' port-forward to /readyz and /metrics;
 - what the container really runs as (uid, capabilities, read-only root) and what it logs (JSON lines only);
 - ``policy.cluster.enabled``: the pods list Nodes with the chart's token and RBAC, refuse an accelerator no node
   has, and admit it once such a Node exists.
@@ -153,6 +154,13 @@ def _reloads(bed: NodeBed, p: dict, what: str, since: float = 0.0) -> list[float
              for e in (json.loads(m) for _, m in _log_messages(bed, p))
              if e.get("event") == "reloaded" and e.get("what") == what]
     return [t for t in times if t >= since - 0.001]  # the log's times are in milliseconds
+
+
+def _admissions(bed: NodeBed, p: dict, endpoint: str, since: float) -> int:
+    """How many admissions the pod logged at ``endpoint`` since ``since`` (time.time())."""
+    return sum(1 for e in (json.loads(m) for _, m in _log_messages(bed, p))
+               if e.get("event") == "admission" and e.get("endpoint") == endpoint
+               and datetime.datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp() >= since)
 
 
 def _reloaded(bed: NodeBed, p: dict, what: str, since: float = 0.0) -> bool:
@@ -332,15 +340,19 @@ def test_evicting_a_pod_under_load_fails_no_admission(node_bed, release):
         # The budget (minAvailable 1) now allows no other disruption until the replacement is Ready.
         refused = evict(second)
         assert refused.returncode and "disruption budget" in refused.stderr, (refused.stdout, refused.stderr)
-        # The evicted pod's last words, read until the kubelet removes its log with the pod.
+        # The evicted pod's last words: its log, read until the pod is gone (its container has exited then; the
+        # kubelet's container garbage collection removes the file later, within a minute).
         last: list[tuple[str, str]] = []
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
+            gone = node_bed.kubectl("get", "pod", first, "-n", NAMESPACE).returncode != 0
             try:
                 last = _log_messages(node_bed, victim)
             except FileNotFoundError:
                 break
-            time.sleep(0.2)
+            if gone:
+                break
+            time.sleep(0.3)
         pods = _settle(node_bed)
         replaced = time.monotonic() - start
         time.sleep(1)
@@ -391,6 +403,8 @@ def test_a_policy_change_reaches_the_running_pods_without_a_restart(node_bed, re
                                             "each pod's workers reloaded (s)": sorted(
                                                 round(max(_reloads(node_bed, p, "policy", wall)) - wall, 1)
                                                 for p in _pods(node_bed)),
+                                            "mutations per pod during the load": sorted(
+                                                _admissions(node_bed, p, "mutate", wall - 1) for p in _pods(node_bed)),
                                             "requests sent": report.sent, "failed": len(report.failed)}
 
 
