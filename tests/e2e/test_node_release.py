@@ -187,56 +187,66 @@ def release(node_bed: NodeBed, webhook_image: str, tmp_path_factory):
     """The README's install in certs.mode=secret, two replicas, the PyTorchJob CRD in webhook.customResources."""
     bed = node_bed
     tmp = tmp_path_factory.mktemp("release")
-    bed.kubectl("apply", "-f", str(CRD), check=True)
-    bed.kubectl("wait", "--for=condition=Established", "crd/pytorchjobs.kubeflow.org", "--timeout=30s", check=True)
-    bed.kubectl("create", "namespace", NAMESPACE, check=True)
-    bundle = certs.generate(certs.service_names(RELEASE, NAMESPACE))
-    bed.kubectl("create", "-f", "-", stdin=json.dumps(_secret(bundle)), check=True)
-    repository, tag = webhook_image.rsplit(":", 1)
-    values = {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        "replicaCount": 2,
-        "certs": {"mode": "secret", "secret": {"name": f"{RELEASE}-tls",
-                                               "caBundle": base64.b64encode(bundle.ca_pem).decode()}},
-        "webhook": {"customResources": [{"apiGroups": ["kubeflow.org"], "apiVersions": ["*"],
-                                         "resources": ["pytorchjobs"]}]},
-        "policy": POLICY,
-    }
-    (tmp / "values.yaml").write_text(yaml.safe_dump(values))
-    start = time.monotonic()
-    result = bed.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(tmp / "values.yaml"),
-                      "--wait", "--timeout=180s")
-    FIGURES["helm install --wait, 2 replicas (s)"] = round(time.monotonic() - start, 1)
-    FIGURES["image import (s)"] = round(bed.timings.get("webhook image import", 0.0), 1)
-    state = {"ca": bundle.ca_pem, "cert": bundle.cert_pem}
+    installed = False
     try:
+        bed.kubectl("apply", "-f", str(CRD), check=True)
+        bed.kubectl("wait", "--for=condition=Established", "crd/pytorchjobs.kubeflow.org", "--timeout=30s",
+                    check=True)
+        bed.kubectl("create", "namespace", NAMESPACE, check=True)
+        bundle = certs.generate(certs.service_names(RELEASE, NAMESPACE))
+        bed.kubectl("create", "-f", "-", stdin=json.dumps(_secret(bundle)), check=True)
+        repository, tag = webhook_image.rsplit(":", 1)
+        values = {
+            "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+            "replicaCount": 2,
+            "certs": {"mode": "secret", "secret": {"name": f"{RELEASE}-tls",
+                                                   "caBundle": base64.b64encode(bundle.ca_pem).decode()}},
+            "webhook": {"customResources": [{"apiGroups": ["kubeflow.org"], "apiVersions": ["*"],
+                                             "resources": ["pytorchjobs"]}]},
+            "policy": POLICY,
+        }
+        (tmp / "values.yaml").write_text(yaml.safe_dump(values))
+        start = time.monotonic()
+        result = bed.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                          "--values", str(tmp / "values.yaml"), "--wait", "--timeout=180s")
+        installed = True
+        FIGURES["helm install --wait, 2 replicas (s)"] = round(time.monotonic() - start, 1)
+        FIGURES["image import (s)"] = round(bed.timings.get("webhook image import", 0.0), 1)
         if result.returncode:
             pytest.fail(f"helm install failed: {result.stderr}\n"
                         f"{bed.kubectl('describe', 'pods', '-n', NAMESPACE).stdout}", pytrace=False)
         rollout = bed.kubectl("rollout", "status", "-n", NAMESPACE, DEPLOYMENT, "--timeout=60s")
-        state["rollout status"] = rollout.stdout
         # helm saw the pods Ready; kube-proxy programs the new Service's endpoints a moment later (until then
         # its REJECT rule answers the apiserver: "connection refused").
-        installed = time.monotonic()
+        answered = time.monotonic()
         until("the apiserver reaching the webhook through the Service",
               lambda: _dry_run(bed, seed_pod()).returncode == 0, 30, interval=0.2,
               diagnose=lambda: _dry_run(bed, seed_pod()).stderr)
-        FIGURES["Service answering after helm install returned (s)"] = round(time.monotonic() - installed, 1)
-        yield state
+        FIGURES["Service answering after helm install returned (s)"] = round(time.monotonic() - answered, 1)
+        yield {"ca": bundle.ca_pem, "cert": bundle.cert_pem, "rollout status": rollout.stdout}
     finally:
+        problems = []
         bed.kubectl("delete", "node", FAKE_NODE, "--ignore-not-found")
         start = time.monotonic()
-        uninstall = bed.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout=90s")
-        FIGURES["helm uninstall --wait (s)"] = round(time.monotonic() - start, 1)
+        if installed:
+            uninstall = bed.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout=90s")
+            if uninstall.returncode:
+                problems.append(f"helm uninstall: {uninstall.stderr}")
+            FIGURES["helm uninstall --wait (s)"] = round(time.monotonic() - start, 1)
         # The pods stop gracefully (preStop, drain, idle connections: about 26 s). Deleting the namespace while
         # they do costs more: its controller rechecks after the pods' whole grace period (30 s) and then some.
-        until("the release's pods gone", lambda: not _pods(bed), 90, interval=0.5)
+        try:
+            until("the release's pods gone", lambda: not _pods(bed), 90, interval=0.5)
+        except TimeoutError as exc:
+            problems.append(str(exc))
         FIGURES["pods gone after helm uninstall (s)"] = round(time.monotonic() - start, 1)
-        bed.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=90s", timeout=120)
-        bed.kubectl("delete", "-f", str(CRD), "--ignore-not-found", "--wait=true", timeout=60)
+        for args in (("namespace", NAMESPACE), ("-f", str(CRD))):
+            deleted = bed.kubectl("delete", *args, "--ignore-not-found", "--wait=true", "--timeout=90s", timeout=120)
+            if deleted.returncode:
+                problems.append(f"kubectl delete {' '.join(args)}: {deleted.stderr}")
         FIGURES["teardown: uninstall, namespace and CRD deleted (s)"] = round(time.monotonic() - start, 1)
         print(f"node release figures: {json.dumps(FIGURES, indent=1)}")
-        assert uninstall.returncode == 0, uninstall.stderr
+        assert not problems, problems
 
 
 def test_the_pods_become_ready_through_the_charts_probes(node_bed, release, webhook_image):
