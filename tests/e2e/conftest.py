@@ -95,3 +95,30 @@ def node_bed():
     yield bed
     problems = bed.stop()
     assert not problems, f"the node bed left things behind: {problems}"
+
+
+@pytest.fixture(scope="session")
+def webhook_archive() -> Path:
+    """The OCI archive tests/image/build-image.sh built for this tree (tests/prepare image); never built here."""
+    import subprocess
+
+    from tests.tools import ROOT
+
+    path = Path(subprocess.run([str(ROOT / "tests" / "image" / "build-image.sh"), "--print-archive"], check=True,
+                               capture_output=True, text=True, timeout=60).stdout.strip())
+    if not path.is_file():
+        unavailable("webhook image", f"no OCI archive for this tree at {path}", "image")
+    return path
+
+
+@pytest.fixture(scope="session")
+def webhook_image(node_bed, webhook_archive) -> str:
+    """The project's image imported into the node's containerd: its reference (repository:tag)."""
+    import time
+
+    start = time.monotonic()
+    names = node_bed.import_image(webhook_archive)
+    node_bed.timings["webhook image import"] = time.monotonic() - start
+    reference = next((n for n in names if "gpu-webhook" in n), None)
+    assert reference, f"no gpu-webhook image among {names} imported from {webhook_archive}"
+    return reference

@@ -67,6 +67,8 @@ POD_CIDR = "10.244.0.0/24"
 SERVICE_CIDR = "10.96.0.0/24"
 KUBERNETES_SERVICE_IP = "10.96.0.1"
 API_PORT = 6443
+# The kubelet's syncFrequency (see _write_kubelet_config).
+SYNC_FREQUENCY = "10s"
 # What the kubelet sets these to (pkg/kubelet/cm: setupKernelTunables); it writes any that differ.
 KUBELET_SYSCTLS = {"vm/overcommit_memory": 1, "vm/panic_on_oom": 0, "kernel/panic": 10, "kernel/panic_on_oops": 1,
                    "kernel/keys/root_maxkeys": 1000000, "kernel/keys/root_maxbytes": 25000000}
@@ -480,6 +482,10 @@ class NodeBed:
     def kubectl_json(self, *args: str) -> dict:
         return json.loads(self.kubectl(*args, "-o", "json", check=True).stdout)
 
+    def helm(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+        return subprocess.run([str(self.cp_bin / "helm"), f"--kubeconfig={self.kubeconfig}", *args],
+                              capture_output=True, text=True, timeout=timeout, env=NO_PROXY_ENV)
+
     def ctr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return run([self.binary("ctr"), f"--address={self.containerd_socket}", "--namespace=k8s.io", *args],
                    timeout=timeout)
@@ -557,6 +563,8 @@ class NodeBed:
             f"--client-ca-file={w / 'pki/ca.crt'}",
             f"--kubelet-client-certificate={w / 'pki/apiserver-kubelet-client.crt'}",
             f"--kubelet-client-key={w / 'pki/apiserver-kubelet-client.key'}",
+            # The node's name resolves nowhere (no DNS in the bed): reach the kubelet (kubectl logs, exec) by IP.
+            "--kubelet-preferred-address-types=InternalIP",
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=Node,RBAC",
             "--enable-admission-plugins=NodeRestriction", f"--token-auth-file={w / 'pki/tokens.csv'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -778,6 +786,11 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.de
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
             "registerNode": True, "rotateCertificates": False, "serverTLSBootstrap": False,
             "shutdownGracePeriod": "0s", "localStorageCapacityIsolation": True,
+            # How often each pod is synced, and so how soon a changed ConfigMap or Secret reaches its volume
+            # (the Watch strategy, the default, sees the change at once; the volume follows at the pod's next
+            # sync, 1-1.5x this period). The default, 1m, would make test_node_release.py wait up to 90 s
+            # twice; 10s bounds it to about 15 s.
+            "syncFrequency": SYNC_FREQUENCY, "configMapAndSecretChangeDetectionStrategy": "Watch",
         }, indent=1))
 
     def _write_kube_proxy_config(self) -> None:
