@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from webhook import __version__, check, tls
 from webhook.connections import port_problem
-from webhook.policy import PolicyError, load_policy
+from webhook.policy import PolicyError, PolicySet, load_policy
 
 if TYPE_CHECKING:
     from webhook.auditloop import LoopSettings
@@ -145,9 +145,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _policy_or_exit(path: str | None) -> None:
+def _policy_or_exit(path: str | None) -> PolicySet:
+    """The policy in ``path``; one line naming every bad key and exit 2 when it cannot be used."""
     try:
-        load_policy(path)
+        return load_policy(path)
     except PolicyError as exc:
         print(f"gpu-webhook: {exc}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
@@ -298,11 +299,7 @@ def _certs(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    try:
-        policies = load_policy(args.policy)
-    except PolicyError as exc:
-        print(f"gpu-webhook: {exc}", file=sys.stderr)
-        return check.EXIT_UNREADABLE
+    policies = _policy_or_exit(args.policy)
     state = None
     if args.cluster_state:
         try:
@@ -319,11 +316,7 @@ def _check(args: argparse.Namespace) -> int:
 def _audit(args: argparse.Namespace) -> int:
     from webhook import auditcmd
 
-    try:
-        policies = load_policy(args.policy)
-    except PolicyError as exc:
-        print(f"gpu-webhook: {exc}", file=sys.stderr)
-        return auditcmd.EXIT_FAILED
+    policies = _policy_or_exit(args.policy)
     return auditcmd.run(
         policies, args.kubeconfig, args.namespace, args.selector, args.output, args.report_kind
     )

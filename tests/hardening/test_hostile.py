@@ -17,6 +17,7 @@ import time
 import pytest
 
 from tests.hardening.harness import LoadClient, Tally, children, rss_kib, standard_calls, start_server, thread_count
+from tests.hardening.swarm import client_hello
 from tests.manifests import admission_review, seed_pod
 from tests.server import client_context
 
@@ -114,17 +115,6 @@ def test_an_oversized_body_is_refused_with_413_without_being_read_into_memory(se
 
 
 # ---------------------------------------------------------------- slow clients
-
-def client_hello(context: ssl.SSLContext) -> bytes:
-    """The bytes of a real ClientHello, to trickle in one at a time."""
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = context.wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
-    try:
-        tls.do_handshake()
-    except ssl.SSLWantReadError:
-        pass
-    return outgoing.read()
-
 
 class SlowClient(threading.Thread):
     """A slowloris: opens a connection and sends a request a piece per ``pace`` seconds, never finishing.
