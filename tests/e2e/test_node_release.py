@@ -537,7 +537,8 @@ def test_cluster_checks_follow_the_nodes_with_the_charts_token_and_rbac(node_bed
         assert volumes["kube-api-access"]["projected"]["sources"][0]["serviceAccountToken"]
         assert p["spec"]["serviceAccountName"] == RELEASE and p["spec"]["automountServiceAccountToken"] is False
         events = [json.loads(m) for _, m in _log_messages(node_bed, p)]
-        assert any(e["event"] == "nodes_listed" for e in events), events  # /readyz waits for this list
+        listed = [e for e in events if e["event"] == "informer_listed"]
+        assert any(e["resource"] == "nodes" for e in listed), events  # /readyz waits for this list
     refused = _dry_run(node_bed, l4)
     assert refused.returncode and "no node has accelerator=nvidia-l4" in refused.stderr, refused.stderr
     try:
