@@ -22,7 +22,7 @@ def cache_root() -> Path:
 
 
 def versions() -> dict[str, str]:
-    """KEY=value lines of tests/e2e/versions.env, parsed as build-control-plane.sh parses them."""
+    """KEY=value lines of tests/e2e/versions.env, parsed as tests/e2e/go-build.sh parses them."""
     pairs = {}
     for line in VERSIONS_ENV.read_text(encoding="utf-8").splitlines():
         line = line.split("#", 1)[0].strip()
