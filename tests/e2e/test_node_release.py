@@ -21,6 +21,7 @@ the end of the module (``-s`` shows them) and quoted in tests/e2e/README.md.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import errno
 import hashlib
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -156,10 +158,12 @@ def _reloads(bed: NodeBed, p: dict, what: str, since: float = 0.0) -> list[float
     return [t for t in times if t >= since - 0.001]  # the log's times are in milliseconds
 
 
-def _admissions(bed: NodeBed, p: dict, endpoint: str, since: float) -> int:
-    """How many admissions the pod logged at ``endpoint`` since ``since`` (time.time())."""
+def _admissions(bed: NodeBed, p: dict, endpoint: str, since: float, decision: str | None = None) -> int:
+    """How many admissions (of Pods, with ``decision`` if given) the pod logged at ``endpoint`` since ``since``
+    (time.time())."""
     return sum(1 for e in (json.loads(m) for _, m in _log_messages(bed, p))
                if e.get("event") == "admission" and e.get("endpoint") == endpoint
+               and (decision is None or (e.get("decision") == decision and e.get("kind") == "Pod"))
                and datetime.datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp() >= since)
 
 
@@ -418,30 +422,53 @@ def test_a_policy_change_reaches_the_running_pods_without_a_restart(node_bed, re
                                             "requests sent": report.sent, "failed": len(report.failed)}
 
 
-def test_the_notes_port_forward_reaches_readyz_and_metrics(node_bed, release):
-    """NOTES step 5: kubectl port-forward to the Service's metrics port (apiserver, kubelet, containerd's stream
-    server into the pod's network), then plain-HTTP /readyz and /metrics from the host."""
+@contextlib.contextmanager
+def _port_forward(bed: NodeBed, target: str) -> Iterator[int]:
+    """``kubectl port-forward TARGET PORT:metrics``, as the chart's NOTES say; yields the local port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    forward = subprocess.Popen([node_bed.binary("kubectl"), f"--kubeconfig={node_bed.kubeconfig}", "-n", NAMESPACE,
-                                "port-forward", f"service/{RELEASE}", f"{port}:metrics", "--address=127.0.0.1"],
+    forward = subprocess.Popen([bed.binary("kubectl"), f"--kubeconfig={bed.kubeconfig}", "-n", NAMESPACE,
+                                "port-forward", target, f"{port}:metrics", "--address=127.0.0.1"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=NO_PROXY_ENV)
     try:
         assert forward.stdout is not None
         line = forward.stdout.readline()  # "Forwarding from 127.0.0.1:PORT -> 8080", or why not
         assert line.startswith(f"Forwarding from 127.0.0.1:{port} -> 8080"), line
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(f"http://127.0.0.1:{port}/readyz", timeout=10) as response:
-            assert response.status == 200 and response.read().strip() == b"ok"
-        with opener.open(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-            metrics = response.read().decode()
-        # Whichever pod kubectl picked, it reloaded the policy in the test before.
-        assert 'gpu_webhook_reloads_total{result="success",what="policy"}' in metrics, metrics[-2000:]
-        assert 'gpu_webhook_requests_total{decision="patched",endpoint="mutate",kind="Pod"}' in metrics
+        yield port
     finally:
         forward.terminate()
         forward.communicate(timeout=10)
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+        return response.status, response.read().decode()
+
+
+PATCHED_PODS = 'gpu_webhook_requests_total{decision="patched",endpoint="mutate",kind="Pod"}'
+
+
+def test_the_notes_port_forward_reaches_readyz_and_metrics(node_bed, release):
+    """NOTES step 5: kubectl port-forward to the Service's metrics port (apiserver, kubelet, containerd's stream
+    server into the pod's network), then plain-HTTP /readyz and /metrics from the host."""
+    with _port_forward(node_bed, f"service/{RELEASE}") as port:
+        assert _get(port, "/readyz") == (200, "ok\n")
+        status, metrics = _get(port, "/metrics")
+        assert status == 200
+        # Whichever pod kubectl picked, it reloaded the policy in the test before.
+        assert 'gpu_webhook_reloads_total{result="success",what="policy"}' in metrics, metrics[-2000:]
+    # The apiserver may have sent every mutation to one pod (it keeps its connections): the pods together count
+    # them, and each pod's count is the number of patched Pods its own log says it decided.
+    patched = {}
+    for p in _pods(node_bed):
+        with _port_forward(node_bed, f"pod/{p['metadata']['name']}") as port:
+            counts = [float(line.rsplit(" ", 1)[1]) for line in _get(port, "/metrics")[1].splitlines()
+                      if line.startswith(PATCHED_PODS + " ")]
+        patched[p["metadata"]["name"]] = (int(sum(counts)), _admissions(node_bed, p, "mutate", 0, "patched"))
+    assert sum(n for n, _ in patched.values()) > 0, patched
+    assert all(n == logged for n, logged in patched.values()), patched
 
 
 def test_a_ca_rotation_reaches_the_running_pods_under_load(node_bed, release):
