@@ -28,7 +28,8 @@ ENDPOINT_LAG = 1.0
 
 
 class ReadinessPoller(threading.Thread):
-    """GET /readyz on a fresh connection every 50 ms; records (when, status or the error)."""
+    """GET /readyz on a fresh connection every 50 ms; records (when answered, status or the error). The time is
+    the answer's: a poll sent just before SIGTERM may be answered 503 just after it."""
 
     def __init__(self, port: int, context: ssl.SSLContext, stop: threading.Event, deadline: float):
         super().__init__(daemon=True)
@@ -37,7 +38,6 @@ class ReadinessPoller(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set() and time.monotonic() < self.deadline:
-            at = time.monotonic()
             conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=self.context, timeout=1)
             try:
                 conn.request("GET", "/readyz")
@@ -46,7 +46,7 @@ class ReadinessPoller(threading.Thread):
                 result = type(exc).__name__
             finally:
                 conn.close()
-            self.seen.append((at, result))
+            self.seen.append((time.monotonic(), result))
             self.stop.wait(0.05)
 
 
