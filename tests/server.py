@@ -48,6 +48,17 @@ class Answer:
         return json.loads(self.body)
 
 
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of the Prometheus sample ``name`` in exposition ``text`` over the series matching ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            series, value = line.rsplit(" ", 1)
+            if all(f'{k}="{v}"' in series for k, v in labels.items()):
+                total += float(value)
+    return total
+
+
 @dataclass
 class WebhookProcess:
     port: int
@@ -87,15 +98,7 @@ class WebhookProcess:
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of a Prometheus sample over series matching ``labels``."""
-        text = self.request("GET", "/metrics").body.decode()
-        total = 0.0
-        for line in text.splitlines():
-            if not line.startswith(name + "{") and not line.startswith(name + " "):
-                continue
-            series, value = line.rsplit(" ", 1)
-            if all(f'{k}="{v}"' in series for k, v in labels.items()):
-                total += float(value)
-        return total
+        return metric_sum(self.request("GET", "/metrics").body.decode(), name, **labels)
 
     def log_lines(self) -> list[str]:
         return self.log.read_text().splitlines()

@@ -60,7 +60,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from tests.e2e.bed import CHART
 from tests.e2e.cluster import NO_PROXY_ENV, ControlPlane
 from tests.manifests import container, pod, seed_pod
-from tests.server import GPU_WEBHOOK, WebhookProcess, free_port, make_certs, start_webhook, wait_ready
+from tests.server import GPU_WEBHOOK, WebhookProcess, free_port, make_certs, metric_sum, start_webhook, wait_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -211,13 +211,7 @@ class PodOnHost(WebhookProcess):
         """As WebhookProcess.metric, from the metrics port: the chart's --metrics-port takes /metrics off HTTPS."""
         status, body = self.operations("/metrics")
         assert status == 200, body
-        total = 0.0
-        for line in body.decode().splitlines():
-            if line.startswith((name + "{", name + " ")):
-                series, value = line.rsplit(" ", 1)
-                if all(f'{k}="{v}"' in series for k, v in labels.items()):
-                    total += float(value)
-        return total
+        return metric_sum(body.decode(), name, **labels)
 
     def connection(self, context: ssl.SSLContext | None = None, timeout: float = 10) -> http.client.HTTPSConnection:
         if context is None:  # trust only the chart's CA; the name is checked in the caBundle test

@@ -26,7 +26,6 @@ import datetime
 import errno
 import hashlib
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -44,6 +43,7 @@ from tests.e2e.cluster import NO_PROXY_ENV
 from tests.e2e.load import AdmissionLoad, LoadReport
 from tests.e2e.node import SYNC_FREQUENCY, NodeBed, until
 from tests.manifests import container, pod, pytorch_job, seed_pod
+from tests.server import free_port, metric_sum
 from webhook import certs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(480)]
@@ -425,9 +425,7 @@ def test_a_policy_change_reaches_the_running_pods_without_a_restart(node_bed, re
 @contextlib.contextmanager
 def _port_forward(bed: NodeBed, target: str) -> Iterator[int]:
     """``kubectl port-forward TARGET PORT:metrics``, as the chart's NOTES say; yields the local port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     forward = subprocess.Popen([bed.binary("kubectl"), f"--kubeconfig={bed.kubeconfig}", "-n", NAMESPACE,
                                 "port-forward", target, f"{port}:metrics", "--address=127.0.0.1"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=NO_PROXY_ENV)
@@ -447,7 +445,7 @@ def _get(port: int, path: str) -> tuple[int, str]:
         return response.status, response.read().decode()
 
 
-PATCHED_PODS = 'gpu_webhook_requests_total{decision="patched",endpoint="mutate",kind="Pod"}'
+PATCHED_PODS = {"decision": "patched", "endpoint": "mutate", "kind": "Pod"}
 
 
 def test_the_notes_port_forward_reaches_readyz_and_metrics(node_bed, release):
@@ -464,9 +462,8 @@ def test_the_notes_port_forward_reaches_readyz_and_metrics(node_bed, release):
     patched = {}
     for p in _pods(node_bed):
         with _port_forward(node_bed, f"pod/{p['metadata']['name']}") as port:
-            counts = [float(line.rsplit(" ", 1)[1]) for line in _get(port, "/metrics")[1].splitlines()
-                      if line.startswith(PATCHED_PODS + " ")]
-        patched[p["metadata"]["name"]] = (int(sum(counts)), _admissions(node_bed, p, "mutate", 0, "patched"))
+            count = metric_sum(_get(port, "/metrics")[1], "gpu_webhook_requests_total", **PATCHED_PODS)
+        patched[p["metadata"]["name"]] = (int(count), _admissions(node_bed, p, "mutate", 0, "patched"))
     assert sum(n for n, _ in patched.values()) > 0, patched
     assert all(n == logged for n, logged in patched.values()), patched
 
