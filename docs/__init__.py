@@ -1,0 +1,1 @@
+"""The documentation pages (built by mkdocs, see mkdocs.yml) and their generator, docs.gen."""

@@ -1,0 +1,408 @@
+"""Blocks of the documentation that are generated from their source.
+
+A page marks a generated block with two HTML comments::
+
+    <!-- BEGIN GENERATED: cli -->
+    ...
+    <!-- END GENERATED: cli -->
+
+``python -m docs.gen`` rewrites every block of every page under ``docs/`` with what ``BLOCKS[name]()``
+returns; ``python -m docs.gen --check`` only reports the blocks that differ (``tests/test_docs.py`` runs the
+same check). To add a block, write a function that returns its Markdown, register it in ``BLOCKS`` under a
+name, put the two markers where it belongs and run ``python -m docs.gen``.
+
+A block whose name is in ``PENDING`` is hand-written for now: the generator leaves it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pkgutil
+import posixpath
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+REGENERATE = "python -m docs.gen"
+
+BEGIN = re.compile(r"^<!-- BEGIN GENERATED: (?P<name>[a-z0-9-]+) -->\n", re.MULTILINE)
+END = "<!-- END GENERATED: {name} -->"
+_FENCE = re.compile(r"^(```|~~~)")
+_LINK = re.compile(r"(?P<bang>!?)\[(?P<text>[^\]\n]*)\]\((?P<target>[^)\s]+)\)")
+_CODE_SPAN = re.compile(r"(`+)(?:.+?)\1")
+
+
+# --- blocks copied from other files of the repository -------------------------------------------------------
+
+# Files that are copied into a page, and that page: a link to one of them, from any copied file, goes to its
+# page. README.md is the site's home page.
+COPIES = {
+    "README.md": "index.md",
+    "charts/gpu-webhook/README.md": "chart.md",
+    "certs/README.md": "certificates.md",
+    "tests/hardening/README.md": "hardening.md",
+}
+
+
+def _outside_code(line: str, change: Callable[[str], str]) -> str:
+    """``change`` applied to the parts of one Markdown line that are not code spans."""
+    out, last = [], 0
+    for span in _CODE_SPAN.finditer(line):
+        out.append(change(line[last : span.start()]))
+        out.append(span.group(0))
+        last = span.end()
+    out.append(change(line[last:]))
+    return "".join(out)
+
+
+def _retarget(source: str, page: str, text: str) -> str:
+    """The links of ``text``, copied from repository file ``source`` into docs page ``page``, made to work there.
+
+    A link to a page of the site, or to a file copied into one, points at that page; a link within the file
+    stays; a link to any other file of the repository becomes its path in code, since the site holds only
+    ``docs/``. Links to other sites stay as they are.
+    """
+    here = posixpath.dirname(source)
+
+    def one(match: re.Match[str]) -> str:
+        bang, label, target = match.group("bang", "text", "target")
+        if target.startswith("#") or re.match(r"^[a-z][a-z0-9+.-]*:", target):
+            return match.group(0)
+        path, _, anchor = target.partition("#")
+        repo_path = posixpath.normpath(posixpath.join(here, path)) if path else source
+        page_path = COPIES.get(repo_path)
+        if page_path is None and repo_path.startswith("docs/") and repo_path.endswith(".md"):
+            page_path = repo_path.removeprefix("docs/")
+        if page_path is not None:
+            if page_path == page:
+                return f"{bang}[{label}](#{anchor})" if anchor else label
+            link = posixpath.relpath(page_path, posixpath.dirname(page) or ".")
+            return f"{bang}[{label}]({link}{'#' + anchor if anchor else ''})"
+        shown = repo_path + ("/" if path.endswith("/") else "")
+        if label.strip("`") in (shown, path, posixpath.basename(shown.rstrip("/"))):
+            return f"`{shown}`"
+        return f"{label} (`{shown}`)"
+
+    out, fenced = [], False
+    for line in text.splitlines(keepends=True):
+        if _FENCE.match(line.lstrip()):
+            fenced = not fenced
+        out.append(line if fenced else _outside_code(line, lambda part: _LINK.sub(one, part)))
+    return "".join(out)
+
+
+def copy_of(source: str, *, keep_title: bool = False) -> Callable[[], str]:
+    """A block holding repository file ``source`` (its links retargeted), without its title unless asked."""
+
+    def block() -> str:
+        text = (ROOT / source).read_text(encoding="utf-8")
+        if not keep_title:
+            text = re.sub(r"\A# [^\n]*\n+", "", text)
+        note = f"<!-- A copy of {source}, made by `{REGENERATE}`: edit that file, not this block. -->\n\n"
+        return note + _retarget(source, COPIES[source], text)
+
+    block.__doc__ = f"A copy of {source}, its links made to work in {COPIES[source]}."
+    return block
+
+
+# --- the command line ---------------------------------------------------------------------------------------
+
+# Where the parser of `gpu-webhook` may be built: the first of these functions found in webhook.cli or its
+# submodules, so that moving it within the package needs no change here.
+_PARSER_BUILDERS = ("build_parser", "make_parser", "parser", "_parser", "_build_parser")
+
+
+def find_parser() -> argparse.ArgumentParser:
+    """The ``gpu-webhook`` argument parser, from the function in ``webhook.cli`` that builds it."""
+    package = importlib.import_module("webhook.cli")
+    modules = [package]
+    if hasattr(package, "__path__"):
+        names = [f"{package.__name__}.{info.name}" for info in pkgutil.iter_modules(package.__path__)]
+        modules += [importlib.import_module(name) for name in names]
+    for module in modules:
+        for name in _PARSER_BUILDERS:
+            builder = getattr(module, name, None)
+            if callable(builder) and not isinstance(builder, type):
+                try:
+                    parser = builder()
+                except TypeError:
+                    continue
+                if isinstance(parser, argparse.ArgumentParser) and any(_subcommands(parser)):
+                    return parser
+    raise LookupError(f"no function {', '.join(_PARSER_BUILDERS)} in webhook.cli builds the parser of the commands")
+
+
+def _escape(text: str) -> str:
+    """Plain text for a Markdown table cell: no HTML tags, emphasis or cell breaks, code spans kept."""
+    def plain(part: str) -> str:
+        return part.replace("<", "&lt;").replace(">", "&gt;").replace("*", r"\*").replace("|", r"\|")
+
+    return _outside_code(text.replace("\n", " "), plain)
+
+
+def _metavar(action: argparse.Action) -> str:
+    if action.choices is not None:
+        return "{" + ",".join(str(c) for c in action.choices) + "}"
+    if action.metavar is not None:
+        return str(action.metavar)
+    return action.dest.upper() if action.option_strings else action.dest
+
+
+def _takes_value(action: argparse.Action) -> bool:
+    return action.nargs != 0
+
+
+def _usage_part(action: argparse.Action) -> str:
+    if not action.option_strings:
+        meta = _metavar(action)
+        return {"+": f"{meta}...", "*": f"[{meta}...]", "?": f"[{meta}]"}.get(str(action.nargs), meta)
+    flag = max(action.option_strings, key=len)
+    part = f"{flag} {_metavar(action)}" if _takes_value(action) else flag
+    if isinstance(action, argparse._AppendAction):
+        part += " ..."
+    return part if action.required else f"[{part}]"
+
+
+def _default(action: argparse.Action) -> str:
+    default = action.default
+    if not _takes_value(action) or default in (None, argparse.SUPPRESS) or default == [] or default is False:
+        return ""
+    return f"`{default}`"
+
+
+def _help(action: argparse.Action, prog: str) -> str:
+    text = action.help or ""
+    if "%" in text:
+        try:
+            text = text % {**vars(action), "prog": prog, "default": action.default}
+        except (KeyError, TypeError, ValueError):
+            pass
+    return _escape(text)
+
+
+def _visible(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [a for a in parser._actions if not isinstance(a, argparse._HelpAction) and a.help != argparse.SUPPRESS]
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str, argparse.ArgumentParser]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
+            seen: set[int] = set()
+            for name, sub in action.choices.items():
+                if id(sub) not in seen:
+                    seen.add(id(sub))
+                    yield name, helps.get(name, ""), sub
+
+
+def cli_reference() -> str:
+    """Usage and an options table for every subcommand of ``gpu-webhook``, from its argparse parser."""
+    parser = find_parser()
+    prog = parser.prog
+    lines = [
+        f"<!-- Made by `{REGENERATE}` from the argument parser of `{prog}`: edit the parser, not this block. -->",
+        "",
+        "| command | what it does |",
+        "|---|---|",
+    ]
+    commands = list(_subcommands(parser))
+    for name, summary, _ in commands:
+        lines.append(f"| [`{prog} {name}`](#{prog}-{name}) | {_escape(summary)} |")
+    top = [a for a in _visible(parser) if a.option_strings]
+    if top:
+        lines += ["", "Without a command: " + ", ".join(f"`{max(a.option_strings, key=len)}`" for a in top)
+                  + " (" + "; ".join(_help(a, prog) for a in top) + ")."]
+    for name, _, sub in commands:
+        actions = _visible(sub)
+        lines += ["", f"### `{prog} {name}`", "", "```text", " ".join([prog, name, *map(_usage_part, actions)]),
+                  "```", "", "| option | default | |", "|---|---|---|"]
+        for action in actions:
+            if action.option_strings:
+                flags = ", ".join(f"`{flag}`" for flag in action.option_strings)
+                if _takes_value(action):
+                    flags += f" `{_metavar(action)}`"
+            else:
+                flags = f"`{_usage_part(action)}`"
+            lines.append(f"| {flags} | {_default(action)} | {_help(action, prog)} |")
+    return "\n".join(lines) + "\n"
+
+
+# --- chart values -------------------------------------------------------------------------------------------
+
+VALUES = "charts/gpu-webhook/values.yaml"
+_KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z0-9_.-]+):(?:\s|$)")
+_DESCRIPTION = re.compile(r"^ *# -- ?(?P<text>.*)$")
+_MORE = re.compile(r"^ *#(?: (?P<text>.*))?$")
+
+
+@dataclass
+class Value:
+    path: str
+    description: str
+    default: Any
+
+
+def _lookup(tree: Any, parts: list[str]) -> Any:
+    for part in parts:
+        tree = tree[part]
+    return tree
+
+
+def chart_values_of(text: str) -> list[Value]:
+    """Every key of a values.yaml that has a ``# --`` description, in file order.
+
+    The description is the ``# --`` line and the comment lines that follow it, up to the first one indented
+    further (an example, which stays in values.yaml).
+    """
+    tree = yaml.safe_load(text)
+    found: list[Value] = []
+    stack: list[tuple[int, str]] = []
+    words: list[str] | None = None
+    example = False
+    for line in text.splitlines():
+        if (start := _DESCRIPTION.match(line)) is not None:
+            words, example = [start.group("text").strip()], False
+            continue
+        if words is not None and (more := _MORE.match(line)) is not None:
+            rest = more.group("text") or ""
+            example = example or rest.startswith(" ")
+            if not example:
+                words.append(rest.strip())
+            continue
+        if (key := _KEY.match(line)) is None:
+            continue
+        indent = len(key.group("indent"))
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, key.group("key")))
+        if words is not None:
+            parts = [name for _, name in stack]
+            description = " ".join(word for word in words if word)
+            if example:
+                description += f" (The comment in `{VALUES}` goes on with an example.)"
+            found.append(Value(".".join(parts), description, _lookup(tree, parts)))
+            words = None
+    return found
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    if len(text) > 60:
+        kind = "mapping" if isinstance(value, dict) else "list"
+        return f"a {kind}, see `{VALUES}`"
+    return f"`{text}`"
+
+
+def chart_values() -> str:
+    """A table of the chart's values: key, default and the description from its comment in values.yaml."""
+    lines = [
+        f"<!-- Made by `{REGENERATE}` from the comments of {VALUES}: edit that file, not this block. -->",
+        "",
+        "| key | default | description |",
+        "|---|---|---|",
+    ]
+    for value in chart_values_of((ROOT / VALUES).read_text(encoding="utf-8")):
+        lines.append(f"| `{value.path}` | {_shown(value.default)} | {_escape(value.description)} |")
+    return "\n".join(lines) + "\n"
+
+
+# --- the registry -------------------------------------------------------------------------------------------
+
+BLOCKS: dict[str, Callable[[], str]] = {
+    "readme": copy_of("README.md", keep_title=True),
+    "cli": cli_reference,
+    "chart-values": chart_values,
+    "chart-readme": copy_of("charts/gpu-webhook/README.md"),
+    "certs-readme": copy_of("certs/README.md"),
+    "hardening-readme": copy_of("tests/hardening/README.md"),
+}
+
+# Blocks that are still written by hand, and why. `rules`: the table of every rule and its policy key, to be
+# generated from webhook/core/catalog.py (register a function in BLOCKS and remove it from here).
+PENDING: dict[str, str] = {
+    "rules": "hand-written until the rule catalog (webhook/core/catalog.py) generates it",
+}
+
+
+# --- pages --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Block:
+    name: str
+    start: int  # where the block's content starts (after the BEGIN line)
+    end: int  # where the END line starts
+
+
+def blocks_of(text: str, where: str = "page") -> list[Block]:
+    """The generated blocks of a page; ValueError when a BEGIN has no END or blocks nest."""
+    found: list[Block] = []
+    position = 0
+    while (begin := BEGIN.search(text, position)) is not None:
+        name = begin.group("name")
+        end = text.find(END.format(name=name), begin.end())
+        if end < 0:
+            raise ValueError(f"{where}: <!-- BEGIN GENERATED: {name} --> has no {END.format(name=name)}")
+        if (inner := BEGIN.search(text, begin.end(), end)) is not None:
+            raise ValueError(f"{where}: block {inner.group('name')!r} starts inside block {name!r}")
+        found.append(Block(name, begin.end(), end))
+        position = end
+    return found
+
+
+def regenerate(text: str, where: str = "page", generated: dict[str, str] | None = None) -> str:
+    """``text`` with each registered block's content replaced by what its generator returns now."""
+    out, last = [], 0
+    for block in blocks_of(text, where):
+        if block.name in PENDING:
+            continue
+        if block.name not in BLOCKS:
+            raise KeyError(f"{where}: no generator for block {block.name!r} (docs/gen: BLOCKS or PENDING)")
+        if generated is not None and block.name in generated:
+            content = generated[block.name]
+        else:
+            content = BLOCKS[block.name]()
+            if generated is not None:
+                generated[block.name] = content
+        out += [text[last : block.start], content if content.endswith("\n") else content + "\n"]
+        last = block.end
+    out.append(text[last:])
+    return "".join(out)
+
+
+def pages() -> list[Path]:
+    return sorted(path for path in DOCS.rglob("*.md") if "gen" not in path.relative_to(DOCS).parts)
+
+
+def stale() -> list[str]:
+    """The pages whose generated blocks differ from what the generators return now."""
+    generated: dict[str, str] = {}
+    out = []
+    for page in pages():
+        text = page.read_text(encoding="utf-8")
+        where = str(page.relative_to(ROOT))
+        if regenerate(text, where, generated) != text:
+            names = [b.name for b in blocks_of(text, where) if b.name in BLOCKS]
+            out.append(f"{where} ({', '.join(names)})")
+    return out
+
+
+def write() -> list[str]:
+    """Rewrite every page's generated blocks; the pages that changed."""
+    generated: dict[str, str] = {}
+    changed = []
+    for page in pages():
+        text = page.read_text(encoding="utf-8")
+        new = regenerate(text, str(page.relative_to(ROOT)), generated)
+        if new != text:
+            page.write_text(new, encoding="utf-8")
+            changed.append(str(page.relative_to(ROOT)))
+    return changed
