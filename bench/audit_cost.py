@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from webhook.kubeapi import ApiError, Kube
+from webhook.kube.client import ApiError, Kube
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "audit-cost.json"

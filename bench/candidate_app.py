@@ -8,9 +8,9 @@ import tempfile
 
 os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="gpu-webhook-candidate-metrics-"))
 
-from webhook.admission import allow_all  # noqa: E402
-from webhook.app import DEFAULT_HANDLERS, create_app  # noqa: E402
-from webhook.policy import load_policy  # noqa: E402
+from webhook.core.policy import load_policy  # noqa: E402
+from webhook.rules.admission import allow_all  # noqa: E402
+from webhook.serving.app import DEFAULT_HANDLERS, create_app  # noqa: E402
 
 _policy = load_policy(None)
 app = create_app(lambda: _policy, lambda: None, handlers={**DEFAULT_HANDLERS, "/noop": allow_all})

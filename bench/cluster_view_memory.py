@@ -12,7 +12,7 @@ import json
 import time
 import tracemalloc
 
-from webhook.cluster import ClusterState
+from webhook.core.cluster import ClusterState
 
 MODELS = ["nvidia-l4", "nvidia-tesla-t4", "nvidia-a100", "nvidia-h100", None]
 SELECTOR = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"

@@ -112,8 +112,8 @@ def effect(obj: dict[str, Any], response: dict[str, Any]) -> Any:
 
 def intended(obj: dict[str, Any]) -> Any:
     """What /mutate should make of ``obj`` under the default policy: our own rules, in process."""
-    from webhook.mutate import mutated_pod
-    from webhook.policy import load_policy
+    from webhook.core.policy import load_policy
+    from webhook.rules.mutate import mutated_pod
 
     if obj.get("kind") != "Pod" or obj.get("apiVersion") != "v1":
         return normalised(obj)
@@ -406,7 +406,7 @@ def summarise(plan: PeerPlan, sides: dict[str, PeerBench], parity: list[dict], m
         "code": code,
         "peer": {"stack": "controller-runtime webhook.NewServer + admission.Webhook, Go net/http, GOMAXPROCS=1",
                  **build},
-        "ours": {"stack": "webhook.server.serve, one worker, TLS, metrics, decision logs"},
+        "ours": {"stack": "webhook.serving.server.serve, one worker, TLS, metrics, decision logs"},
         "loadgen": {"tool": f"vegeta {loadgen.VEGETA_VERSION}", "http": "HTTP/1.1 (http2=false)",
                     "max_connections": plan.connections, "max_mode_workers": plan.connections},
         "plan": asdict(plan),

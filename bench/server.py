@@ -1,5 +1,5 @@
-"""The server under test: the production stack (``webhook.server.serve``: gunicorn gthread, TLS, metrics,
-decision logs) with the real handlers plus ``/noop`` (``webhook.admission.allow_all``) as the floor.
+"""The server under test: the production stack (``webhook.serving.server.serve``: gunicorn gthread, TLS, metrics,
+decision logs) with the real handlers plus ``/noop`` (``webhook.rules.admission.allow_all``) as the floor.
 
     python -m bench.server --cert-file tls.crt --key-file tls.key --port 9443 [--workers 1] [--source DIR]
 
@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     # As webhook/cli.py does: metrics are shared through files, set before prometheus_client is imported.
     os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="gpu-webhook-bench-metrics-"))
     import webhook
-    from webhook.admission import allow_all
-    from webhook.app import DEFAULT_HANDLERS
-    from webhook.server import ServeConfig, serve
+    from webhook.rules.admission import allow_all
+    from webhook.serving.app import DEFAULT_HANDLERS
+    from webhook.serving.server import ServeConfig, serve
 
     print(f"serving webhook from {os.path.dirname(webhook.__file__)}", file=sys.stderr, flush=True)
     config = ServeConfig(

@@ -1,4 +1,4 @@
-"""An in-memory stand-in for ``webhook.kubeapi.Kube``: lists served in pages, objects written by path.
+"""An in-memory stand-in for ``webhook.kube.client.Kube``: lists served in pages, objects written by path.
 
 Just enough of the apiserver for the audit's unit tests: aggregated discovery, ``limit``/``continue`` pages
 (a continue token is the offset), label selectors of the ``key=value`` form, 403 for resources marked
@@ -11,7 +11,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from webhook.kubeapi import ApiError
+from webhook.kube.client import ApiError
 
 BUILTIN = [
     # (group, version, plural, kind, namespaced)

@@ -110,7 +110,7 @@ def runtime_class_view(classes: dict[str, dict[str, str]] | None, node_label: st
     """A cluster view that knows only RuntimeClasses (name -> scheduling.nodeSelector); None stays None."""
     if classes is None:
         return None
-    from webhook.cluster import ClusterState
+    from webhook.core.cluster import ClusterState
 
     state = ClusterState(node_label)
     state.load([{"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name},

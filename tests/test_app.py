@@ -8,9 +8,9 @@ import json
 import pytest
 
 from tests.manifests import admission_review, seed_pod
-from webhook import admission
-from webhook.app import create_app
-from webhook.policy import load_policy
+from webhook.core.policy import load_policy
+from webhook.rules import admission
+from webhook.serving.app import create_app
 
 POLICY = load_policy(None)
 

@@ -16,12 +16,14 @@ import yaml
 
 from tests.fakekube import FakeKube
 from tests.manifests import container, pod, pytorch_job, workload
-from webhook import audit, auditcmd, reports
-from webhook.audit import Audit, AuditError, ReportWriter, Resource, discover, pages, pod_bearing
-from webhook.auditloop import AuditLoop, LoopSettings, parse_duration
-from webhook.kubeapi import ApiError
-from webhook.lease import FINISHED, Lease, LeaseState, micro_time
-from webhook.policy import parse_policy
+from webhook.audit import reports
+from webhook.audit import scan as audit
+from webhook.audit.loop import AuditLoop, LoopSettings, parse_duration
+from webhook.audit.scan import Audit, AuditError, ReportWriter, Resource, discover, pages, pod_bearing
+from webhook.cli import audit as auditcmd
+from webhook.core.policy import parse_policy
+from webhook.kube.client import ApiError
+from webhook.kube.lease import FINISHED, Lease, LeaseState, micro_time
 
 GPU = "nvidia.com/gpu"
 POLICY = parse_policy(
@@ -406,7 +408,7 @@ def test_the_progress_line_is_drawn_on_a_terminal_only_and_cleared(kube: FakeKub
 
 def test_serve_audit_refuses_to_start_without_a_cluster(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    from webhook import cli
+    from webhook.cli import main as cli
 
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     from tests.server import free_port
@@ -422,7 +424,7 @@ def test_the_client_waits_out_429_as_retry_after_says_and_counts_every_request()
     import http.server
     import threading
 
-    from webhook.kubeapi import Kube
+    from webhook.kube.client import Kube
 
     hits: list[str] = []
 

@@ -7,11 +7,11 @@ import copy
 import pytest
 
 from tests.manifests import container, pod, pytorch_job
-from webhook.admission import decide
-from webhook.cluster import ClusterState
-from webhook.mutate import pod_patch
-from webhook.policy import parse_policy
-from webhook.rules import violations
+from webhook.core.cluster import ClusterState
+from webhook.core.policy import parse_policy
+from webhook.rules.admission import decide
+from webhook.rules.mutate import pod_patch
+from webhook.rules.pods import violations
 
 GPU_CLASS = "gpu.example.com"
 POLICY = parse_policy(f"""

@@ -15,8 +15,8 @@ import yaml
 from cryptography import x509
 
 from tests.manifests import EXAMPLES, container, pod, pytorch_job, seed_pod, workload
-from webhook import check
-from webhook.cli import main
+from webhook.cli import check
+from webhook.cli.main import main
 
 GPU = "nvidia.com/gpu"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tests.manifests import container, pod, seed_pod
-from webhook.admission import decide
-from webhook.cluster import ClusterState, node_info, summarize
-from webhook.policy import parse_policy
+from webhook.core.cluster import ClusterState, node_info, summarize
+from webhook.core.policy import parse_policy
+from webhook.rules.admission import decide
 
 GPU = "nvidia.com/gpu"
 CLUSTER = parse_policy("cluster: {enabled: true}\naccelerator: {default: nvidia-tesla-p100}")

@@ -19,8 +19,8 @@ import pytest
 import uvloop
 
 from tests.server import make_certs
-from webhook.connections import Connection, Front, Limits
-from webhook.tls import server_context
+from webhook.serving.connections import Connection, Front, Limits
+from webhook.serving.tls import server_context
 
 
 def app(environ, start_response):

@@ -6,8 +6,10 @@ import threading
 
 import pytest
 
-from webhook.cluster import ClusterState
-from webhook.informer import NODES, RESOURCE_SLICES, Gone, Informer, NotServed
+from webhook.core.cluster import CLUSTER_KINDS, ClusterState
+from webhook.kube.informer import Gone, Informer, NotServed
+
+NODES, RESOURCE_SLICES = CLUSTER_KINDS[0], CLUSTER_KINDS[1]
 
 
 def node(name, rv, gpus=4):

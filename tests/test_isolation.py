@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from tests.manifests import container, pod, runtime_class_view, workload
-from webhook.admission import decide
-from webhook.podspecs import group_of
-from webhook.policy import parse_policy
-from webhook.rules import violations
+from webhook.core.podspecs import group_of
+from webhook.core.policy import parse_policy
+from webhook.rules.admission import decide
+from webhook.rules.pods import violations
 
 GPU = "nvidia.com/gpu"
 NVD = "NVIDIA_VISIBLE_DEVICES"

@@ -10,9 +10,9 @@ import jsonpatch
 import pytest
 
 from tests.manifests import admission_request, container, pod, runtime_class_view, seed_pod, workload
-from webhook import admission
-from webhook.mutate import mutated_pod, pod_patch
-from webhook.policy import parse_policy
+from webhook.core.policy import parse_policy
+from webhook.rules import admission
+from webhook.rules.mutate import mutated_pod, pod_patch
 
 GPU = "nvidia.com/gpu"
 DEFAULT = parse_policy("{}")
@@ -128,7 +128,7 @@ def test_odd_shapes_are_left_for_validate():
 
 
 def test_the_mutate_handler_returns_a_base64_json_patch_only_for_new_pods():
-    from webhook import review
+    from webhook.core import review
 
     request = admission_request(pod(container(limits={GPU: 1})))
     answer = admission.mutate(request, WITH_DEFAULT)

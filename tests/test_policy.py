@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from webhook.policy import PolicyError, build_policy, load_policy, parse_policy
+from webhook.core.policy import PolicyError, build_policy, load_policy, parse_policy
 
 
 def test_no_file_means_the_documented_defaults():

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.quantity import QuantityError, gpu_count
+from webhook.core.quantity import QuantityError, gpu_count
 
 CEILING = 10**6  # the most GPUs of one kind a count may ask for
 

@@ -7,11 +7,11 @@ import re
 import pytest
 
 from tests.manifests import container, pod
-from webhook import resources
-from webhook.admission import decide
-from webhook.policy import parse_policy
-from webhook.resources import Kind
-from webhook.rules import violations
+from webhook.core import resources
+from webhook.core.policy import parse_policy
+from webhook.core.resources import Kind
+from webhook.rules.admission import decide
+from webhook.rules.pods import violations
 
 DEFAULT = parse_policy("{}")
 TRUSTING = parse_policy("isolation: {trusted: {namespaces: [monitoring]}}")

@@ -7,10 +7,10 @@ import copy
 import pytest
 
 from tests.manifests import container, pod, pytorch_job, ray_cluster, seed_pod, workload
-from webhook.admission import decide
-from webhook.podspecs import group_of
-from webhook.policy import parse_policy
-from webhook.rules import violations
+from webhook.core.podspecs import group_of
+from webhook.core.policy import parse_policy
+from webhook.rules.admission import decide
+from webhook.rules.pods import violations
 
 GPU = "nvidia.com/gpu"
 DEFAULT = parse_policy("{}")
@@ -263,7 +263,7 @@ def test_a_namespace_may_relax_enforcement_to_warn():
 
 def test_an_update_is_judged_on_what_it_changes():
     from tests.manifests import admission_request
-    from webhook.admission import validate
+    from webhook.rules.admission import validate
 
     capped = parse_policy("limits: {perContainer: 1}")
     old = pod(container(limits={GPU: 2}))  # admitted before the cap existed

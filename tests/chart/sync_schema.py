@@ -1,9 +1,9 @@
 """Keep the chart's copies of the webhook's facts equal to the webhook's own.
 
-- The ``policy`` section of values.schema.json is ``webhook.policy.SCHEMA``: the chart validates
+- The ``policy`` section of values.schema.json is ``webhook.core.policy.SCHEMA``: the chart validates
   ``values.policy`` (which becomes the policy file) with the webhook's schema, so a bad policy fails
   ``helm install`` instead of crash-looping the pods.
-- ``templates/_resources.tpl`` holds ``webhook.resources.cel_pattern()``, the registry of vendor GPU
+- ``templates/_resources.tpl`` holds ``webhook.core.resources.cel_pattern()``, the registry of vendor GPU
   names, for the validating webhook's matchConditions.
 
 Run this after changing either:
@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from webhook.policy import SCHEMA
-from webhook.resources import cel_pattern
+from webhook.core.policy import SCHEMA
+from webhook.core.resources import cel_pattern
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "gpu-webhook"
 VALUES_SCHEMA = CHART / "values.schema.json"
@@ -71,13 +71,13 @@ def main(argv: list[str] | None = None) -> int:
             VALUES_SCHEMA,
             current,
             render(synced(json.loads(current))),
-            "policy section differs from webhook.policy.SCHEMA",
+            "policy section differs from webhook.core.policy.SCHEMA",
         ),
         (
             RESOURCES_TEMPLATE,
             RESOURCES_TEMPLATE.read_text(encoding="utf-8") if RESOURCES_TEMPLATE.exists() else "",
             resources_template(),
-            "differs from webhook.resources.REGISTRY",
+            "differs from webhook.core.resources.REGISTRY",
         ),
     ]
     status = 0

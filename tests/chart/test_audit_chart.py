@@ -10,7 +10,7 @@ import pytest
 
 from tests.chart import test_chart
 from tests.chart.test_chart import CUSTOM_RESOURCES, FULLNAME, KUBE_MINOR, NAMESPACE, Helm, container, one, values_args
-from webhook import cli
+from webhook.cli import main as cli
 
 # test_chart's session fixtures, found here by name.
 helm_bin, helm_env, helm = test_chart.helm_bin, test_chart.helm_env, test_chart.helm

@@ -31,8 +31,8 @@ from kubernetes.config import incluster_config
 
 from tests.chart import sync_schema
 from tests.tools import control_plane_bin, missing_binaries, unavailable, versions
-from webhook.admission import decide
-from webhook.policy import DEFAULTS, PolicyError, parse_policy
+from webhook.rules.admission import decide
+from webhook.core.policy import DEFAULTS, PolicyError, parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gpu-webhook"
@@ -305,7 +305,7 @@ def test_documented_offline_renders_pass_a_kube_version() -> None:
 # --- the READMEs -------------------------------------------------------------------------------
 
 READMES = (ROOT / "README.md", CHART / "README.md", ROOT / "certs" / "README.md")
-NOT_VALUES = {"webhook.policy.SCHEMA", "policy.yaml"}  # a module attribute and a file name
+NOT_VALUES = {"webhook.core.policy.SCHEMA", "policy.yaml"}  # a module attribute and a file name
 VALUES_THE_READMES_EXPLAIN = {
     "metrics.port",
     "metrics.serviceMonitor.enabled",

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.server import free_port
-from webhook import certs
+from webhook.serving import certs
 
 ADMIN_TOKEN = "e2e-admin-token"
 # The apiserver's webhook client honours proxy variables; loopback must never go through one.

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from bench import audit_cost
-from webhook.kubeapi import Kube
+from webhook.kube.client import Kube
 
 pytestmark = pytest.mark.e2e
 

@@ -44,7 +44,7 @@ from tests.e2e.load import AdmissionLoad, LoadReport
 from tests.e2e.node import SYNC_FREQUENCY, NodeBed, until
 from tests.manifests import container, pod, pytorch_job, seed_pod
 from tests.server import free_port, metric_sum
-from webhook import certs
+from webhook.serving import certs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(480)]
 

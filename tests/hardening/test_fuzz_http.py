@@ -18,7 +18,8 @@ from tests.hardening.harness import children, start_server
 from tests.hardening.strategies import POLICIES, POLICY_TEXTS, json_values, objects, reviews
 from tests.manifests import admission_review, seed_pod
 from tests.server import GPU_WEBHOOK, client_context
-from webhook import admission, review
+from webhook.core import review
+from webhook.rules import admission
 
 POLICY = "namespaced"
 EXAMPLES = int(os.environ.get("GPU_WEBHOOK_HTTP_FUZZ_EXAMPLES", "150"))

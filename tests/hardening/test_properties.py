@@ -21,9 +21,11 @@ from hypothesis import strategies as st
 from tests.hardening.strategies import ANNOTATION, POLICIES, namespaces, objects, pods, policy_names, requests
 from tests.manifests import admission_request, container
 from tests.manifests import pod as make_pod
-from webhook import admission, check, review
-from webhook.check import check_objects
-from webhook.mutate import mutated_pod, pod_patch
+from webhook.cli import check
+from webhook.cli.check import check_objects
+from webhook.core import review
+from webhook.rules import admission
+from webhook.rules.mutate import mutated_pod, pod_patch
 
 # Examples per property; GPU_WEBHOOK_FUZZ_EXAMPLES scales a longer run by hand.
 EXAMPLES = int(os.environ.get("GPU_WEBHOOK_FUZZ_EXAMPLES", "400"))

@@ -18,7 +18,7 @@ from tests.hardening.harness import (
     trusting,
     wait_for,
 )
-from webhook import certs
+from webhook.serving import certs
 
 ROTATIONS = 4
 HOLD_SECONDS = 1.5  # load keeps running this long on each certificate once it is served

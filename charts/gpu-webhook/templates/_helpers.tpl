@@ -151,7 +151,7 @@ otherwise make a different CA for each.
 {{/*
 The GPU resource name patterns: policy.resources, else the webhook's built-in defaults, and the implicit
 extended resource name (deviceclass.resource.kubernetes.io/<class>) of every GPU device class
-(policy.dra.gpuClasses, else the webhook's defaults), as webhook.policy.Policy.is_gpu reads them.
+(policy.dra.gpuClasses, else the webhook's defaults), as webhook.core.policy.Policy.is_gpu reads them.
 */}}
 {{- define "gpu-webhook.gpuResources" -}}
 {{- $policy := .Values.policy | default dict }}

@@ -1,0 +1,1 @@
+"""The ``gpu-webhook`` command: serve, certs, check, audit and admission-policies."""

@@ -1,0 +1,340 @@
+"""``gpu-webhook``: serve, certs, check and audit."""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import datetime
+import os
+import shutil
+import sys
+import tempfile
+from typing import TYPE_CHECKING
+
+from webhook import __version__
+from webhook.cli import check
+from webhook.core.policy import PolicyError, PolicySet, load_policy
+from webhook.serving import tls
+from webhook.serving.ports import port_problem
+
+if TYPE_CHECKING:
+    from webhook.audit.loop import LoopSettings
+
+EXIT_USAGE = 2
+
+
+def _port(text: str) -> int:
+    """A TCP port for argparse: 1 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
+    return port
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpu-webhook", description="Kubernetes admission webhook for GPU resources.")
+    parser.add_argument("--version", action="version", version=f"gpu-webhook {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="serve /validate and /mutate over TLS")
+    # Each subcommand's parser rides along in its arguments, so errors found later print its usage.
+    serve.set_defaults(subparser=serve)
+    serve.add_argument(
+        "--host", help="address to listen on (default 0.0.0.0; 127.0.0.1 with --self-signed, which is for trying out)"
+    )
+    serve.add_argument("--port", type=_port, default=8443, help="port to listen on, 1-65535 (default 8443)")
+    serve.add_argument("--cert-file", help="PEM serving certificate (watched; reloaded when it changes)")
+    serve.add_argument("--key-file", help="PEM private key of the serving certificate")
+    serve.add_argument(
+        "--self-signed", action="store_true", help="generate a throw-away CA and certificate for localhost"
+    )
+    serve.add_argument("--client-ca", help="require client certificates signed by this CA (PEM)")
+    serve.add_argument("--policy", help="policy YAML file (watched; default: built-in defaults)")
+    serve.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    serve.add_argument(
+        "--threads", type=int, default=4, help="handler threads per worker, for complete requests only (default 4)"
+    )
+    serve.add_argument(
+        "--max-body-bytes", type=int, default=7 * 1024 * 1024, help="larger bodies get 413 (default 7 MiB)"
+    )
+    serve.add_argument(
+        "--kubeconfig", help="kubeconfig for cluster-aware checks (default: the in-cluster service account)"
+    )
+    serve.add_argument(
+        "--metrics-port",
+        type=_port,
+        help="serve GET /metrics, /healthz and /readyz over plain HTTP on this port instead of the TLS port",
+    )
+    serve.add_argument(
+        "--drain-seconds", type=float, default=3.0, help="after SIGTERM, fail /readyz this long before stopping"
+    )
+    serve.add_argument(
+        "--audit", action="store_true",
+        help="also audit the cluster periodically and write policy reports (a process of its own; one replica "
+        "at a time, by a Lease)",
+    )
+    serve.add_argument("--audit-interval", default="1h", help="time between audits, like 1h or 30m (default 1h)")
+    serve.add_argument(
+        "--audit-report-kind", choices=["openreports", "wgpolicyk8s"], default="openreports",
+        help="openreports.io/v1alpha1 Report (default) or wgpolicyk8s.io/v1alpha2 PolicyReport",
+    )
+    serve.add_argument(
+        "--audit-lease", metavar="NAMESPACE/NAME",
+        help="the coordination.k8s.io Lease the replicas share (default: <pod namespace>/gpu-webhook-audit)",
+    )
+    serve.add_argument(
+        "--audit-exclude-namespace", action="append", default=[], metavar="NS",
+        help="namespace the audit skips (repeatable), like the webhooks' excluded namespaces",
+    )
+    serve.add_argument(
+        "--audit-resource", action="append", metavar="GROUP/PLURAL",
+        help="custom resources to audit, glob patterns like kubeflow.org/pytorchjobs (repeatable; default: every "
+        "custom resource the identity may list). Built-in pod kinds are always audited",
+    )
+
+    gen = commands.add_parser("certs", help="write a CA and a serving certificate for the webhook Service")
+    gen.set_defaults(subparser=gen)
+    gen.add_argument("--service", required=True, help="Service name")
+    gen.add_argument("--namespace", required=True, help="Service namespace")
+    gen.add_argument("--host", action="append", default=[], help="extra SAN (DNS name or IP); repeatable")
+    gen.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
+    gen.add_argument("--out-dir", required=True, help="directory for ca.crt, tls.crt, tls.key")
+    gen.add_argument("--force", action="store_true", help="overwrite ca.crt, tls.crt and tls.key if they exist")
+
+    lint = commands.add_parser("check", help="lint manifests offline with the webhook's rules")
+    lint.set_defaults(subparser=lint)
+    lint.add_argument("--policy", help="policy YAML file (default: built-in defaults)")
+    lint.add_argument("--namespace", default="default", help="namespace for objects that name none (default: default)")
+    lint.add_argument(
+        "--cluster-state", "--nodes", dest="cluster_state", action="append", metavar="FILE",
+        help="Nodes, ResourceSlices, DeviceClasses, ResourceClaims, ResourceClaimTemplates and RuntimeClasses "
+        "(kubectl get nodes,resourceslices,deviceclasses,runtimeclasses -o yaml); turns the cluster-aware checks "
+        "on and runs them against these; repeatable (--nodes is the old name)",
+    )
+    lint.add_argument(
+        "-o", "--output", choices=["text", "json"], default="text", help="text lines, or one JSON object per violation"
+    )
+    lint.add_argument(
+        "-R", "--recursive", action="store_true", help="read directories' subdirectories too (as kubectl -R)"
+    )
+    lint.add_argument(
+        "paths", nargs="+", metavar="PATH", help="YAML or JSON manifest files or directories of them; - for stdin"
+    )
+
+    audit = commands.add_parser(
+        "audit", help="run the webhook's rules over what a live cluster already runs (read-only: it only lists)"
+    )
+    audit.set_defaults(subparser=audit)
+    audit.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else the in-cluster account)"
+    )
+    audit.add_argument("--namespace", help="audit this namespace only (default: all namespaces)")
+    audit.add_argument("--selector", "-l", help="label selector of the objects to audit, as kubectl -l takes it")
+    audit.add_argument(
+        "--policy", help="policy YAML file to audit against, deployed or not (default: built-in defaults)"
+    )
+    audit.add_argument(
+        "-o", "--output", choices=["table", "json", "report"], default="table",
+        help="a table grouped by namespace and rule, one JSON object per violation, or policy reports (YAML)",
+    )
+    audit.add_argument(
+        "--report-kind", choices=["openreports", "wgpolicyk8s"], default="openreports",
+        help="with -o report: openreports.io/v1alpha1 Report (default) or wgpolicyk8s.io/v1alpha2 PolicyReport",
+    )
+    return parser
+
+
+def _policy_or_exit(path: str | None) -> PolicySet:
+    """The policy in ``path``; one line naming every bad key and exit 2 when it cannot be used."""
+    try:
+        return load_policy(path)
+    except PolicyError as exc:
+        print(f"gpu-webhook: {exc}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def _temp_dir(prefix: str) -> str:
+    """A directory removed when the process that made it exits, and only then.
+
+    gunicorn forks workers that inherit atexit handlers: without the owner check a worker that exits
+    (a timeout, a respawn) would delete the directory the master and the other workers still use.
+    """
+    path = tempfile.mkdtemp(prefix=prefix)
+    owner = os.getpid()
+
+    def remove() -> None:
+        if os.getpid() == owner:
+            shutil.rmtree(path, ignore_errors=True)
+
+    atexit.register(remove)
+    return path
+
+
+def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.self_signed == bool(args.cert_file or args.key_file):
+        parser.error("serve needs either --self-signed or both --cert-file and --key-file")
+    if not args.self_signed and not (args.cert_file and args.key_file):
+        parser.error("--cert-file and --key-file go together")
+    if args.workers < 1 or args.threads < 1:
+        parser.error("--workers and --threads must be at least 1")
+    _policy_or_exit(args.policy)
+    # Workers share counters through files; this must be set before prometheus_client is imported (the audit
+    # settings below import webhook.telemetry.metrics with the audit loop).
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", _temp_dir("gpu-webhook-metrics-"))
+    audit = None
+    if args.audit:
+        audit = _audit_settings(args, parser)
+        from webhook.kube.client import ConfigError, configuration
+
+        try:
+            configuration(args.kubeconfig)  # settings only: a missing or broken kubeconfig stops us here
+        except ConfigError as exc:
+            print(f"gpu-webhook: cannot serve: --audit: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    cert_file, key_file = args.cert_file, args.key_file
+    host = args.host or ("127.0.0.1" if args.self_signed else "0.0.0.0")
+    try:
+        if not args.self_signed:
+            # ssl alone on the happy path: cryptography, imported here, would stay mapped in every worker.
+            tls.server_context(cert_file, key_file, args.client_ca)
+        elif args.client_ca:
+            tls.check_ca(args.client_ca)
+    except tls.TLSFileError as exc:
+        print(f"gpu-webhook: cannot serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    problem = port_problem(host, args.port)
+    if args.metrics_port is not None:
+        if args.metrics_port == args.port:
+            problem = problem or "--metrics-port must differ from --port"
+        problem = problem or port_problem(host, args.metrics_port)
+    if problem:
+        print(f"gpu-webhook: cannot serve: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.self_signed:
+        from webhook.serving import certs
+
+        paths = certs.write(certs.generate(["localhost", "127.0.0.1", "::1"], days=7), _temp_dir("gpu-webhook-tls-"))
+        cert_file, key_file = str(paths["cert"]), str(paths["key"])
+        print(f"self-signed CA: {paths['ca']}", flush=True)
+        print(f"try: curl --cacert {paths['ca']} https://localhost:{args.port}/healthz", flush=True)
+    from webhook.serving.server import ServeConfig, serve
+
+    config = ServeConfig(
+        cert_file=cert_file,
+        key_file=key_file,
+        host=host,
+        port=args.port,
+        policy_file=args.policy,
+        client_ca=args.client_ca,
+        workers=args.workers,
+        threads=args.threads,
+        max_body=args.max_body_bytes,
+        kubeconfig=args.kubeconfig,
+        drain_seconds=args.drain_seconds,
+        metrics_port=args.metrics_port,
+        audit=audit.command() if audit is not None else None,
+    )
+    try:
+        serve(config)
+    except (OSError, ValueError) as exc:
+        print(f"gpu-webhook: cannot serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
+
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _audit_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> LoopSettings:
+    from webhook.audit.loop import LoopSettings, parse_duration
+
+    try:
+        interval = parse_duration(args.audit_interval)
+    except ValueError as exc:
+        parser.error(f"--audit-interval: {exc}")
+    if interval < 1:
+        parser.error("--audit-interval must be at least 1s")
+    if args.audit_lease:
+        namespace, _, name = args.audit_lease.partition("/")
+        if not namespace or not name:
+            parser.error("--audit-lease takes NAMESPACE/NAME")
+    else:
+        try:
+            namespace = open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8").read().strip() or "default"
+        except OSError:
+            namespace = "default"
+        name = "gpu-webhook-audit"
+    return LoopSettings(
+        interval=interval,
+        report_kind=args.audit_report_kind,
+        lease_namespace=namespace,
+        lease_name=name,
+        exclude_namespaces=tuple(args.audit_exclude_namespace),
+        custom=tuple(args.audit_resource) if args.audit_resource else None,
+        kubeconfig=args.kubeconfig,
+        policy_file=args.policy,
+    )
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from webhook.serving import certs
+
+    try:
+        hosts = certs.service_names(args.service, args.namespace)
+        for host in args.host:
+            try:
+                hosts.append(certs.san_host(host))
+            except certs.CertsError as exc:
+                raise certs.CertsError(f"--host {exc}") from None
+        certs.validity(args.days, datetime.datetime.now(datetime.UTC))
+        certs.targets(args.out_dir, overwrite=args.force)  # refuse before the work, not after it
+        paths = certs.write(certs.generate(hosts, days=args.days), args.out_dir, overwrite=args.force)
+    except certs.CertsError as exc:
+        print(f"gpu-webhook: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for path in paths.values():
+        print(path)
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    policies = _policy_or_exit(args.policy)
+    state = None
+    if args.cluster_state:
+        try:
+            state = check.read_cluster_state(args.cluster_state)
+        except check.UnreadableInput as exc:
+            print(f"gpu-webhook: --cluster-state: {exc}", file=sys.stderr)
+            return check.EXIT_UNREADABLE
+        policies = check.with_cluster_checks(policies)
+    return check.run(
+        args.paths, policies, args.namespace, output=args.output, recursive=args.recursive, cluster_state=state
+    )
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from webhook.cli import audit as auditcmd
+
+    policies = _policy_or_exit(args.policy)
+    return auditcmd.run(
+        policies, args.kubeconfig, args.namespace, args.selector, args.output, args.report_kind
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args, args.subparser)
+    if args.command == "certs":
+        return _certs(args)
+    if args.command == "audit":
+        return _audit(args)
+    return _check(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

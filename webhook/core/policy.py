@@ -1,0 +1,639 @@
+"""The policy file: its schema, its defaults, and the effective policy for a namespace.
+
+Loading and validation live here and nowhere else; the server, the CLI and the tests all
+call :func:`load_policy` or :func:`parse_policy`. A policy is refused as a whole, with
+every bad key named, so a typo never half-applies.
+
+Mapping keys are read as written: YAML 1.1 would turn a namespace ``2024:`` into a number and
+``on:`` into ``True``, which no namespace name ever equals.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import fnmatch
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+from yaml.constructor import ConstructorError
+
+from webhook.core import resources as registry
+
+DEFAULTS: dict[str, Any] = {
+    "platform": "generic",
+    "resources": ["nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/*", "nvidia.com/mig-*"],
+    "accelerator": {
+        "nodeLabel": "accelerator",
+        "annotation": "gpu-webhook/accelerator",
+        "allowed": [],
+        "default": "",
+    },
+    "gpuTaints": [],
+    "limits": {"perContainer": 0, "perPod": 0},
+    "tolerations": False,
+    "enforcement": "deny",
+    "isolation": {
+        "hideGpus": "off",
+        "runtimeClass": "",
+        "trusted": {"namespaces": [], "serviceAccounts": []},
+    },
+    "checks": {
+        "cpuPodOnGpuNodes": "warn",
+        "mixedGpuAndMig": "deny",
+        "initContainerGpus": "warn",
+        "processCountMismatch": "warn",
+        "replicaAcceleratorMismatch": "warn",
+        "visibleDevicesWithoutGpu": "deny",
+        "visibleDevicesUnread": "warn",
+        "privilegedGpu": "deny",
+        "gpuDeviceMount": "deny",
+        "cdiAnnotation": "deny",
+        "zeroGpuLimit": "warn",
+        "runtimeClassWithoutGpu": "warn",
+        "sharedGpuOverOne": "deny",
+        "fractionalGpuRequest": "deny",
+        "gpuMonitoringResource": "deny",
+    },
+    "cluster": {
+        "enabled": False,
+        "unknownAccelerator": "deny",
+        "exceedsNodeCapacity": "deny",
+        "unadvertisedResource": "deny",
+        "unknownRuntimeClass": "deny",
+        "runtimeClassConflict": "deny",
+        "unknownDeviceClass": "deny",
+        "exceedsDeviceCapacity": "deny",
+        "missingClaimSource": "warn",
+        "unknownClaimRequest": "warn",
+        "duplicateExtendedResourceName": "warn",
+        "generatedClaimReference": "warn",
+        "selectorMatchesNoDevice": "warn",
+    },
+    "dra": {
+        # Device classes whose devices are GPUs (globs): they count toward the caps, get the accelerator
+        # selector and tolerations, and clash with a GPU in limits. The vendors' DRA drivers' classes.
+        "gpuClasses": ["gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com", "gpu.amd.com", "gpu.intel.com"],
+        "allowedDeviceClasses": [],
+        "adminAccessNamespaces": [],
+        "deviceClassNotAllowed": "deny",
+        "allocationModeAll": "deny",
+        "adminAccess": "deny",
+        "blanketDeviceToleration": "warn",
+        "gpuLimitAndClaim": "deny",
+        "undeclaredClaim": "deny",
+        "claimSource": "deny",
+        "unusedClaim": "warn",
+        "nodeNameWithGpus": "warn",
+    },
+    "namespaces": {},
+}
+_DRA_LISTS = ("gpuClasses", "allowedDeviceClasses", "adminAccessNamespaces")
+
+# What each platform labels and taints its GPU nodes with (shared/notes/gpu-landscape-2026.md section 5).
+# `platform: gke` stands for these keys; keys written in the policy still override them.
+PLATFORMS: dict[str, dict[str, Any]] = {
+    "generic": {},
+    # GKE labels the model and, when a GPU pool joins a cluster with other pools, taints nvidia.com/gpu=present
+    # (older pools: true); no value here, so the toleration is Exists and covers both.
+    "gke": {
+        "accelerator": {"nodeLabel": "cloud.google.com/gke-accelerator"},
+        "gpuTaints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}],
+    },
+    # Karpenter's label; EKS taints nothing by itself, its GPU guide adds nvidia.com/gpu:NoSchedule.
+    "eks": {
+        "accelerator": {"nodeLabel": "karpenter.k8s.aws/instance-gpu-name"},
+        "gpuTaints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}],
+    },
+    # AKS names the vendor (nvidia), not the model; its GPU guide taints sku=gpu:NoSchedule.
+    "aks": {
+        "accelerator": {"nodeLabel": "kubernetes.azure.com/accelerator"},
+        "gpuTaints": [{"key": "sku", "value": "gpu", "effect": "NoSchedule"}],
+    },
+    # GPU Feature Discovery's product label (Tesla-T4, A100-SXM4-40GB); taints are the cluster's own.
+    "gpu-operator": {"accelerator": {"nodeLabel": "nvidia.com/gpu.product"}},
+}
+
+# Settings of the opt-in checks, by the rule id their violations carry. Every other rule follows
+# ``enforcement``; these have a setting of their own, which ``enforcement: warn`` still softens.
+CHECK_SETTINGS = {
+    "cpu-pod-on-gpu-nodes": ("checks", "cpuPodOnGpuNodes"),
+    "mixed-gpu-and-mig": ("checks", "mixedGpuAndMig"),
+    "init-container-gpus": ("checks", "initContainerGpus"),
+    "process-count-mismatch": ("checks", "processCountMismatch"),
+    "replica-accelerator-mismatch": ("checks", "replicaAcceleratorMismatch"),
+    "visible-devices-without-gpu": ("checks", "visibleDevicesWithoutGpu"),
+    "visible-devices-unread": ("checks", "visibleDevicesUnread"),
+    "privileged-gpu": ("checks", "privilegedGpu"),
+    "gpu-device-mount": ("checks", "gpuDeviceMount"),
+    "cdi-annotation": ("checks", "cdiAnnotation"),
+    "zero-gpu-limit": ("checks", "zeroGpuLimit"),
+    "runtime-class-without-gpu": ("checks", "runtimeClassWithoutGpu"),
+    "shared-gpu-over-one": ("checks", "sharedGpuOverOne"),
+    "fractional-gpu-request": ("checks", "fractionalGpuRequest"),
+    "gpu-monitoring-resource": ("checks", "gpuMonitoringResource"),
+    "unknown-accelerator": ("cluster", "unknownAccelerator"),
+    "exceeds-node-capacity": ("cluster", "exceedsNodeCapacity"),
+    "unadvertised-resource": ("cluster", "unadvertisedResource"),
+    "unknown-runtime-class": ("cluster", "unknownRuntimeClass"),
+    "runtime-class-conflict": ("cluster", "runtimeClassConflict"),
+    "unknown-device-class": ("cluster", "unknownDeviceClass"),
+    "exceeds-device-capacity": ("cluster", "exceedsDeviceCapacity"),
+    "missing-claim-source": ("cluster", "missingClaimSource"),
+    "unknown-claim-request": ("cluster", "unknownClaimRequest"),
+    "duplicate-extended-resource-name": ("cluster", "duplicateExtendedResourceName"),
+    "generated-claim-reference": ("cluster", "generatedClaimReference"),
+    "selector-matches-no-device": ("cluster", "selectorMatchesNoDevice"),
+    "device-class-not-allowed": ("dra", "deviceClassNotAllowed"),
+    "allocation-mode-all": ("dra", "allocationModeAll"),
+    "admin-access": ("dra", "adminAccess"),
+    "blanket-device-toleration": ("dra", "blanketDeviceToleration"),
+    "gpu-limit-and-claim": ("dra", "gpuLimitAndClaim"),
+    "undeclared-claim": ("dra", "undeclaredClaim"),
+    "claim-source": ("dra", "claimSource"),
+    "unused-claim": ("dra", "unusedClaim"),
+    "node-name-with-gpus": ("dra", "nodeNameWithGpus"),
+}
+
+_ENFORCEMENT = {"enum": ["deny", "warn"]}
+# YAML 1.1 reads a bare `off` as false; accept it rather than make every user quote it.
+_SETTING = {"enum": ["deny", "warn", "off", False]}
+_COUNT = {"type": "integer", "minimum": 0}
+_STRINGS = {"type": "array", "items": {"type": "string", "minLength": 1}}
+_LIMITS = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"perContainer": _COUNT, "perPod": _COUNT},
+}
+_DNS_LABEL = "[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+_DNS_SUBDOMAIN = "[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?"
+# YAML 1.1 reads a bare `off` as false here too.
+_HIDE_GPUS = {"enum": ["void", "none", "off", False]}
+_RUNTIME_CLASS = {"type": "string", "pattern": f"^(?:{_DNS_SUBDOMAIN})?$"}
+_CHECKS = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {key: _SETTING for key in DEFAULTS["checks"]},
+}
+_CLUSTER_SETTINGS = {key: _SETTING for key in DEFAULTS["cluster"] if key != "enabled"}
+_TAINT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["key"],
+    "properties": {
+        "key": {"type": "string", "minLength": 1},
+        "value": {"type": "string"},
+        "effect": {"enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]},
+    },
+}
+
+SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "gpu-webhook policy",
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "platform": {"enum": list(PLATFORMS)},
+        "resources": {**_STRINGS, "minItems": 1},
+        "accelerator": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "nodeLabel": {"type": "string", "minLength": 1},
+                "annotation": {"type": "string", "minLength": 1},
+                "allowed": _STRINGS,
+                "default": {"type": "string"},
+            },
+        },
+        "gpuTaints": {"type": "array", "items": _TAINT},
+        "limits": _LIMITS,
+        "tolerations": {"type": "boolean"},
+        "enforcement": _ENFORCEMENT,
+        "isolation": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "hideGpus": _HIDE_GPUS,
+                "runtimeClass": _RUNTIME_CLASS,
+                "trusted": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "namespaces": {"type": "array", "items": {"type": "string", "pattern": f"^{_DNS_LABEL}$"}},
+                        "serviceAccounts": {
+                            "type": "array",
+                            "items": {"type": "string", "pattern": f"^{_DNS_LABEL}/{_DNS_SUBDOMAIN}$"},
+                        },
+                    },
+                },
+            },
+        },
+        "checks": _CHECKS,
+        "cluster": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"enabled": {"type": "boolean"}, **_CLUSTER_SETTINGS},
+        },
+        "dra": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                **{key: _STRINGS for key in _DRA_LISTS},
+                **{key: _SETTING for key in DEFAULTS["dra"] if key not in _DRA_LISTS},
+            },
+        },
+        "namespaces": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "accelerator": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {"allowed": _STRINGS, "default": {"type": "string"}},
+                    },
+                    "limits": _LIMITS,
+                    "tolerations": {"type": "boolean"},
+                    "enforcement": _ENFORCEMENT,
+                    "isolation": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {"hideGpus": _HIDE_GPUS, "runtimeClass": _RUNTIME_CLASS},
+                    },
+                    "checks": _CHECKS,
+                    "cluster": {"type": "object", "additionalProperties": False, "properties": _CLUSTER_SETTINGS},
+                    "dra": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {"allowedDeviceClasses": _STRINGS},
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+# Native resources: never GPUs, and a pattern matching one would make cpu and memory count as GPUs.
+_CORE_RESOURCES = {
+    "cpu": "cpu", "memory": "memory", "ephemeral-storage": "ephemeral-storage", "storage": "storage",
+    "pods": "pods", "hugepages-2Mi": "hugepages-*", "hugepages-1Gi": "hugepages-*",
+}
+# A namespace name is a DNS-1123 label; a key that is not one can never match a namespace.
+_NAMESPACE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
+
+
+# Every DeviceClass is also an extended resource under this prefix (KEP-5004).
+IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML with every scalar mapping key kept as the text written, and duplicate keys refused.
+
+    Keys a merge (``<<: *anchor``) brings in may be overridden, as YAML allows; keys written twice may not.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        written = {id(key_node) for key_node, _ in node.value}
+        self.flatten_mapping(node)  # merge keys (<<) first, as SafeLoader does
+        mapping: dict[Any, Any] = {}
+        seen: set[Any] = set()
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else self.construct_object(key_node, deep)
+            try:
+                duplicate = key in seen
+            except TypeError:
+                raise ConstructorError(
+                    "while constructing a mapping", node.start_mark, "found unhashable key", key_node.start_mark
+                ) from None
+            if id(key_node) in written:
+                seen.add(key)
+            if duplicate:
+                raise ConstructorError(
+                    "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}",
+                    key_node.start_mark,
+                )
+            mapping[key] = self.construct_object(value_node, deep)
+        return mapping
+
+
+CLUSTER_RULES = frozenset(rule for rule, (section, _) in CHECK_SETTINGS.items() if section == "cluster")
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be used; ``problems`` names each bad key."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: invalid policy: " + "; ".join(problems))
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    """A taint GPU nodes carry; ``value`` and ``effect`` None match any."""
+
+    key: str
+    value: str | None = None
+    effect: str | None = None
+
+    def toleration(self) -> dict[str, str]:
+        """The toleration a GPU pod needs: Exists when the value does not matter (GKE's present or true)."""
+        out = {"key": self.key, "operator": "Exists"} if self.value is None else {
+            "key": self.key, "operator": "Equal", "value": self.value}
+        if self.effect is not None:
+            out["effect"] = self.effect
+        return out
+
+    def tolerated_by(self, toleration: Mapping[str, Any]) -> bool:
+        """Whether ``toleration`` tolerates this taint, as the scheduler matches them (a key-less Exists
+        tolerates every taint)."""
+        effect = toleration.get("effect")
+        if effect not in (None, "") and self.effect is not None and effect != self.effect:
+            return False
+        key = toleration.get("key")
+        operator = toleration.get("operator") or "Equal"
+        if key in (None, ""):
+            return operator == "Exists"
+        if key != self.key:
+            return False
+        if operator == "Exists":
+            return True
+        return self.value is not None and toleration.get("value") == self.value
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The policy in force for one namespace, every override applied."""
+
+    resources: tuple[str, ...]
+    node_label: str
+    annotation: str
+    allowed: tuple[str, ...]
+    default: str
+    per_container: int
+    per_pod: int
+    tolerations: bool
+    enforcement: str
+    # rule id -> deny | warn | off, for the rules in CHECK_SETTINGS
+    settings: Mapping[str, str] = field(default_factory=dict)
+    cluster_enabled: bool = False
+    platform: str = "generic"
+    gpu_taints: tuple[Taint, ...] = ()
+    hide_gpus: str = "off"  # void | none | off: NVIDIA_VISIBLE_DEVICES added to containers without GPUs
+    runtime_class: str = ""  # injected into GPU pods that name none
+    # isolation.trusted: the whole namespace, or pods running as these service accounts of it
+    trusted: bool = False
+    trusted_accounts: frozenset[str] = frozenset()
+    gpu_classes: tuple[str, ...] = ()
+    allowed_device_classes: tuple[str, ...] = ()
+    admin_access_namespaces: tuple[str, ...] = ()
+    _gpu_names: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
+
+    def names_gpu(self, resource_name: str) -> bool:
+        """Whether ``policy.resources`` lists the name, whatever it counts."""
+        return any(fnmatch.fnmatchcase(resource_name, p) for p in self.resources)
+
+    def is_gpu(self, resource_name: str) -> bool:
+        """A GPU count: listed in ``resources`` and, by the vendor registry, a number of devices (HAMi's
+        ``nvidia.com/gpumem`` under a ``nvidia.com/*`` pattern is MiB, not GPUs)."""
+        # Resource names repeat across every request, so the answer is memoised.
+        known = self._gpu_names.get(resource_name)
+        if known is None:
+            known = (self.names_gpu(resource_name) and registry.counts_gpus(resource_name)) or (
+                resource_name.startswith(IMPLICIT_PREFIX) and self.is_gpu_class(resource_name[len(IMPLICIT_PREFIX):])
+            )
+            if len(self._gpu_names) < 4096:
+                self._gpu_names[resource_name] = known
+        return known
+
+    def is_gpu_class(self, device_class: str) -> bool:
+        return any(fnmatch.fnmatchcase(device_class, p) for p in self.gpu_classes)
+
+    def device_class_allowed(self, device_class: str) -> bool:
+        return not self.allowed_device_classes or any(
+            fnmatch.fnmatchcase(device_class, p) for p in self.allowed_device_classes
+        )
+
+    def admin_access_allowed(self, namespace: str) -> bool:
+        return any(fnmatch.fnmatchcase(namespace, p) for p in self.admin_access_namespaces)
+
+    def accelerator_allowed(self, value: str) -> bool:
+        return not self.allowed or value in self.allowed
+
+    def injected_accelerator(self, annotated: object) -> str | None:
+        """The accelerator mutation selects: the pod's annotation, else the default; None if not allowed."""
+        value = annotated if isinstance(annotated, str) and annotated else self.default
+        return value if value and self.accelerator_allowed(value) else None
+
+    def trusts(self, spec: Mapping[str, Any]) -> bool:
+        """Whether a pod spec runs trusted: in a trusted namespace, or as a trusted service account."""
+        if self.trusted:
+            return True
+        if not self.trusted_accounts:
+            return False
+        account = spec.get("serviceAccountName") or spec.get("serviceAccount") or "default"
+        return account in self.trusted_accounts
+
+    def tolerates_gpu_taint(self, toleration: Mapping[str, Any]) -> bool:
+        """A toleration with a key that lets a pod onto GPU nodes: a GPU resource name (the device plugin's
+        and ExtendedResourceToleration's taint key) or one of ``gpuTaints``."""
+        key = toleration.get("key")
+        if not isinstance(key, str) or not key:
+            return False
+        return self.is_gpu(key) or registry.known(key) or any(t.tolerated_by(toleration) for t in self.gpu_taints)
+
+    def action(self, rule: str) -> str:
+        """deny, warn or off for a violation of ``rule`` in this namespace."""
+        setting = self.settings.get(rule, "deny")
+        if setting == "off" or (rule in CLUSTER_RULES and not self.cluster_enabled):
+            return "off"
+        return "warn" if self.enforcement == "warn" else setting
+
+    def checks(self, rule: str) -> bool:
+        return self.action(rule) != "off"
+
+
+@dataclass(frozen=True)
+class PolicySet:
+    """The global policy and its per-namespace overlays, resolved once at load."""
+
+    default: Policy
+    by_namespace: Mapping[str, Policy]
+    document: Mapping[str, Any]
+
+    def for_namespace(self, namespace: str | None) -> Policy:
+        return self.by_namespace.get(namespace or "", self.default)
+
+
+def gpu_entries(resources: Mapping[str, Any], policy: Policy) -> dict[str, Any]:
+    """The GPU entries of a resources map (limits or requests): names the policy counts as GPUs."""
+    return {name: v for name, v in resources.items() if isinstance(name, str) and policy.is_gpu(name)}
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _written(value: object) -> str:
+    """A value as it reads in YAML: ``true`` rather than Python's ``True``."""
+    if isinstance(value, bool) or value is None:
+        return yaml.safe_dump(value).removesuffix("\n...\n")
+    if isinstance(value, str) and value and value == value.strip():
+        return value
+    return repr(value)
+
+
+def _unknown_key(key: object, known: list[str]) -> str:
+    """``'cpuPodOnGPUNodes' (did you mean 'cpuPodOnGpuNodes'?)``, the suggestion when one is close."""
+    by_lower = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(str(key).lower(), list(by_lower), n=1)
+    return f"{key!r} (did you mean {by_lower[close[0]]!r}?)" if close else repr(key)
+
+
+def _choices(options: list[object]) -> str:
+    names = [o for o in options if isinstance(o, str)]  # False stands in for a bare off
+    return ", ".join(names[:-1]) + f" or {names[-1]}"
+
+
+def _schema_problems(document: object) -> list[str]:
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    problems = []
+    for error in sorted(validator.iter_errors(document), key=lambda e: list(map(str, e.path))):
+        where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+        if error.validator == "additionalProperties":
+            known = sorted(error.schema.get("properties", {}))
+            unknown = sorted(set(error.instance) - set(known), key=str)
+            problems.append(f"{where}: unknown key(s) {', '.join(_unknown_key(k, known) for k in unknown)}")
+        elif error.validator == "enum":
+            choices = _choices(error.validator_value)
+            problems.append(f"{where}: {_written(error.instance)} is not a setting; use {choices}")
+        else:
+            problems.append(f"{where}: {error.message}")
+    return problems
+
+
+def _key_problems(document: Mapping[str, Any]) -> list[str]:
+    """Namespace keys that can never match a namespace (read as a number or boolean, or no DNS label)."""
+    namespaces = document.get("namespaces")
+    problems = []
+    for key in namespaces if isinstance(namespaces, Mapping) else ():
+        if isinstance(key, bool):
+            spelled = "'on'/'yes'/'true'" if key else "'off'/'no'/'false'"
+            problems.append(f"namespaces: key {key} (YAML read {spelled} as a boolean): quote it")
+        elif not isinstance(key, str):
+            kind = "a number" if isinstance(key, (int, float)) else f"a {type(key).__name__}"
+            problems.append(f"namespaces: key {key!r} is {kind}, not a name: quote it")
+        elif not _NAMESPACE.fullmatch(key):
+            problems.append(
+                f"namespaces: {key!r} is not a namespace name (lowercase letters, digits and '-', at most 63)"
+            )
+    return problems
+
+
+def _resource_problems(patterns: object) -> list[str]:
+    """GPU resource patterns that would take native resources for GPUs, or could name no extended resource."""
+    problems: list[str] = []
+    for i, pattern in enumerate(patterns if isinstance(patterns, list) else []):
+        if not isinstance(pattern, str):
+            continue  # the schema has said so
+        core = sorted({label for name, label in _CORE_RESOURCES.items() if fnmatch.fnmatchcase(name, pattern)})
+        if core:
+            problems.append(f"resources[{i}]: {pattern!r} matches {', '.join(core)}, which are not GPUs")
+        elif "/" not in pattern:
+            problems.append(
+                f"resources[{i}]: {pattern!r} has no domain; GPUs are extended resources such as nvidia.com/gpu"
+            )
+    return problems
+
+
+def _policy(document: Mapping[str, Any], trusted: bool = False, accounts: frozenset[str] = frozenset()) -> Policy:
+    accelerator = document["accelerator"]
+    isolation = document["isolation"]
+    return Policy(
+        resources=tuple(document["resources"]),
+        node_label=accelerator["nodeLabel"],
+        annotation=accelerator["annotation"],
+        allowed=tuple(accelerator["allowed"]),
+        default=accelerator["default"],
+        per_container=document["limits"]["perContainer"],
+        per_pod=document["limits"]["perPod"],
+        tolerations=document["tolerations"],
+        enforcement=document["enforcement"],
+        settings={rule: document[section][key] or "off" for rule, (section, key) in CHECK_SETTINGS.items()},
+        cluster_enabled=document["cluster"]["enabled"],
+        platform=document["platform"],
+        gpu_taints=tuple(Taint(t["key"], t.get("value"), t.get("effect")) for t in document["gpuTaints"]),
+        hide_gpus=isolation["hideGpus"] or "off",
+        runtime_class=isolation["runtimeClass"],
+        trusted=trusted,
+        trusted_accounts=accounts,
+        gpu_classes=tuple(document["dra"]["gpuClasses"]),
+        allowed_device_classes=tuple(document["dra"]["allowedDeviceClasses"]),
+        admin_access_namespaces=tuple(document["dra"]["adminAccessNamespaces"]),
+    )
+
+
+def build_policy(document: object, source: str = "policy") -> PolicySet:
+    """Validate a decoded policy document (``None`` means all defaults) and resolve it."""
+    if document is None:
+        document = {}
+    problems = _schema_problems(document)
+    if isinstance(document, Mapping):
+        problems += _key_problems(document)
+        problems += _resource_problems(document.get("resources"))
+    if problems:
+        raise PolicyError(source, problems)
+    assert isinstance(document, Mapping)
+    # Defaults, then the platform's labels and taints, then what the policy writes.
+    merged = _merge(_merge(DEFAULTS, PLATFORMS[document.get("platform", DEFAULTS["platform"])]), document)
+    overlays = merged.pop("namespaces")
+    trusted = merged["isolation"]["trusted"]
+    accounts: dict[str, set[str]] = {}
+    for entry in trusted["serviceAccounts"]:
+        namespace, name = entry.split("/", 1)
+        accounts.setdefault(namespace, set()).add(name)
+    default = _policy(merged)
+    by_namespace = {
+        ns: _policy(_merge(merged, overlays.get(ns, {})), ns in trusted["namespaces"], frozenset(accounts.get(ns, ())))
+        for ns in {*overlays, *trusted["namespaces"], *accounts}
+    }
+    for where, policy in [("accelerator", default)] + [
+        (f"namespaces.{ns}.accelerator", p) for ns, p in by_namespace.items() if ns in overlays
+    ]:
+        if policy.default and not policy.accelerator_allowed(policy.default):
+            problems.append(f"{where}.default: {policy.default!r} is not in the allowed list {list(policy.allowed)}")
+    if problems:
+        raise PolicyError(source, problems)
+    return PolicySet(default=default, by_namespace=by_namespace, document={**merged, "namespaces": overlays})
+
+
+def parse_policy(text: str, source: str = "policy") -> PolicySet:
+    try:
+        document = yaml.load(text, Loader=_Loader)  # a SafeLoader: keys as written
+    except yaml.YAMLError as exc:
+        raise PolicyError(source, [f"not valid YAML: {exc}"]) from None
+    return build_policy(document, source)
+
+
+def load_policy(path: str | Path | None) -> PolicySet:
+    """The policy in ``path``, or the defaults when no file is given."""
+    if path is None:
+        return build_policy(None, "default policy")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError(str(path), [f"cannot read: {exc}"]) from None
+    return parse_policy(text, str(path))

@@ -1,0 +1,617 @@
+"""Dynamic Resource Allocation: ResourceClaims, ResourceClaimTemplates, DeviceClasses, and the claims a
+pod spec references.
+
+Every rule has the shape ``check_x(thing, path, policy[, view]) -> list[Violation]`` and its own
+``deny|warn|off`` setting (``dra.*`` for what the object alone shows, ``cluster.*`` for what needs
+the cluster view). Paths are the ones users write: ``spec.devices.requests[0].exactly.count`` in a
+claim, ``spec.spec.devices…`` in a template, ``spec.containers[0].resources.claims[0].name`` in a pod.
+
+A pod names its claims (``spec.resourceClaims``) but their device requests live in other objects; the
+cluster view (``webhook.core.cluster``) holds those, so counting a pod's GPUs through claims, and the
+checks built on it, need the view. Rules about the pod's own fields do not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from webhook.core.cluster import IMPLICIT_PREFIX, ClaimInfo, ClusterView, Request
+from webhook.core.field import ROOT, FieldPath, Violation
+from webhook.core.podspecs import PodSpecRef, as_mapping
+from webhook.core.policy import Policy
+from webhook.core.quantity import quoted
+
+GROUP = "resource.k8s.io"
+# kind -> keys from the object to its ResourceClaimSpec
+CLAIM_SPECS: dict[str, tuple[str, ...]] = {"ResourceClaim": ("spec",), "ResourceClaimTemplate": ("spec", "spec")}
+CLAIM_CONTAINER_LISTS = ("containers", "initContainers")  # ephemeral containers may not use claims
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def is_dra_object(group: str, kind: str) -> bool:
+    return group == GROUP and (kind in CLAIM_SPECS or kind == "DeviceClass")
+
+
+# --- Device requests (claims and templates) -------------------------------------------------------
+
+
+def check_device_class_allowed(request: Mapping[str, Any], path: FieldPath, policy: Policy) -> list[Violation]:
+    """D7: a device class outside the namespace's ``dra.allowedDeviceClasses``."""
+    name = request.get("deviceClassName")
+    if not isinstance(name, str) or not policy.checks("device-class-not-allowed"):
+        return []
+    if policy.device_class_allowed(name):
+        return []
+    return [Violation(
+        path.child("deviceClassName"), "device-class-not-allowed",
+        f"device class {quoted(name)} is not allowed here (allowed: {', '.join(policy.allowed_device_classes)})",
+        name,
+    )]
+
+
+def check_device_class_exists(
+    request: Mapping[str, Any], path: FieldPath, policy: Policy, view: ClusterView | None
+) -> list[Violation]:
+    """D8: a class the cluster does not have; the scheduler would say so only when the pod is pending."""
+    name = request.get("deviceClassName")
+    if view is None or "deviceclasses" not in view.known or not isinstance(name, str) or not name:
+        return []
+    if name in view.classes or not policy.checks("unknown-device-class"):
+        return []
+    known = ", ".join(sorted(view.classes)) or "none"
+    return [Violation(
+        path.child("deviceClassName"), "unknown-device-class",
+        f"device class {quoted(name)} does not exist, so the claim can never be allocated (classes: {known})",
+        name,
+    )]
+
+
+def check_allocation_mode(request: Mapping[str, Any], path: FieldPath, policy: Policy) -> list[Violation]:
+    """D10: allocationMode All takes every matching device of a node, and fails if any is in use."""
+    if request.get("allocationMode") != "All" or not policy.checks("allocation-mode-all"):
+        return []
+    return [Violation(
+        path.child("allocationMode"), "allocation-mode-all",
+        "allocationMode: All takes every matching device on the node (and fails while any is in use); "
+        "ask for a count instead",
+        "All",
+    )]
+
+
+def check_admin_access(request: Mapping[str, Any], path: FieldPath, policy: Policy, namespace: str) -> list[Violation]:
+    """D11: adminAccess outside the namespaces the policy names; the namespace label can be self-granted."""
+    if request.get("adminAccess") is not True or not policy.checks("admin-access"):
+        return []
+    if policy.admin_access_allowed(namespace):
+        return []
+    allowed = ", ".join(policy.admin_access_namespaces) or "none"
+    return [Violation(
+        path.child("adminAccess"), "admin-access",
+        f"adminAccess gives access to devices in use by other pods; it is allowed only in the namespaces "
+        f"the webhook policy names (dra.adminAccessNamespaces: {allowed}), not in {quoted(namespace)}",
+        "true",
+    )]
+
+
+def check_device_tolerations(request: Mapping[str, Any], path: FieldPath, policy: Policy) -> list[Violation]:
+    """D12: tolerating every device taint, or NoExecute ones (devices being drained or unhealthy)."""
+    if not policy.checks("blanket-device-toleration"):
+        return []
+    out = []
+    for i, toleration in enumerate(_list(request.get("tolerations"))):
+        if not isinstance(toleration, Mapping):
+            continue
+        where = path.child("tolerations").item(i, "key", toleration.get("key"))
+        blanket = not toleration.get("key") and toleration.get("operator") == "Exists"
+        if blanket and toleration.get("effect") in (None, ""):
+            out.append(Violation(where, "blanket-device-toleration",
+                                 "tolerates every device taint, unhealthy and draining devices included", "*"))
+        elif toleration.get("effect") == "NoExecute":
+            key = str(toleration.get("key") or "*")
+            out.append(Violation(where, "blanket-device-toleration",
+                                 f"tolerates the NoExecute device taint {key}: the pod keeps devices taken out "
+                                 "of service", key))
+        elif blanket:
+            out.append(Violation(where, "blanket-device-toleration",
+                                 f"tolerates every {toleration.get('effect')} device taint", "*"))
+    return out
+
+
+def _count(request: Mapping[str, Any]) -> int:
+    value = request.get("count")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+
+
+def check_request_count(
+    request: Mapping[str, Any], path: FieldPath, policy: Policy, view: ClusterView | None
+) -> list[Violation]:
+    """D9: a count over the per-container or per-pod cap (GPU classes), or above the most devices of its
+    class on any node (cluster view)."""
+    name = request.get("deviceClassName")
+    if not isinstance(name, str) or request.get("allocationMode") == "All":
+        return []
+    count = _count(request)
+    where = path.child("count")
+    out = []
+    if policy.is_gpu_class(name):
+        cap = min((c for c in (policy.per_container, policy.per_pod) if c), default=0)
+        if cap and count > cap:
+            scope = "per container" if cap == policy.per_container else "per pod"
+            out.append(Violation(where, "per-container-limit" if scope == "per container" else "per-pod-limit",
+                                 f"{count} devices of class {name} are over the limit of {cap} {scope}", str(count)))
+    out.extend(_exceeds_devices(name, count, where, policy, view, _selectors(request)))
+    return out
+
+
+def _selectors(request: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(
+        str(as_mapping(s.get("cel")).get("expression"))
+        for s in _list(request.get("selectors"))
+        if isinstance(s, Mapping) and isinstance(as_mapping(s.get("cel")).get("expression"), str)
+    )
+
+
+def _exceeds_devices(
+    device_class: str, count: int, where: FieldPath, policy: Policy, view: ClusterView | None,
+    selectors: tuple[str, ...] = (),
+) -> list[Violation]:
+    if view is None or not {"resourceslices", "deviceclasses"} <= view.known:
+        return []
+    devices = view.class_devices.get(device_class)
+    if devices is None or not policy.checks("exceeds-device-capacity"):
+        return []
+    largest, nodes, how = devices.largest, devices.nodes, devices.counted_by
+    narrowed = view.devices_matching(device_class, selectors) if selectors else None
+    if narrowed is not None:
+        largest, nodes = narrowed
+        how += " and the request's selectors"
+    if count <= largest:
+        return []
+    return [Violation(
+        where, "exceeds-device-capacity",
+        f"{count} device{'s' if count != 1 else ''} of class {device_class} on one node, but the most any node has "
+        f"is {largest} ({nodes} node{'s' if nodes != 1 else ''} with such devices; counted {how})",
+        f"{count} {device_class}",
+    )]
+
+
+def check_request_selectors(
+    request: Mapping[str, Any], path: FieldPath, policy: Policy, view: ClusterView | None
+) -> list[Violation]:
+    """D14: a request whose selectors match none of its class's published devices (a typo in an attribute
+    name or domain, a product no node has): the claim would never be allocated."""
+    selectors = _selectors(request)
+    name = request.get("deviceClassName")
+    if not selectors or view is None or not isinstance(name, str):
+        return []
+    if not {"resourceslices", "deviceclasses"} <= view.known:
+        return []
+    devices = view.class_devices.get(name)
+    if devices is None or not devices.devices or not policy.checks("selector-matches-no-device"):
+        return []
+    narrowed = view.devices_matching(name, selectors)
+    if narrowed is None or narrowed[0] > 0:
+        return []
+    total = len(devices.devices)
+    return [Violation(
+        path.child("selectors"), "selector-matches-no-device",
+        f"the selectors match none of the {total} published device{'s' if total != 1 else ''} of class {name} "
+        "(a misspelt attribute or domain does not match either)",
+        name,
+    )]
+
+
+def check_device_request(
+    request: Mapping[str, Any], path: FieldPath, policy: Policy, view: ClusterView | None, namespace: str
+) -> list[Violation]:
+    return [
+        *check_device_class_allowed(request, path, policy),
+        *check_device_class_exists(request, path, policy, view),
+        *check_allocation_mode(request, path, policy),
+        *check_admin_access(request, path, policy, namespace),
+        *check_device_tolerations(request, path, policy),
+        *check_request_count(request, path, policy, view),
+        *check_request_selectors(request, path, policy, view),
+    ]
+
+
+def check_claim_spec(
+    spec: Mapping[str, Any], path: FieldPath, policy: Policy, view: ClusterView | None, namespace: str
+) -> list[Violation]:
+    """Every device request of a ResourceClaimSpec, ``exactly`` and each ``firstAvailable`` alternative."""
+    out: list[Violation] = []
+    requests_path = path.child("devices").child("requests")
+    for i, raw in enumerate(_list(as_mapping(spec.get("devices")).get("requests"))):
+        if not isinstance(raw, Mapping):
+            continue
+        where = requests_path.item(i, "name", raw.get("name"))
+        if isinstance(raw.get("exactly"), Mapping):
+            out.extend(check_device_request(raw["exactly"], where.child("exactly"), policy, view, namespace))
+        elif isinstance(raw.get("deviceClassName"), str):  # the v1beta1 shape, in files checked offline
+            out.extend(check_device_request(raw, where, policy, view, namespace))
+        for j, sub in enumerate(_list(raw.get("firstAvailable"))):
+            if isinstance(sub, Mapping):
+                sub_path = where.child("firstAvailable").item(j, "name", sub.get("name"))
+                out.extend(check_device_request(sub, sub_path, policy, view, namespace))
+    return out
+
+
+def check_device_class(
+    obj: Mapping[str, Any], path: FieldPath, policy: Policy, view: ClusterView | None
+) -> list[Violation]:
+    """D17: an extendedResourceName another DeviceClass already declares (the newer class silently wins)."""
+    spec = as_mapping(obj.get("spec"))
+    name = as_mapping(obj.get("metadata")).get("name")
+    extended = spec.get("extendedResourceName")
+    if view is None or "deviceclasses" not in view.known or not isinstance(extended, str):
+        return []
+    if not policy.checks("duplicate-extended-resource-name"):
+        return []
+    others = sorted(c.name for c in view.classes.values() if c.extended_resource_name == extended and c.name != name)
+    if not others:
+        return []
+    return [Violation(
+        path.child("spec").child("extendedResourceName"), "duplicate-extended-resource-name",
+        f"{extended} is already served by device class {', '.join(others)}; the class created last takes it over "
+        "for every pod that asks for it",
+        extended,
+    )]
+
+
+def object_violations(
+    obj: Mapping[str, Any], kind: str, policy: Policy, view: ClusterView | None, namespace: str
+) -> list[Violation]:
+    """Violations of a ResourceClaim, ResourceClaimTemplate or DeviceClass."""
+    if kind == "DeviceClass":
+        return check_device_class(obj, ROOT, policy, view)
+    spec: object = obj
+    path = ROOT
+    for key in CLAIM_SPECS[kind]:
+        spec = as_mapping(spec).get(key)
+        path = path.child(key)
+    return check_claim_spec(as_mapping(spec), path, policy, view, namespace)
+
+
+# --- Claims referenced by a pod spec ------------------------------------------------------------
+
+
+@dataclass
+class PodClaims:
+    """A pod spec's claims, resolved through the cluster view where it can be."""
+
+    declared: dict[str, int] = field(default_factory=dict)  # spec.resourceClaims[].name -> index
+    sources: dict[str, ClaimInfo | None] = field(default_factory=dict)  # name -> claim or template, if known
+    # (list name, index, container, path) of every container that may reference claims
+    containers: list[tuple[str, int, Mapping[str, Any], FieldPath]] = field(default_factory=list)
+
+
+def _source(entry: Mapping[str, Any], namespace: str, view: ClusterView | None) -> ClaimInfo | None:
+    if view is None:
+        return None
+    if isinstance(entry.get("resourceClaimTemplateName"), str):
+        return view.templates.get((namespace, entry["resourceClaimTemplateName"]))
+    if isinstance(entry.get("resourceClaimName"), str):
+        return view.claims.get((namespace, entry["resourceClaimName"]))
+    return None
+
+
+def pod_claims(spec: Mapping[str, Any], path: FieldPath, namespace: str, view: ClusterView | None) -> PodClaims:
+    found = PodClaims()
+    for i, entry in enumerate(_list(spec.get("resourceClaims"))):
+        if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
+            found.declared.setdefault(entry["name"], i)
+            found.sources[entry["name"]] = _source(entry, namespace, view)
+    for list_name in CLAIM_CONTAINER_LISTS:
+        for i, container in enumerate(_list(spec.get(list_name))):
+            if isinstance(container, Mapping):
+                where = path.child(list_name).item(i, "name", container.get("name"))
+                found.containers.append((list_name, i, container, where))
+    return found
+
+
+def _container_claims(container: Mapping[str, Any]) -> list[tuple[int, Mapping[str, Any]]]:
+    claims = as_mapping(container.get("resources")).get("claims")
+    return [(k, c) for k, c in enumerate(_list(claims)) if isinstance(c, Mapping)]
+
+
+def _requests_used(info: ClaimInfo, request: object) -> tuple[Request, ...]:
+    if not isinstance(request, str) or not request:
+        return info.requests
+    top = request.split("/", 1)[0]
+    return tuple(r for r in info.requests if r.name == top)
+
+
+def gpu_class_of(request: Request, policy: Policy) -> str | None:
+    return next((c for c in request.classes if policy.is_gpu_class(c)), None)
+
+
+def resource_of(device_class: str, view: ClusterView | None) -> str:
+    return view.resource_of_class(device_class) if view is not None else IMPLICIT_PREFIX + device_class
+
+
+def check_claim_sources(spec: Mapping[str, Any], path: FieldPath, policy: Policy) -> list[Violation]:
+    """D2: each spec.resourceClaims[] entry names exactly one of resourceClaimName, resourceClaimTemplateName."""
+    if not policy.checks("claim-source"):
+        return []
+    out = []
+    for i, entry in enumerate(_list(spec.get("resourceClaims"))):
+        if not isinstance(entry, Mapping):
+            continue
+        named = [k for k in ("resourceClaimName", "resourceClaimTemplateName") if entry.get(k)]
+        if len(named) != 1:
+            what = "both" if named else "neither"
+            out.append(Violation(
+                path.child("resourceClaims").item(i, "name", entry.get("name")), "claim-source",
+                f"claim {quoted(entry.get('name'))} names {what} of resourceClaimName and resourceClaimTemplateName; "
+                "exactly one is required",
+                what,
+            ))
+    return out
+
+
+def check_claim_references(claims: PodClaims, path: FieldPath, policy: Policy) -> list[Violation]:
+    """D1: a container's resources.claims[].name that no spec.resourceClaims[] entry declares (the apiserver
+    checks this for Pods and built-in templates, never inside custom resources); D3: a declared claim no
+    container uses (its devices are allocated for nothing)."""
+    out = []
+    used: set[str] = set()
+    for _, _, container, where in claims.containers:
+        for k, ref in _container_claims(container):
+            name = ref.get("name")
+            if isinstance(name, str):
+                used.add(name)
+            if name not in claims.declared and policy.checks("undeclared-claim"):
+                declared = ", ".join(claims.declared) or "none"
+                out.append(Violation(
+                    where.child("resources").child("claims").item(k, "name", name).child("name"), "undeclared-claim",
+                    f"claim {quoted(name)} is not declared in {path.child('resourceClaims')} (declared: {declared})",
+                    str(name),
+                ))
+    if policy.checks("unused-claim"):
+        for name, i in claims.declared.items():
+            if name not in used:
+                out.append(Violation(
+                    path.child("resourceClaims").item(i, "name", name), "unused-claim",
+                    f"claim {quoted(name)} is declared but no container uses it; its devices would be allocated "
+                    "for nothing",
+                    name,
+                ))
+    return out
+
+
+def check_missing_sources(
+    spec: Mapping[str, Any], path: FieldPath, policy: Policy, view: ClusterView | None, namespace: str
+) -> list[Violation]:
+    """D5: a ResourceClaim or ResourceClaimTemplate that does not exist in the pod's namespace."""
+    if view is None or not policy.checks("missing-claim-source"):
+        return []
+    out = []
+    for i, entry in enumerate(_list(spec.get("resourceClaims"))):
+        if not isinstance(entry, Mapping):
+            continue
+        for key, kind, known, index in (
+            ("resourceClaimTemplateName", "ResourceClaimTemplate", "resourceclaimtemplates", view.templates),
+            ("resourceClaimName", "ResourceClaim", "resourceclaims", view.claims),
+        ):
+            name = entry.get(key)
+            if isinstance(name, str) and name and known in view.known and (namespace, name) not in index:
+                out.append(Violation(
+                    path.child("resourceClaims").item(i, "name", entry.get("name")).child(key),
+                    "missing-claim-source",
+                    f"{kind} {quoted(name)} does not exist in namespace {quoted(namespace)}; the pod stays "
+                    "Pending until it does",
+                    name,
+                ))
+    return out
+
+
+def check_generated_claims(
+    spec: Mapping[str, Any], path: FieldPath, policy: Policy, view: ClusterView | None, namespace: str
+) -> list[Violation]:
+    """D6: resourceClaimName naming a claim generated from a template for another pod: it lives and dies
+    with that pod."""
+    if view is None or not policy.checks("generated-claim-reference"):
+        return []
+    out = []
+    for i, entry in enumerate(_list(spec.get("resourceClaims"))):
+        name = as_mapping(entry).get("resourceClaimName")
+        info = view.claims.get((namespace, name)) if isinstance(name, str) else None
+        if info is not None and info.generated:
+            out.append(Violation(
+                path.child("resourceClaims").item(i, "name", as_mapping(entry).get("name")).child("resourceClaimName"),
+                "generated-claim-reference",
+                f"ResourceClaim {quoted(name)} was generated from a template for another pod and is deleted with it; "
+                "name the template, or a claim made for sharing",
+                str(name),
+            ))
+    return out
+
+
+def check_claim_requests(claims: PodClaims, path: FieldPath, policy: Policy) -> list[Violation]:
+    """D4: a container's resources.claims[].request that the claim it names does not have."""
+    if not policy.checks("unknown-claim-request"):
+        return []
+    out = []
+    for _, _, container, where in claims.containers:
+        for k, ref in _container_claims(container):
+            info = claims.sources.get(str(ref.get("name")))
+            request = ref.get("request")
+            if info is None or not isinstance(request, str) or not request or _requests_used(info, request):
+                continue
+            names = ", ".join(r.name for r in info.requests) or "none"
+            out.append(Violation(
+                where.child("resources").child("claims").item(k, "name", ref.get("name")).child("request"),
+                "unknown-claim-request",
+                f"claim {quoted(ref.get('name'))} has no request {quoted(request)} (requests: {names})",
+                request,
+            ))
+    return out
+
+
+@dataclass
+class ClaimGPUs:
+    """GPUs a pod gets through claims, by extended resource name: per container, and for the pod once per
+    claim request (a claim shared by several containers is allocated once)."""
+
+    per_container: dict[tuple[str, int], dict[str, int]] = field(default_factory=dict)
+    pod: dict[str, int] = field(default_factory=dict)
+    per_class: dict[str, tuple[int, int]] = field(default_factory=dict)  # class -> (devices, resourceClaims index)
+    # containers referencing a GPU claim: (list name, index) -> [(k of resources.claims[k], claim name, class)]
+    gpu_refs: dict[tuple[str, int], list[tuple[int, str, str]]] = field(default_factory=dict)
+
+
+def claim_gpus(claims: PodClaims, policy: Policy, view: ClusterView | None) -> ClaimGPUs:
+    out = ClaimGPUs()
+    for_pod: set[tuple[str, str]] = set()  # (claim, request) already counted for the pod
+    for list_name, i, container, _ in claims.containers:
+        mine: dict[str, int] = {}
+        for k, ref in _container_claims(container):
+            name = str(ref.get("name"))
+            info = claims.sources.get(name)
+            if info is None:
+                continue
+            for request in _requests_used(info, ref.get("request")):
+                device_class = gpu_class_of(request, policy)
+                if device_class is not None:
+                    out.gpu_refs.setdefault((list_name, i), []).append((k, name, device_class))
+                first = (name, request.name) not in for_pod
+                for_pod.add((name, request.name))
+                if request.all_devices:
+                    continue  # no count: the allocation-mode rule speaks for it
+                if first and len(request.classes) == 1:
+                    before = out.per_class.get(request.classes[0], (0, claims.declared.get(name, 0)))
+                    out.per_class[request.classes[0]] = (before[0] + request.count, before[1])
+                if device_class is None:
+                    continue
+                resource = resource_of(device_class, view)
+                mine[resource] = mine.get(resource, 0) + request.count
+                if first:
+                    out.pod[resource] = out.pod.get(resource, 0) + request.count
+        if mine:
+            out.per_container[(list_name, i)] = mine
+    return out
+
+
+def check_claim_caps(
+    claims: PodClaims, gpus: ClaimGPUs, limit_counts: Mapping[tuple[str, int], Mapping[str, int]],
+    pod_totals: Mapping[str, int], path: FieldPath, policy: Policy,
+) -> list[Violation]:
+    """D9 caps: claims and extended resources add up; reported where the claims push a count over the cap."""
+    out = []
+    if policy.per_container:
+        for list_name, i, container, where in claims.containers:
+            through_claims = gpus.per_container.get((list_name, i), {})
+            limits = limit_counts.get((list_name, i), {})
+            for resource, n in sorted(through_claims.items()):
+                total = n + limits.get(resource, 0)
+                if total > policy.per_container >= limits.get(resource, 0):
+                    out.append(Violation(
+                        where.child("resources").child("claims"), "per-container-limit",
+                        f"container {quoted(container.get('name'))}: {total} {resource} ({n} through claims) is over "
+                        f"the limit of {policy.per_container} per container",
+                        str(total),
+                    ))
+    if policy.per_pod:
+        for resource, n in sorted(gpus.pod.items()):
+            total = n + pod_totals.get(resource, 0)
+            if total > policy.per_pod >= pod_totals.get(resource, 0):
+                out.append(Violation(
+                    path, "per-pod-limit",
+                    f"pod asks for {total} {resource} ({n} through claims), over the limit of {policy.per_pod} per pod",
+                    f"{total} {resource}",
+                ))
+    return out
+
+
+def check_pod_device_capacity(
+    gpus: ClaimGPUs, path: FieldPath, policy: Policy, view: ClusterView | None
+) -> list[Violation]:
+    """D9 capacity: the devices of one class a pod's claims ask for, against the most on any node."""
+    out = []
+    for device_class, (count, index) in sorted(gpus.per_class.items()):
+        out.extend(_exceeds_devices(device_class, count, path.child("resourceClaims").index(index), policy, view))
+    return out
+
+
+def check_gpu_limit_and_claim(
+    claims: PodClaims, gpus: ClaimGPUs, limit_counts: Mapping[tuple[str, int], Mapping[str, int]], policy: Policy
+) -> list[Violation]:
+    """D15: a container with a GPU in its limits that also references a claim on a GPU class gets both."""
+    if not policy.checks("gpu-limit-and-claim"):
+        return []
+    out = []
+    for list_name, i, container, where in claims.containers:
+        limits = {r: n for r, n in limit_counts.get((list_name, i), {}).items() if n}
+        refs = gpus.gpu_refs.get((list_name, i), [])
+        if not limits or not refs:
+            continue
+        k, claim, device_class = refs[0]
+        held = ", ".join(f"{n} {r}" for r, n in sorted(limits.items()))
+        out.append(Violation(
+            where.child("resources").child("claims").item(k, "name", claim), "gpu-limit-and-claim",
+            f"container {quoted(container.get('name'))} asks for {held} in limits and for class {device_class} "
+            "through a claim: it would be given both",
+            device_class,
+        ))
+    return out
+
+
+def check_node_name(
+    spec: Mapping[str, Any], path: FieldPath, policy: Policy, uses_gpus: bool
+) -> list[Violation]:
+    """D16: spec.nodeName skips the scheduler, which is what allocates claims and checks GPU capacity."""
+    node = spec.get("nodeName")
+    has_claims = bool(_list(spec.get("resourceClaims")))
+    if not isinstance(node, str) or not node or not (uses_gpus or has_claims):
+        return []
+    if not policy.checks("node-name-with-gpus"):
+        return []
+    lost = "its claims are never allocated" if has_claims else "no GPU capacity is checked"
+    return [Violation(
+        path.child("nodeName"), "node-name-with-gpus",
+        f"nodeName {node} bypasses the scheduler, so {lost}; use nodeSelector kubernetes.io/hostname: {node}",
+        node,
+    )]
+
+
+def pod_violations(
+    ref: PodSpecRef, policy: Policy, view: ClusterView | None, namespace: str,
+    limit_counts: Mapping[tuple[str, int], Mapping[str, int]], pod_totals: Mapping[str, int], uses_gpus: bool,
+) -> tuple[list[Violation], set[str]]:
+    """Every DRA rule for one pod spec, and the GPU resources it gets through claims (empty when the claims
+    cannot be resolved). ``limit_counts`` are the GPUs each container asks for in its resources, by
+    (list, index), and ``pod_totals`` the pod's, both from ``webhook.rules.pods``."""
+    spec, path = ref.spec, ref.path
+    out = check_node_name(spec, path, policy, uses_gpus)
+    if not _list(spec.get("resourceClaims")) and not any(
+        _container_claims(c) for name in CLAIM_CONTAINER_LISTS for c in _list(spec.get(name)) if isinstance(c, Mapping)
+    ):
+        return out, set()
+    claims = pod_claims(spec, path, namespace, view)
+    gpus = claim_gpus(claims, policy, view)
+    out += check_claim_sources(spec, path, policy)
+    out += check_claim_references(claims, path, policy)
+    out += check_missing_sources(spec, path, policy, view, namespace)
+    out += check_generated_claims(spec, path, policy, view, namespace)
+    out += check_claim_requests(claims, path, policy)
+    out += check_claim_caps(claims, gpus, limit_counts, pod_totals, path, policy)
+    out += check_pod_device_capacity(gpus, path, policy, view)
+    out += check_gpu_limit_and_claim(claims, gpus, limit_counts, policy)
+    resources = {r for mine in gpus.per_container.values() for r in mine}
+    resources |= {resource_of(c, view) for refs in gpus.gpu_refs.values() for _, _, c in refs}
+    return out, resources
+
+
+def claim_gpu_resources(
+    spec: Mapping[str, Any], namespace: str, policy: Policy, view: ClusterView | None
+) -> set[str]:
+    """Extended resource names of the GPUs a pod gets through claims (for mutation's selector and tolerations)."""
+    if view is None or not _list(spec.get("resourceClaims")):
+        return set()
+    gpus = claim_gpus(pod_claims(spec, ROOT, namespace, view), policy, view)
+    return {resource_of(c, view) for refs in gpus.gpu_refs.values() for _, _, c in refs}

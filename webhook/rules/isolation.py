@@ -1,0 +1,523 @@
+"""GPU isolation: what lets a container see GPUs the scheduler never gave it, and the runtime around it.
+
+With NVIDIA's defaults (the toolkit's ``accept-nvidia-visible-devices-envvar-when-unprivileged = true``,
+the device plugin's ``deviceListStrategy: envvar``) the container runtime hands a container the GPUs
+its ``NVIDIA_VISIBLE_DEVICES`` names, whoever set it: the device plugin, the image, or the manifest.
+A container that asked for no GPU but says ``all`` sees every GPU of its node, outside the scheduler's
+accounting. The same holds for privileged containers, device nodes mounted from the host, mounts into
+``/var/run/nvidia-container-devices`` (the ``volume-mounts`` strategy) and CDI annotations that the
+runtime or NVIDIA's NRI plugin turn into devices.
+
+Every check is pure and has its own rule id and setting. Pods of ``isolation.trusted`` namespaces and
+service accounts (the GPU Operator, DCGM exporter: they see every GPU by design) skip the tenant rules.
+The runtime-class checks that need the cluster take ``runtime_classes`` (RuntimeClass name -> its
+``scheduling.nodeSelector``; None when cluster checks are off) from the caller.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from webhook.core import resources as registry
+from webhook.core.cluster import ClusterView
+from webhook.core.field import FieldPath, Violation
+from webhook.core.podspecs import PodSpecRef, as_mapping, container_path, raw_containers
+from webhook.core.policy import Policy
+from webhook.core.quantity import QuantityError, gpu_count, shown
+
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+MIG_CONFIG_DEVICES = "NVIDIA_MIG_CONFIG_DEVICES"
+DEVICE_VARIABLES = (VISIBLE_DEVICES, MIG_CONFIG_DEVICES)
+# The toolkit's "no GPU" values: void (or empty) behaves as runc; none gives no GPU but the driver's libraries.
+NO_DEVICES = frozenset({"", "void", "none"})
+# Host device nodes: NVIDIA (/dev/nvidia0, nvidiactl, nvidia-uvm, nvidia-caps/…), DRM (Intel, AMD), AMD KFD.
+DEVICE_DIRECTORIES = ("/dev/dri", "/dev/kfd")
+NVIDIA_DEVICE_PREFIX = "/dev/nvidia"
+# The device plugin's volume-mounts strategy: the runtime injects the GPUs named by mounts here.
+DEVICE_LIST_DIRECTORIES = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
+# Annotation keys containerd/CRI-O and NVIDIA's NRI plugin read CDI device names from.
+CDI_PREFIXES = ("cdi.k8s.io/", "nvidia.cdi.k8s.io/")
+CDI_KEYS = ("nvidia.cdi.k8s.io",)
+NVIDIA_RUNTIME_PREFIX = "nvidia"
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    """Which containers of a pod spec hold a GPU of any kind, by (list name, index)."""
+
+    holders: frozenset[tuple[str, int]]
+    # Some container holds a non-zero count of a policy GPU resource: the pods runtimeClass goes to.
+    counted: bool
+    # A fractional scheduler's pod (HAMi or Volcano names, KAI/Run:ai annotations): it sets the env itself.
+    fractional: bool
+
+    @property
+    def any(self) -> bool:
+        return self.fractional or bool(self.holders)
+
+    def holds(self, list_name: str, index: int) -> bool:
+        return self.fractional or (list_name, index) in self.holders
+
+
+def _nonzero(raw: object) -> bool:
+    try:
+        return gpu_count(raw) != 0
+    except QuantityError:
+        return True  # not a count: the pod still asks for the device (the quantity rule says what is wrong)
+
+
+def container_gpus(container: Mapping[str, Any], policy: Policy) -> tuple[bool, bool, bool]:
+    """(holds a GPU of any kind, holds a counted policy GPU, asks a fractional scheduler) for one container.
+
+    Any kind: a policy GPU resource or a registered vendor name (shared, partition, memory, cores,
+    monitoring) with a non-zero quantity, or a DRA claim (``resources.claims``).
+    """
+    holds = counted = fractional = False
+    resources = as_mapping(container.get("resources"))
+    for section in ("limits", "requests"):
+        for name, raw in as_mapping(resources.get(section)).items():
+            if not isinstance(name, str):
+                continue
+            entry = registry.lookup(name)
+            if entry is None and not (policy.names_gpu(name) or policy.is_gpu(name)):
+                continue
+            if (entry is not None and entry.kind is registry.Kind.PRIORITY) or not _nonzero(raw):
+                continue
+            holds = True
+            counted = counted or policy.is_gpu(name)
+            fractional = fractional or bool(entry is not None and entry.scheduler)
+    claims = resources.get("claims")
+    if isinstance(claims, list) and claims:
+        holds = True
+    return holds, counted, fractional
+
+
+def gpu_use(spec: Mapping[str, Any], metadata: Mapping[str, Any], policy: Policy) -> GpuUse:
+    holders: set[tuple[str, int]] = set()
+    counted = fractional = False
+    for list_name, i, container in raw_containers(spec):
+        holds, counts, asks = container_gpus(container, policy)
+        if holds:
+            holders.add((list_name, i))
+        counted = counted or counts
+        fractional = fractional or asks
+    annotations = as_mapping(metadata.get("annotations"))
+    fractional = fractional or any(key in annotations for key in registry.FRACTION_ANNOTATIONS)
+    return GpuUse(frozenset(holders), counted, fractional)
+
+
+def _label(container: Mapping[str, Any], path: FieldPath) -> str:
+    name = container.get("name")
+    return f'container "{name}"' if isinstance(name, str) and name else f"container {path}"
+
+
+def _source(env_source: Mapping[str, Any]) -> str:
+    for key, kind in (("configMapRef", "ConfigMap"), ("secretRef", "Secret"), ("configMapKeyRef", "ConfigMap"),
+                      ("secretKeyRef", "Secret")):
+        ref = as_mapping(env_source.get(key))
+        if ref:
+            name = ref.get("name")
+            return f"{kind} {shown(name)}" if isinstance(name, str) else kind
+    if "fieldRef" in env_source:
+        return "a field of the pod"
+    if "resourceFieldRef" in env_source:
+        return "a resource field"
+    return "a source"
+
+
+def check_visible_devices(
+    container: Mapping[str, Any], path: FieldPath, policy: Policy, holds_gpu: bool, hidden: bool
+) -> list[Violation]:
+    """A container with no GPU that names GPUs in NVIDIA_VISIBLE_DEVICES or NVIDIA_MIG_CONFIG_DEVICES.
+
+    Only ``env[].value`` can be read here. ``env[].valueFrom`` and ``envFrom`` (a ConfigMap or Secret read
+    by the kubelet) are reported under ``visible-devices-unread``; ``hidden`` (isolation.hideGpus will set
+    the variable in env, which wins over envFrom) makes envFrom harmless. The image's own ENV is never
+    visible at admission: ``isolation.hideGpus`` covers it.
+    """
+    if holds_gpu:
+        return []
+    out: list[Violation] = []
+    label = _label(container, path)
+    named: set[str] = set()
+    env = container.get("env")
+    for j, item in enumerate(env if isinstance(env, list) else []):
+        if not isinstance(item, Mapping) or item.get("name") not in DEVICE_VARIABLES:
+            continue
+        name = str(item["name"])
+        named.add(name)
+        where = path.child("env").item(j, "name", name)
+        source = item.get("valueFrom")
+        if source is not None:
+            if policy.checks("visible-devices-unread"):
+                out.append(
+                    Violation(
+                        where.child("valueFrom"),
+                        "visible-devices-unread",
+                        f"{label} uses no GPU and takes {name} from {_source(as_mapping(source))}, which admission "
+                        "cannot read; anything but void or none there shows it GPUs it was not given",
+                        name,
+                    )
+                )
+            continue
+        value = item.get("value", "")
+        if isinstance(value, str) and value in NO_DEVICES:
+            continue
+        if policy.checks("visible-devices-without-gpu"):
+            sees = "every GPU of its node" if value == "all" else "the GPUs it names"
+            out.append(
+                Violation(
+                    where.child("value"),
+                    "visible-devices-without-gpu",
+                    f"{label} uses no GPU but sets {name}={shown(value)}: the NVIDIA runtime would show it {sees}, "
+                    "outside the scheduler's accounting; remove it or set it to void",
+                    shown(value),
+                )
+            )
+    env_from = container.get("envFrom")
+    if VISIBLE_DEVICES in named or hidden or not policy.checks("visible-devices-unread"):
+        return out
+    for k, item in enumerate(env_from if isinstance(env_from, list) else []):
+        if not isinstance(item, Mapping):
+            continue
+        prefix = item.get("prefix") or ""
+        if not isinstance(prefix, str) or not VISIBLE_DEVICES.startswith(prefix) or prefix == VISIBLE_DEVICES:
+            continue  # every variable it brings starts with a prefix that no device variable has
+        source = _source(item)
+        out.append(
+            Violation(
+                path.child("envFrom").index(k),
+                "visible-devices-unread",
+                f"{label} uses no GPU and imports variables from {source}, which admission cannot read; if one is "
+                f"{VISIBLE_DEVICES} it may show it GPUs it was not given (set {VISIBLE_DEVICES}=void in env, or "
+                "isolation.hideGpus)",
+                source,
+            )
+        )
+    return out
+
+
+def check_zero_gpu_limits(container: Mapping[str, Any], path: FieldPath, policy: Policy) -> list[Violation]:
+    """A GPU count of 0 allocates nothing, yet brings GPU tolerations (ExtendedResourceToleration, our own
+    injection) and the accelerator selector: a pod with no GPU placed on a GPU node."""
+    if not policy.checks("zero-gpu-limit"):
+        return []
+    resources = as_mapping(container.get("resources"))
+    limits = as_mapping(resources.get("limits"))
+    out = []
+    for section, values in (("limits", limits), ("requests", as_mapping(resources.get("requests")))):
+        for name, raw in values.items():
+            if not isinstance(name, str) or (section == "requests" and name in limits):
+                continue
+            if not (policy.is_gpu(name) or (registry.known(name) and registry.counts_gpus(name))):
+                continue
+            if _nonzero(raw):
+                continue
+            out.append(
+                Violation(
+                    path.child("resources").child(section).key(name),
+                    "zero-gpu-limit",
+                    f"{_label(container, path)}: {name}: 0 allocates no GPU but may still tolerate GPU taints "
+                    "and select GPU nodes; leave the resource out",
+                    name,
+                )
+            )
+    return out
+
+
+def _affinity_keys(spec: Mapping[str, Any]) -> set[str]:
+    """Label keys a required node affinity matches on."""
+    required = as_mapping(as_mapping(as_mapping(spec.get("affinity")).get("nodeAffinity")).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"))
+    terms = required.get("nodeSelectorTerms")
+    keys = set()
+    for term in terms if isinstance(terms, list) else []:
+        expressions = as_mapping(term).get("matchExpressions")
+        for expression in expressions if isinstance(expressions, list) else []:
+            key = as_mapping(expression).get("key")
+            if isinstance(key, str):
+                keys.add(key)
+    return keys
+
+
+def gpu_node_reasons(spec: Mapping[str, Any], policy: Policy) -> list[str]:
+    """Why a pod may land on a GPU node although it asks for no GPU: selectors and tolerations."""
+    reasons = []
+    selected = as_mapping(spec.get("nodeSelector")).get(policy.node_label)
+    if isinstance(selected, str):
+        reasons.append(f"selects {policy.node_label}={selected}")
+    elif policy.node_label in _affinity_keys(spec):
+        reasons.append(f"requires {policy.node_label} by node affinity")
+    tolerations = spec.get("tolerations")
+    for toleration in tolerations if isinstance(tolerations, list) else []:
+        toleration = as_mapping(toleration)
+        if toleration.get("key") in (None, "") and toleration.get("operator") == "Exists":
+            reasons.append("tolerates every taint")
+        elif policy.tolerates_gpu_taint(toleration):
+            reasons.append(f"tolerates the {toleration['key']} taint")
+    return reasons
+
+
+def check_privileged(ref: PodSpecRef, policy: Policy, use: GpuUse) -> list[Violation]:
+    """Privileged containers see every device of their node: with a GPU, beside GPU containers, or in a pod
+    that selects or tolerates GPU nodes, that is every GPU. The caller skips trusted pods."""
+    if not policy.checks("privileged-gpu"):
+        return []
+    reasons = None
+    out = []
+    for list_name, i, container in raw_containers(ref.spec):
+        if as_mapping(container.get("securityContext")).get("privileged") is not True:
+            continue
+        where = container_path(ref.path, list_name, i, container)
+        label = _label(container, where)
+        if use.holds(list_name, i):
+            why = f"{label} is privileged and holds a GPU: it sees every GPU of its node, not only its own"
+        elif use.any:
+            why = f"{label} is privileged in a pod with GPUs: it runs on a GPU node and sees every GPU of it"
+        else:
+            reasons = gpu_node_reasons(ref.spec, policy) if reasons is None else reasons
+            if not reasons:
+                continue
+            why = (f"{label} is privileged and its pod {', '.join(reasons)}: on a GPU node it sees every GPU, "
+                   "outside the scheduler's accounting")
+        out.append(
+            Violation(
+                where.child("securityContext").child("privileged"),
+                "privileged-gpu",
+                f"{why}; only trusted namespaces and service accounts (isolation.trusted) may",
+                "true",
+            )
+        )
+    return out
+
+
+def _normal(path: str) -> str:
+    # normpath keeps a leading "//" (POSIX allows it a meaning); Linux gives it none.
+    return posixpath.normpath("/" + path.lstrip("/"))
+
+
+def exposes_gpu_devices(host_path: str) -> bool:
+    """A host path that is a GPU device node, holds some, or is a directory above them (/, /dev)."""
+    path = _normal(host_path)
+    if path in ("/", "/dev") or path.startswith(NVIDIA_DEVICE_PREFIX):
+        return True
+    return any(path == d or path.startswith(d + "/") for d in DEVICE_DIRECTORIES)
+
+
+def _in_device_list(mount_path: str) -> bool:
+    path = _normal(mount_path)
+    return any(path == d or path.startswith(d + "/") for d in DEVICE_LIST_DIRECTORIES)
+
+
+def check_device_mounts(ref: PodSpecRef, policy: Policy) -> list[Violation]:
+    """GPU device nodes by hostPath, and mounts where the volume-mounts strategy reads the GPUs to inject.
+    The caller skips trusted pods."""
+    if not policy.checks("gpu-device-mount"):
+        return []
+    out = []
+    volumes = ref.spec.get("volumes")
+    for i, volume in enumerate(volumes if isinstance(volumes, list) else []):
+        volume = as_mapping(volume)
+        host_path = as_mapping(volume.get("hostPath")).get("path")
+        if isinstance(host_path, str) and exposes_gpu_devices(host_path):
+            out.append(
+                Violation(
+                    ref.path.child("volumes").item(i, "name", volume.get("name")).child("hostPath").child("path"),
+                    "gpu-device-mount",
+                    f"hostPath {shown(host_path)} exposes the node's GPU devices to the pod, outside the "
+                    "scheduler's accounting; GPUs come from resources",
+                    host_path,
+                )
+            )
+    for list_name, i, container in raw_containers(ref.spec):
+        mounts = container.get("volumeMounts")
+        for k, mount in enumerate(mounts if isinstance(mounts, list) else []):
+            mount_path = as_mapping(mount).get("mountPath")
+            if isinstance(mount_path, str) and _in_device_list(mount_path):
+                where = container_path(ref.path, list_name, i, container)
+                out.append(
+                    Violation(
+                        where.child("volumeMounts").item(k, "mountPath", mount_path).child("mountPath"),
+                        "gpu-device-mount",
+                        f"{_label(container, where)}: a mount at {shown(mount_path)} asks the NVIDIA runtime "
+                        "(volume-mounts device list strategy) for the GPUs it names, outside the scheduler's "
+                        "accounting",
+                        mount_path,
+                    )
+                )
+    return out
+
+
+def is_cdi_annotation(key: object) -> bool:
+    return isinstance(key, str) and (key.startswith(CDI_PREFIXES) or key in CDI_KEYS)
+
+
+def check_cdi_annotations(ref: PodSpecRef, policy: Policy) -> list[Violation]:
+    """CDI device names in pod annotations: the container runtime (or NVIDIA's NRI plugin) injects them,
+    ``nvidia.com/gpu=all`` included, whatever the scheduler allocated. The caller skips trusted pods."""
+    if not policy.checks("cdi-annotation"):
+        return []
+    out = []
+    for key, value in as_mapping(ref.metadata.get("annotations")).items():
+        if not is_cdi_annotation(key):
+            continue
+        management = isinstance(value, str) and "management.nvidia.com/" in value
+        extra = " (management.nvidia.com/gpu opens every GPU of the node)" if management else ""
+        out.append(
+            Violation(
+                ref.metadata_path.child("annotations").key(key),
+                "cdi-annotation",
+                f"annotation {key}={shown(value)} asks the container runtime to inject CDI devices{extra}, outside "
+                "the scheduler's accounting; only trusted namespaces and service accounts (isolation.trusted) may",
+                shown(value),
+            )
+        )
+    return out
+
+
+def check_runtime_class_without_gpu(ref: PodSpecRef, policy: Policy, use: GpuUse) -> list[Violation]:
+    """``runtimeClassName: nvidia*`` on a pod with no GPU: the NVIDIA runtime honours NVIDIA_VISIBLE_DEVICES
+    from the image (CUDA images say all). The caller skips trusted pods."""
+    name = ref.spec.get("runtimeClassName")
+    if use.any or not isinstance(name, str) or not name.startswith(NVIDIA_RUNTIME_PREFIX):
+        return []
+    if not policy.checks("runtime-class-without-gpu"):
+        return []
+    return [
+        Violation(
+            ref.path.child("runtimeClassName"),
+            "runtime-class-without-gpu",
+            f"runtimeClassName {name} on a pod that uses no GPU: the NVIDIA runtime shows it the GPUs its image's "
+            f"{VISIBLE_DEVICES} names (all, in CUDA images); use the default runtime",
+            name,
+        )
+    ]
+
+
+def effective_node_selector(spec: Mapping[str, Any], metadata: Mapping[str, Any], policy: Policy) -> dict[str, str]:
+    """The pod's nodeSelector once mutation has added the accelerator (annotation, else default)."""
+    selector = {k: v for k, v in as_mapping(spec.get("nodeSelector")).items() if isinstance(v, str)}
+    if policy.node_label not in selector and policy.node_label not in _affinity_keys(spec):
+        injected = policy.injected_accelerator(as_mapping(metadata.get("annotations")).get(policy.annotation))
+        if injected is not None:
+            selector[policy.node_label] = injected
+    return selector
+
+
+def runtime_class_selectors(objects: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+    """RuntimeClass name -> its scheduling.nodeSelector, from RuntimeClass objects (others are skipped)."""
+    found: dict[str, dict[str, str]] = {}
+    for obj in objects:
+        if obj.get("kind") not in (None, "RuntimeClass"):
+            continue
+        name = as_mapping(obj.get("metadata")).get("name")
+        selector = as_mapping(as_mapping(obj.get("scheduling")).get("nodeSelector"))
+        if isinstance(name, str):
+            found[name] = {k: v for k, v in selector.items() if isinstance(k, str) and isinstance(v, str)}
+    return found
+
+
+def runtime_class_conflicts(class_selector: Mapping[str, str], pod_selector: Mapping[str, str]) -> list[str]:
+    """``key: class value != pod value`` for each key both set differently: the apiserver's RuntimeClass
+    admission merges the two and rejects the pod on any conflict."""
+    return [
+        f"{key}={value} (pod: {pod_selector[key]})"
+        for key, value in sorted(class_selector.items())
+        if key in pod_selector and pod_selector[key] != value
+    ]
+
+
+def runtime_class_of(spec: Mapping[str, Any], policy: Policy, use: GpuUse) -> tuple[str | None, bool]:
+    """(RuntimeClass the pod will run with, whether isolation.runtimeClass injects it)."""
+    named = spec.get("runtimeClassName")
+    if isinstance(named, str) and named:
+        return named, False
+    if named is None and policy.runtime_class and use.counted and not use.fractional:
+        return policy.runtime_class, True
+    return None, False
+
+
+def check_runtime_class(
+    ref: PodSpecRef, policy: Policy, use: GpuUse, runtime_classes: Mapping[str, Mapping[str, str]] | None
+) -> list[Violation]:
+    """Cluster-aware: the GPU pod's RuntimeClass (named, or what isolation.runtimeClass injects) exists,
+    and its scheduling.nodeSelector agrees with the pod's, our accelerator selector included. A Pod that
+    fails either is refused by the apiserver; a Deployment's pods fail to be created, again and again."""
+    if runtime_classes is None or not use.any:
+        return []
+    name, injected = runtime_class_of(ref.spec, policy, use)
+    if name is None:
+        return []
+    where = ref.path.child("runtimeClassName")
+    origin = f"isolation.runtimeClass injects {name}" if injected else f"runtimeClassName {name}"
+    if name not in runtime_classes:
+        if not policy.checks("unknown-runtime-class"):
+            return []
+        have = ", ".join(sorted(runtime_classes)) or "none"
+        return [
+            Violation(
+                where,
+                "unknown-runtime-class",
+                f"{origin}, but no such RuntimeClass exists, so the pod would be refused or never run "
+                f"(RuntimeClasses: {have})",
+                name,
+            )
+        ]
+    conflicts = runtime_class_conflicts(runtime_classes[name], effective_node_selector(ref.spec, ref.metadata, policy))
+    if not conflicts or not policy.checks("runtime-class-conflict"):
+        return []
+    return [
+        Violation(
+            where,
+            "runtime-class-conflict",
+            f"{origin}, whose scheduling.nodeSelector contradicts the pod's: {', '.join(conflicts)}; the "
+            "apiserver would reject the pod",
+            f"{name}: {', '.join(conflicts)}",
+        )
+    ]
+
+
+def hides_gpus(policy: Policy, use: GpuUse) -> bool:
+    """Whether isolation.hideGpus will set NVIDIA_VISIBLE_DEVICES in the env of this pod's CPU containers."""
+    return policy.hide_gpus != "off" and not use.fractional
+
+
+def check_container_isolation(
+    container: Mapping[str, Any], path: FieldPath, policy: Policy, holds_gpu: bool, trusted: bool, hidden: bool
+) -> list[Violation]:
+    """The isolation rules on one container (``rules`` calls it from its own pass over the containers)."""
+    out = check_zero_gpu_limits(container, path, policy)
+    if not trusted:
+        out.extend(check_visible_devices(container, path, policy, holds_gpu, hidden))
+    return out
+
+
+def check_isolation(
+    ref: PodSpecRef,
+    policy: Policy,
+    use: GpuUse | None = None,
+    runtime_classes: Mapping[str, Mapping[str, str]] | None = None,
+) -> list[Violation]:
+    """The isolation rules on one pod spec as a whole; the per-container ones are ``check_container_isolation``."""
+    use = use if use is not None else gpu_use(ref.spec, ref.metadata, policy)
+    out: list[Violation] = []
+    if not policy.trusts(ref.spec):
+        out.extend(check_privileged(ref, policy, use))
+        out.extend(check_device_mounts(ref, policy))
+        out.extend(check_cdi_annotations(ref, policy))
+        out.extend(check_runtime_class_without_gpu(ref, policy, use))
+    out.extend(check_runtime_class(ref, policy, use, runtime_classes))
+    return out
+
+
+RuntimeClasses = Mapping[str, Mapping[str, str]]  # RuntimeClass name -> its scheduling.nodeSelector
+
+
+def runtime_classes(view: ClusterView | None, policy: Policy) -> RuntimeClasses | None:
+    """RuntimeClass name -> its scheduling.nodeSelector, when the cluster checks know the RuntimeClasses."""
+    if view is None or not policy.cluster_enabled or "runtimeclasses" not in view.known:
+        return None
+    return view.runtime_class_node_selectors

@@ -1,0 +1,350 @@
+"""Validation rules: pure functions from an object to the list of its GPU violations.
+
+Each check has the shape ``check_x(thing, path, policy) -> list[Violation]``: it starts
+empty, extends, and returns everything it found, so one denial names every problem.
+Nothing here raises on odd input; odd shapes are violations of their own. Each violation carries
+the value it is about, so an UPDATE that changes an old problem is held to it (see ``admission``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from webhook.core import quantity
+from webhook.core.cluster import ClusterView
+from webhook.core.field import FieldPath, Violation
+from webhook.core.podspecs import CONTAINER_LISTS, PodSpecRef, find_pod_specs
+from webhook.core.policy import Policy, gpu_entries
+from webhook.core.quantity import quoted, shown
+from webhook.rules import claims, sharing
+from webhook.rules.capacity import check_cluster
+from webhook.rules.crossfield import (
+    check_cpu_pod_on_gpu_nodes,
+    check_init_container_gpus,
+    check_mixed_gpu_and_mig,
+    check_process_count,
+    check_replica_accelerators,
+)
+from webhook.rules.isolation import (
+    GpuUse,
+    check_container_isolation,
+    check_isolation,
+    gpu_use,
+    hides_gpus,
+    runtime_classes,
+)
+
+__all__ = ["check_pod_spec", "violations"]
+
+# RuntimeClass name -> its scheduling.nodeSelector, from the cluster; None when cluster checks are off.
+
+
+@dataclass
+class ContainerGPUs:
+    """What one container asks for, as the scheduler will count it (requests, defaulted from limits)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    named: set[str] = field(default_factory=set)  # every GPU resource named, valid or not
+    sidecar: bool = False
+    slot: tuple[str, int] = ("", -1)  # (containers | initContainers | ephemeralContainers, index)
+
+
+def container_label(container: Mapping[str, Any], path: FieldPath) -> str:
+    name = container.get("name")
+    return f"container {quoted(name)}" if isinstance(name, str) and name else f"container {path}"
+
+
+def about(raw: object) -> str:
+    """A value as a violation records it: as written, cut short if long (``1`` and ``"1"`` are one quantity)."""
+    return raw if isinstance(raw, str) else shown(raw)
+
+
+def _mapping_at(parent: Mapping[str, Any], key: str, path: FieldPath, out: list[Violation]) -> Mapping[str, Any]:
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        kind = type(value).__name__
+        out.append(Violation(path.child(key), "structure", f"must be a mapping, not {kind}", kind))
+        return {}
+    return value
+
+
+def check_container(
+    container: Mapping[str, Any], path: FieldPath, policy: Policy, gpus: ContainerGPUs
+) -> list[Violation]:
+    """Requests and limits of every GPU resource in one container; fills ``gpus`` with valid counts."""
+    out: list[Violation] = []
+    label = container_label(container, path)
+    resources_path = path.child("resources")
+    resources = _mapping_at(container, "resources", path, out)
+    limits = gpu_entries(_mapping_at(resources, "limits", resources_path, out), policy)
+    requests = gpu_entries(_mapping_at(resources, "requests", resources_path, out), policy)
+    gpus.named.update(limits, requests)
+    limit_counts: dict[str, int] = {}
+    for name, raw in limits.items():
+        where = resources_path.child("limits").key(name)
+        try:
+            limit_counts[name] = quantity.gpu_count(raw)
+        except quantity.QuantityError as exc:
+            out.append(Violation(where, "invalid-quantity", f"{label}: {exc}", about(raw)))
+    for name, raw in requests.items():
+        where = resources_path.child("requests").key(name)
+        count: int | None = None
+        try:
+            count = quantity.gpu_count(raw)
+        except quantity.QuantityError as exc:
+            out.append(Violation(where, "invalid-quantity", f"{label}: {exc}", about(raw)))
+        if name not in limits:
+            out.append(
+                Violation(
+                    where,
+                    "requests-without-limits",
+                    f"{label}: {name} is requested without a limit, set it in limits (requests default to limits)",
+                    about(raw),
+                )
+            )
+        elif count is not None and name in limit_counts and count != limit_counts[name]:
+            out.append(
+                Violation(
+                    where,
+                    "requests-differ",
+                    f"{label}: {name} requests ({quoted(raw)}) must equal limits ({quoted(limits[name])})",
+                    f"{count} != {limit_counts[name]}",
+                )
+            )
+        if count is not None:
+            gpus.counts[name] = count
+    for name, count in limit_counts.items():
+        gpus.counts.setdefault(name, count)
+        if policy.per_container and count > policy.per_container:
+            out.append(
+                Violation(
+                    resources_path.child("limits").key(name),
+                    "per-container-limit",
+                    f"{label}: {count} {name} is over the limit of {policy.per_container} per container",
+                    str(count),
+                )
+            )
+    return out
+
+
+def pod_gpu_totals(app: Iterable[ContainerGPUs], init: Iterable[ContainerGPUs]) -> dict[str, int]:
+    """GPUs a pod holds at its peak, computed as the scheduler's resource helper does.
+
+    App containers and restartable (sidecar) init containers run together; a plain init
+    container runs alone beside the sidecars started before it; the pod needs the larger.
+    """
+    totals: dict[str, int] = {}
+    for c in app:
+        for name, n in c.counts.items():
+            totals[name] = totals.get(name, 0) + n
+    sidecars: dict[str, int] = {}
+    init_peak: dict[str, int] = {}
+    for c in init:
+        for name, n in c.counts.items():
+            if c.sidecar:
+                totals[name] = totals.get(name, 0) + n
+                sidecars[name] = sidecars.get(name, 0) + n
+                peak = sidecars[name]
+            else:
+                peak = n + sidecars.get(name, 0)
+            init_peak[name] = max(init_peak.get(name, 0), peak)
+    for name, peak in init_peak.items():
+        totals[name] = max(totals.get(name, 0), peak)
+    return totals
+
+
+@dataclass
+class PodGPUs:
+    """The GPU picture of one pod spec, shared by validation and mutation."""
+
+    app: list[ContainerGPUs] = field(default_factory=list)
+    init: list[ContainerGPUs] = field(default_factory=list)
+    ephemeral: list[ContainerGPUs] = field(default_factory=list)
+    ephemeral_paths: list[FieldPath] = field(default_factory=list)
+
+    @property
+    def uses_gpus(self) -> bool:
+        # Naming a GPU resource is enough, even with a bad value: such a pod is no CPU pod.
+        return any(c.named for c in (*self.app, *self.init, *self.ephemeral))
+
+    def totals(self) -> dict[str, int]:
+        return pod_gpu_totals(self.app, self.init)
+
+
+def check_containers(
+    spec: Mapping[str, Any],
+    path: FieldPath,
+    policy: Policy,
+    gpus: PodGPUs,
+    use: GpuUse | None = None,
+    trusted: bool = False,
+) -> list[Violation]:
+    """Every container's resources, and (given the pod's ``use`` of GPUs) its isolation rules."""
+    out: list[Violation] = []
+    hidden = use is not None and hides_gpus(policy, use)
+    if not isinstance(spec.get("containers"), list):
+        out.append(Violation(path.child("containers"), "structure", "must be a list of containers"))
+    for list_name, bucket in zip(CONTAINER_LISTS, (gpus.app, gpus.init, gpus.ephemeral), strict=True):
+        items = spec.get(list_name)
+        if items is None or (list_name == "containers" and not isinstance(items, list)):
+            continue
+        list_path = path.child(list_name)
+        if not isinstance(items, list):
+            out.append(Violation(list_path, "structure", "must be a list of containers"))
+            continue
+        for i, container in enumerate(items):
+            if not isinstance(container, Mapping):
+                out.append(Violation(list_path.index(i), "structure", "must be a container mapping"))
+                continue
+            # By name, so that a container inserted before this one changes no violation's subject.
+            where = list_path.item(i, "name", container.get("name"))
+            c = ContainerGPUs(sidecar=container.get("restartPolicy") == "Always", slot=(list_name, i))
+            out.extend(check_container(container, where, policy, c))
+            out.extend(check_mixed_gpu_and_mig(container, where, set(c.counts), policy))
+            out.extend(sharing.check_vendor_resources(container, where, policy, trusted))
+            if use is not None:
+                holds = use.holds(list_name, i)
+                out.extend(check_container_isolation(container, where, policy, holds, trusted, hidden))
+            if list_name == "initContainers":
+                out.extend(check_init_container_gpus(where, c.counts, c.sidecar, policy))
+            bucket.append(c)
+            if list_name == "ephemeralContainers":
+                gpus.ephemeral_paths.append(where)
+    for where, c in zip(gpus.ephemeral_paths, gpus.ephemeral, strict=True):
+        if c.counts:
+            held = ", ".join(f"{n} {name}" for name, n in sorted(c.counts.items()))
+            out.append(
+                Violation(where.child("resources"), "ephemeral-gpu", "ephemeral containers may not use GPUs", held)
+            )
+    return out
+
+
+def check_pod_level_resources(spec: Mapping[str, Any], path: FieldPath, policy: Policy) -> list[Violation]:
+    """Pod-level ``spec.resources`` accepts no extended resources; a GPU there is a mistake."""
+    out: list[Violation] = []
+    resources = _mapping_at(spec, "resources", path, out)
+    for kind in ("limits", "requests"):
+        for name, raw in gpu_entries(_mapping_at(resources, kind, path.child("resources"), out), policy).items():
+            out.append(
+                Violation(
+                    path.child("resources").child(kind).key(name),
+                    "pod-level-gpu",
+                    f"{name} cannot be set in pod-level resources; set it on a container",
+                    about(raw),
+                )
+            )
+    return out
+
+
+def check_pod_limit(totals: Mapping[str, int], path: FieldPath, policy: Policy) -> list[Violation]:
+    if not policy.per_pod:
+        return []
+    return [
+        Violation(
+            path, "per-pod-limit", f"pod asks for {n} {name}, over the limit of {policy.per_pod} per pod", f"{n} {name}"
+        )
+        for name, n in sorted(totals.items())
+        if n > policy.per_pod
+    ]
+
+
+def accelerator_of(ref: PodSpecRef, policy: Policy, out: list[Violation]) -> tuple[str | None, str | None]:
+    """(annotation value, nodeSelector value) of the pod's accelerator; odd shapes are reported."""
+    annotations = _mapping_at(ref.metadata, "annotations", ref.metadata_path, out)
+    node_selector = _mapping_at(ref.spec, "nodeSelector", ref.path, out)
+    annotated = annotations.get(policy.annotation) or None  # an empty annotation asks for nothing
+    selected = node_selector.get(policy.node_label)
+    if annotated is not None and not isinstance(annotated, str):
+        where = ref.metadata_path.child("annotations").key(policy.annotation)
+        out.append(Violation(where, "structure", "must be a string", type(annotated).__name__))
+        annotated = None
+    if selected is not None and not isinstance(selected, str):
+        where = ref.path.child("nodeSelector").key(policy.node_label)
+        out.append(Violation(where, "structure", "must be a string", type(selected).__name__))
+        selected = None
+    return annotated, selected
+
+
+def check_accelerator(ref: PodSpecRef, policy: Policy, annotated: str | None, selected: str | None) -> list[Violation]:
+    out: list[Violation] = []
+    annotation_path = ref.metadata_path.child("annotations").key(policy.annotation)
+    selector_path = ref.path.child("nodeSelector").key(policy.node_label)
+    for where, value in ((annotation_path, annotated), (selector_path, selected)):
+        if value is not None and not policy.accelerator_allowed(value):
+            out.append(
+                Violation(
+                    where,
+                    "accelerator-not-allowed",
+                    f"accelerator {quoted(value)} is not allowed here (allowed: {', '.join(policy.allowed)})",
+                    value,
+                )
+            )
+    if annotated is not None and selected is not None and annotated != selected:
+        out.append(
+            Violation(
+                annotation_path,
+                "accelerator-conflict",
+                f"annotation {policy.annotation}={annotated} conflicts with "
+                f"nodeSelector {policy.node_label}={selected}",
+                f"{annotated} != {selected}",
+            )
+        )
+    return out
+
+
+def check_pod_spec(
+    ref: PodSpecRef, policy: Policy, view: ClusterView | None = None, namespace: str = ""
+) -> tuple[list[Violation], str | None]:
+    """Violations of one pod spec, and the accelerator it names explicitly if it uses GPUs."""
+    gpus = PodGPUs()
+    use = gpu_use(ref.spec, ref.metadata, policy)
+    out = check_containers(ref.spec, ref.path, policy, gpus, use, policy.trusts(ref.spec))
+    out.extend(check_pod_level_resources(ref.spec, ref.path, policy))
+    out.extend(check_isolation(ref, policy, use, runtime_classes(view, policy)))
+    totals = gpus.totals()
+    limit_counts = {c.slot: c.counts for c in (*gpus.app, *gpus.init)}
+    found, claim_gpus = claims.pod_violations(ref, policy, view, namespace, limit_counts, totals, gpus.uses_gpus)
+    out.extend(found)
+    if not gpus.uses_gpus and not claim_gpus:
+        # A pod with claims may hold GPUs we cannot see; a time-sliced or HAMi pod is no CPU pod either,
+        # though its names are not policy GPUs.
+        claimed = isinstance(ref.spec.get("resourceClaims"), list) and bool(ref.spec["resourceClaims"])
+        if not claimed and not use.any:
+            out.extend(check_cpu_pod_on_gpu_nodes(ref, policy))
+        return out, None
+    out.extend(check_pod_limit(totals, ref.path, policy))
+    annotated, selected = accelerator_of(ref, policy, out)
+    out.extend(check_accelerator(ref, policy, annotated, selected))
+    explicit = annotated or selected
+    if view is not None and policy.cluster_enabled and "nodes" in view.known:
+        # The default is what mutation will inject, so the pod is judged as it will be scheduled.
+        out.extend(check_cluster(ref.path, explicit or policy.default or None, totals, view.nodes, policy))
+    return out, explicit
+
+
+def violations(
+    obj: Mapping[str, Any],
+    group: str,
+    kind: str,
+    policy: Policy,
+    view: ClusterView | None = None,
+    namespace: str = "",
+) -> list[Violation]:
+    """Every GPU violation in every pod spec of ``obj``, and across its replicas; or, for a ResourceClaim,
+    ResourceClaimTemplate or DeviceClass, in its device requests."""
+    if claims.is_dra_object(group, kind):
+        return claims.object_violations(obj, kind, policy, view, namespace)
+    out: list[Violation] = []
+    named: list[tuple[PodSpecRef, str]] = []
+    for ref in find_pod_specs(obj, group, kind):
+        found, accelerator = check_pod_spec(ref, policy, view, namespace)
+        out.extend(found)
+        if accelerator is not None:
+            named.append((ref, accelerator))
+    out.extend(check_replica_accelerators(named, group, kind, policy))
+    out.extend(check_process_count(obj, group, kind, policy))
+    return out

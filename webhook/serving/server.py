@@ -1,0 +1,415 @@
+"""Run the app: gunicorn's master process, and workers that serve on an asyncio loop.
+
+gunicorn does what a master does well (fork the workers, respawn one that exits, kill one that stops
+heartbeating, pass SIGTERM on); each worker runs ``webhook.serving.connections`` on its own loop, so a connection
+costs no thread and only complete requests reach Flask, on a small thread pool. Each worker owns its
+reloaders (threads do not survive fork): policy and certificate files are re-read when their bytes
+change, and every new TLS handshake gets the certificate loaded last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from gunicorn import glogging
+from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
+from gunicorn.workers.base import Worker
+
+from webhook.core.cluster import CLUSTER_KINDS, ClusterState, ClusterView
+from webhook.core.policy import load_policy
+from webhook.kube.informer import Informer, KubeSource, report_forever
+from webhook.rules.admission import Handler
+from webhook.serving.app import DEFAULT_HANDLERS, DEFAULT_MAX_BODY, create_app
+from webhook.serving.connections import Front, Limits
+from webhook.serving.tls import server_context
+from webhook.serving.watch import Reloader
+from webhook.telemetry import logs, metrics
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    cert_file: str
+    key_file: str
+    host: str = "0.0.0.0"
+    port: int = 8443
+    policy_file: str | None = None
+    client_ca: str | None = None
+    workers: int = 1
+    threads: int = 4  # handler threads per worker: complete requests only, never a waiting client
+    max_body: int = DEFAULT_MAX_BODY
+    # Longer than the apiserver's 90 s idle timeout, or it reuses connections we just closed.
+    keepalive: int = 120
+    # After SIGTERM, /readyz fails for this long while requests are still served, so endpoints drain.
+    drain_seconds: float = 3.0
+    reload_interval: float = 1.0
+    # For cluster-aware checks (policy cluster.enabled): None means the in-cluster service account.
+    kubeconfig: str | None = None
+    # A TLS handshake, and a request from its first byte to its last, must finish within this.
+    read_timeout: float = 10.0
+    # Plain-HTTP operations port: GET /metrics, /healthz, /readyz. When set, /metrics leaves the admission
+    # port, so a NetworkPolicy can open that port to the apiserver only and this one to the monitoring.
+    metrics_port: int | None = None
+    # serve --audit: the periodic audit, in a process the master starts beside the workers.
+    # the command line of that process (``python -m webhook.audit.loop SETTINGS``), built by the CLI
+    audit: Sequence[str] | None = None
+
+    def limits(self) -> Limits:
+        return Limits(
+            handshake_timeout=self.read_timeout,
+            request_timeout=self.read_timeout,
+            idle_timeout=float(self.keepalive),
+            max_body=self.max_body,
+        )
+
+
+class _WorkerState:
+    """What one worker process serves from: the policy and TLS context in force, and whether it drains."""
+
+    def __init__(self, config: ServeConfig):
+        self.config = config
+        self.draining = False
+        self.policy = Reloader(
+            "policy",
+            [config.policy_file] if config.policy_file else [],
+            lambda: load_policy(config.policy_file),
+            lambda ok: metrics.record_reload("policy", ok),
+            config.reload_interval,
+        )
+        tls_files = [config.cert_file, config.key_file] + ([config.client_ca] if config.client_ca else [])
+        self.tls = Reloader(
+            "certificate",
+            tls_files,
+            lambda: server_context(config.cert_file, config.key_file, config.client_ca),
+            lambda ok: metrics.record_reload("certificate", ok),
+            config.reload_interval,
+        )
+
+        # Cluster checks are switched on at start; a reload that toggles cluster.enabled takes a restart.
+        initial = self.policy.value.default
+        self.cluster = ClusterState(initial.node_label) if initial.cluster_enabled else None
+        self.informers: list[Informer] = []
+        if self.cluster is not None:
+            # One list+watch per kind the view reads, all over one connection pool.
+            source = KubeSource(config.kubeconfig)
+            self.informers = [Informer(kind, source, self.cluster.indices[kind.name]) for kind in CLUSTER_KINDS]
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        self.policy.start()
+        self.tls.start()
+        if self.cluster is not None:
+            self.cluster.start_refresher(self._stop)
+        for informer in self.informers:
+            informer.start()
+        if self.informers:
+            nodes = self.informers[0]
+
+            def legacy_node_gauges() -> None:  # the node-only gauges documented before the other kinds came
+                metrics.NODE_INDEX_NODES.set(len(nodes.sink))
+                if nodes.loaded:
+                    metrics.NODE_INDEX_AGE.set(time.time() - nodes.last_sync)
+                metrics.NODE_INDEX_STALE.set(1 if nodes.stale else 0)
+
+            report_forever(self.informers, self._stop, legacy_node_gauges)
+
+    def cluster_view(self) -> ClusterView | None:
+        return self.cluster.view() if self.cluster is not None else None
+
+    def readiness(self) -> str | None:
+        if self.draining:
+            return "draining after SIGTERM"
+        if self.cluster is not None and not self.cluster.loaded:
+            return f"waiting for the first list of {', '.join(self.cluster.waiting_for())}"
+        return None
+
+
+_state: _WorkerState | None = None
+
+
+class AsyncWorker(Worker):
+    """A gunicorn worker whose connections live on an asyncio loop (uvloop when installed)."""
+
+    def init_signals(self) -> None:
+        # The loop installs its own handlers in run(); until then the defaults apply.
+        for sig in self.SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+
+    def run(self) -> None:
+        import uvloop
+
+        loop = asyncio.new_event_loop() if os.environ.get("GW_LOOP") == "asyncio" else uvloop.new_event_loop()
+        loop.set_exception_handler(_loop_error)
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._serve())
+        finally:
+            loop.close()
+
+    async def _serve(self) -> None:
+        assert _state is not None, "the worker serves before its state loaded"
+        state = _state
+        config = state.config
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        draining = asyncio.Event()
+        pool = ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="handler")
+        limits = config.limits()
+        admission_app = self.wsgi if config.metrics_port is None else _without(OPERATIONS_ONLY, self.wsgi)
+        fronts = {
+            "admission": Front(admission_app, pool, limits, config.port, lambda: state.tls.value, _log_refusal),
+            "operations": Front(_only(OPERATIONS, self.wsgi), pool, limits, config.metrics_port or 0, None,
+                                _log_refusal),
+        }
+        servers = []
+        for listener in self.sockets:
+            port = listener.sock.getsockname()[1]
+            front = fronts["operations" if port == config.metrics_port else "admission"]
+            servers.append(await loop.create_server(front.protocol, sock=listener.sock, backlog=self.cfg.backlog))
+        loop.add_signal_handler(signal.SIGTERM, draining.set)
+        for sig in (signal.SIGINT, signal.SIGQUIT):
+            loop.add_signal_handler(sig, stop.set)
+
+        async def heartbeat() -> None:
+            # The master kills a worker that stops notifying; the loop notifying means it is not stuck.
+            while True:
+                self.notify()
+                if self.ppid != os.getppid():  # the master is gone: stop with it
+                    stop.set()
+                await asyncio.sleep(1.0)
+
+        beat = loop.create_task(heartbeat())
+        drained = loop.create_task(draining.wait())
+        stopped = loop.create_task(stop.wait())
+        await asyncio.wait([drained, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if draining.is_set() and not stop.is_set():
+            # Readiness fails first; requests are still served while endpoints catch up.
+            state.draining = True
+            logs.event("draining", seconds=config.drain_seconds)
+            await asyncio.wait([stopped], timeout=config.drain_seconds)
+        for server in servers:
+            server.close()
+        grace = 0 if stop.is_set() else max(1.0, self.cfg.graceful_timeout - config.drain_seconds - 2)
+        cut = sum(await asyncio.gather(*(front.drain(grace) for front in fronts.values())))
+        logs.event("stopped", connections_cut=cut)
+        beat.cancel()
+        drained.cancel()
+        stopped.cancel()
+        pool.shutdown(wait=False, cancel_futures=True)
+        self.alive = False
+
+
+OPERATIONS = frozenset({"/metrics", "/healthz", "/readyz"})
+OPERATIONS_ONLY = frozenset({"/metrics"})
+
+
+def _only(paths: frozenset[str], app: Any) -> Any:
+    """The app for the paths given; 404 for anything else (the operations port serves no admissions)."""
+
+    def wsgi(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO") in paths:
+            return app(environ, start_response)
+        start_response("404 Not Found", [("Content-Type", "application/json")])
+        return [b'{"error":"not served on this port","code":404}']
+
+    return wsgi
+
+
+def _without(paths: frozenset[str], app: Any) -> Any:
+    def wsgi(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO") not in paths:
+            return app(environ, start_response)
+        start_response("404 Not Found", [("Content-Type", "application/json")])
+        return [b'{"error":"served on the metrics port","code":404}']
+
+    return wsgi
+
+
+def _loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """What the loop cannot hand to anybody (a transport's fatal error), as one JSON line."""
+    exc = context.get("exception")
+    logs.event(
+        "loop_error",
+        logging.ERROR,
+        exc_info=exc is not None and not isinstance(exc, (ConnectionError, ssl.SSLError, TimeoutError)),
+        message=str(context.get("message", "")),
+        error=repr(exc) if exc is not None else None,
+    )
+
+
+def _log_refusal(status: int, reason: str, peer: str) -> None:
+    logs.event("refused", status=status, reason=reason, remote=peer)
+    metrics.count_refusal(status)
+
+
+def _child_exit(server: Any, worker: Any) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+class JsonGunicornLogger(glogging.Logger):
+    """gunicorn's own lines (worker boot, exit, timeouts) as JSON, like every other line."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        for handler in list(self.error_log.handlers):
+            self.error_log.removeHandler(handler)
+        self.error_log.addHandler(logs.JsonHandler())
+
+
+class AuditProcess:
+    """The periodic audit's process (``webhook.audit.loop``), run by the master: started with the workers,
+    restarted with a growing delay when it exits, stopped before them.
+
+    The master reaps every child (``os.waitpid(-1)``), so the exit status is gone by the time we look:
+    ``Popen.poll`` then reads 0, which is enough to know it exited.
+    """
+
+    def __init__(self, command: Sequence[str]):
+        self.command = list(command)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+        self.not_before = 0.0
+        self.delay = 1.0
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                return
+            pid, lived = self.proc.pid, now - self.started
+            self.proc = None
+            self.delay = 1.0 if lived > 300 else min(self.delay * 2, 60.0)
+            self.not_before = now + self.delay
+            metrics.safely(_mark_dead, pid)
+            logs.event("audit_process_exited", logging.WARNING, pid=pid, seconds=round(lived, 1),
+                       restart_in=self.delay)
+            return
+        if now >= self.not_before:
+            self.proc = subprocess.Popen(self.command)
+            self.started = now
+            logs.event("audit_process_started", pid=self.proc.pid)
+
+    def terminate(self) -> None:
+        """Ask it to stop: it gives the Lease back and exits between two pages."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+
+    def wait(self, timeout: float = 10.0) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        metrics.safely(_mark_dead, self.proc.pid)
+        self.proc = None
+
+
+def _mark_dead(pid: int) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid)
+
+
+class _Arbiter(Arbiter):
+    """gunicorn's master, also minding the audit process: checked on every turn of its loop (about a second)."""
+
+    audit: AuditProcess | None = None
+
+    def manage_workers(self) -> None:
+        super().manage_workers()
+        if self.audit is not None:
+            self.audit.check()
+
+    def stop(self, graceful: bool = True) -> None:
+        # The workers get SIGTERM at once (their drain must not wait for the audit); the audit's own stop
+        # overlaps with theirs and is waited for after.
+        if self.audit is not None:
+            self.audit.terminate()
+        super().stop(graceful)
+        if self.audit is not None:
+            self.audit.wait()
+
+
+class _Application(BaseApplication):
+    def __init__(self, config: ServeConfig, handlers: Mapping[str, Handler]):
+        self.config = config
+        self.handlers = handlers
+        super().__init__()
+
+    def run(self) -> None:
+        arbiter = _Arbiter(self)
+        if self.config.audit is not None:
+            arbiter.audit = AuditProcess(self.config.audit)
+        try:
+            arbiter.run()
+        except RuntimeError as exc:  # as BaseApplication.run reports it
+            print(f"\nError: {exc}\n", file=sys.stderr, flush=True)
+            sys.exit(1)
+
+    def load_config(self) -> None:
+        c = self.config
+        host = f"[{c.host}]" if ":" in c.host else c.host
+        binds = [f"{host}:{c.port}"] + ([f"{host}:{c.metrics_port}"] if c.metrics_port else [])
+        settings = {
+            "bind": binds,
+            "workers": c.workers,
+            "worker_class": "webhook.serving.server.AsyncWorker",
+            "timeout": 30,
+            "graceful_timeout": int(c.drain_seconds) + 20,
+            "child_exit": _child_exit,
+            "accesslog": None,
+            "errorlog": "-",
+            "loglevel": "warning",
+            "logger_class": "webhook.serving.server.JsonGunicornLogger",
+            "proc_name": "gpu-webhook",
+            "backlog": 2048,
+        }
+        # gunicorn 25+ opens a control socket (it accepts "worker kill") under $HOME by default: several
+        # servers on one host would share it, and a read-only container cannot create it.
+        if "control_socket_disable" in self.cfg.settings:
+            settings["control_socket_disable"] = True
+        for key, value in settings.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> Any:
+        # Runs in each worker after fork.
+        global _state
+        logs.configure()
+        _state = _WorkerState(self.config)
+        _state.start()
+        state = _state
+        app = create_app(
+            lambda: state.policy.value, state.readiness, self.config.max_body, self.handlers, state.cluster_view
+        )
+        # Modules, the app and the policy live as long as the worker: take them out of the collector's
+        # reach, so a full collection walks only what requests left behind. Without this, every few
+        # thousand requests one walks all ~40k objects and stops the worker for 30-60 ms.
+        gc.freeze()
+        return app
+
+
+def serve(config: ServeConfig, handlers: Mapping[str, Handler] = DEFAULT_HANDLERS) -> None:
+    """Block serving until stopped. Policy and certificate must load now, or this raises."""
+    load_policy(config.policy_file)
+    server_context(config.cert_file, config.key_file, config.client_ca)
+    logs.configure()
+    logs.event("serving", host=config.host, port=config.port, workers=config.workers)
+    _Application(config, handlers).run()
+

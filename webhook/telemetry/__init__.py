@@ -1,0 +1,1 @@
+"""JSON log lines and Prometheus metrics."""

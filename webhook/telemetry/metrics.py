@@ -1,0 +1,144 @@
+"""Prometheus metrics. Under gunicorn every worker writes to a shared multiprocess
+directory (``PROMETHEUS_MULTIPROC_DIR``), so ``/metrics`` reports the whole server."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+from webhook.telemetry import logs
+
+REQUESTS = Counter(
+    "gpu_webhook_requests",
+    "Admission requests answered, by endpoint, object kind and decision.",
+    ["endpoint", "kind", "decision"],
+)
+LATENCY = Histogram(
+    "gpu_webhook_request_duration_seconds",
+    "Time from request body read to response ready.",
+    ["endpoint"],
+    # Up to 10 s: the apiserver's webhook timeouts range from 1 to 30 s (default 10).
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+REFUSED = Counter(
+    "gpu_webhook_connection_refusals",
+    "Requests the connection layer answered itself (400 malformed, 408 too slow, 413 too large, 431 headers).",
+    ["status"],
+)
+RELOADS = Counter(
+    "gpu_webhook_reloads",
+    "Reloads of the policy or the certificate after their files changed, by result.",
+    ["what", "result"],
+)
+
+# Cluster-aware checks: the node index each worker decides from. "max" over workers: the worst one shows.
+NODE_INDEX_NODES = Gauge("gpu_webhook_node_index_nodes", "Nodes in the index.", multiprocess_mode="livemax")
+NODE_INDEX_AGE = Gauge(
+    "gpu_webhook_node_index_age_seconds",
+    "Seconds since the index last heard from the apiserver.",
+    multiprocess_mode="livemax",
+)
+NODE_INDEX_STALE = Gauge(
+    "gpu_webhook_node_index_stale",
+    "1 while the node watch is down (decisions use the last index).",
+    multiprocess_mode="livemax",
+)
+# The same, per resource the cluster view watches (nodes, resourceslices, deviceclasses, ...).
+INFORMER_OBJECTS = Gauge(
+    "gpu_webhook_informer_objects", "Objects of this resource in the cluster view.", ["resource"],
+    multiprocess_mode="livemax",
+)
+INFORMER_AGE = Gauge(
+    "gpu_webhook_informer_age_seconds",
+    "Seconds since the watch of this resource last heard from the apiserver.",
+    ["resource"],
+    multiprocess_mode="livemax",
+)
+INFORMER_STALE = Gauge(
+    "gpu_webhook_informer_stale",
+    "1 while the watch of this resource is down or its first list has not loaded.",
+    ["resource"],
+    multiprocess_mode="livemax",
+)
+
+# The periodic audit (serve --audit): set by the audit process, one per replica, after each run it made.
+# Violations are "live": they leave /metrics with the process that set them (a restarted audit process
+# publishes its own after its first run). The run's time, duration and size are "mostrecent", so they
+# outlive a restart; across replicas take the max of the timestamp.
+AUDIT_VIOLATIONS = Gauge(
+    "gpu_webhook_audit_violations",
+    "Violations the last audit found, by namespace, rule and action (deny or warn).",
+    ["namespace", "rule", "action"],
+    multiprocess_mode="livemostrecent",
+)
+AUDIT_LAST_RUN = Gauge(
+    "gpu_webhook_audit_last_run_timestamp_seconds",
+    "Unix time the last audit this replica ran finished.",
+    multiprocess_mode="mostrecent",
+)
+AUDIT_DURATION = Gauge(
+    "gpu_webhook_audit_last_run_duration_seconds",
+    "Wall time of the last audit this replica ran.",
+    multiprocess_mode="mostrecent",
+)
+AUDIT_OBJECTS = Gauge(
+    "gpu_webhook_audit_objects",
+    "Objects the last audit this replica ran examined.",
+    multiprocess_mode="mostrecent",
+)
+AUDIT_REQUESTS = Gauge(
+    "gpu_webhook_audit_api_requests",
+    "Requests to the apiserver the last audit this replica ran made (discovery, list pages, report writes).",
+    multiprocess_mode="mostrecent",
+)
+AUDIT_RUNS = Counter("gpu_webhook_audit_runs", "Audit runs by result (success or failure).", ["result"])
+
+
+def record_reload(what: str, ok: bool) -> None:
+    RELOADS.labels(what=what, result="success" if ok else "failure").inc()
+
+
+def count_request(endpoint: str, kind: str, decision: str) -> None:
+    REQUESTS.labels(endpoint=endpoint, kind=kind, decision=decision).inc()
+
+
+def observe_latency(endpoint: str, seconds: float) -> None:
+    LATENCY.labels(endpoint=endpoint).observe(seconds)
+
+
+def count_refusal(status: int) -> None:
+    safely(lambda: REFUSED.labels(status=str(status)).inc())
+
+
+_failed_once = False
+
+
+def safely(record: Callable[..., None], *args: object) -> None:
+    """Record a metric; a metrics failure (say, its directory is gone) never fails an admission."""
+    global _failed_once
+    try:
+        record(*args)
+    except (OSError, ValueError) as exc:
+        if not _failed_once:
+            _failed_once = True
+            logs.event("metrics_failed", logging.ERROR, error=str(exc))
+
+
+def render() -> tuple[bytes, str]:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
