@@ -23,6 +23,7 @@ import jsonschema
 import yaml
 from yaml.constructor import ConstructorError
 
+from webhook.core import catalog
 from webhook.core import resources as registry
 
 DEFAULTS: dict[str, Any] = {
@@ -43,53 +44,16 @@ DEFAULTS: dict[str, Any] = {
         "runtimeClass": "",
         "trusted": {"namespaces": [], "serviceAccounts": []},
     },
-    "checks": {
-        "cpuPodOnGpuNodes": "warn",
-        "mixedGpuAndMig": "deny",
-        "initContainerGpus": "warn",
-        "processCountMismatch": "warn",
-        "replicaAcceleratorMismatch": "warn",
-        "visibleDevicesWithoutGpu": "deny",
-        "visibleDevicesUnread": "warn",
-        "privilegedGpu": "deny",
-        "gpuDeviceMount": "deny",
-        "cdiAnnotation": "deny",
-        "zeroGpuLimit": "warn",
-        "runtimeClassWithoutGpu": "warn",
-        "sharedGpuOverOne": "deny",
-        "fractionalGpuRequest": "deny",
-        "gpuMonitoringResource": "deny",
-    },
-    "cluster": {
-        "enabled": False,
-        "unknownAccelerator": "deny",
-        "exceedsNodeCapacity": "deny",
-        "unadvertisedResource": "deny",
-        "unknownRuntimeClass": "deny",
-        "runtimeClassConflict": "deny",
-        "unknownDeviceClass": "deny",
-        "exceedsDeviceCapacity": "deny",
-        "missingClaimSource": "warn",
-        "unknownClaimRequest": "warn",
-        "duplicateExtendedResourceName": "warn",
-        "generatedClaimReference": "warn",
-        "selectorMatchesNoDevice": "warn",
-    },
+    # Each rule's setting, from the rule table.
+    "checks": {rule.key: rule.default for rule in catalog.in_section("checks")},
+    "cluster": {"enabled": False, **{rule.key: rule.default for rule in catalog.in_section("cluster")}},
     "dra": {
         # Device classes whose devices are GPUs (globs): they count toward the caps, get the accelerator
         # selector and tolerations, and clash with a GPU in limits. The vendors' DRA drivers' classes.
         "gpuClasses": ["gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com", "gpu.amd.com", "gpu.intel.com"],
         "allowedDeviceClasses": [],
         "adminAccessNamespaces": [],
-        "deviceClassNotAllowed": "deny",
-        "allocationModeAll": "deny",
-        "adminAccess": "deny",
-        "blanketDeviceToleration": "warn",
-        "gpuLimitAndClaim": "deny",
-        "undeclaredClaim": "deny",
-        "claimSource": "deny",
-        "unusedClaim": "warn",
-        "nodeNameWithGpus": "warn",
+        **{rule.key: rule.default for rule in catalog.in_section("dra")},
     },
     "namespaces": {},
 }
@@ -119,46 +83,9 @@ PLATFORMS: dict[str, dict[str, Any]] = {
     "gpu-operator": {"accelerator": {"nodeLabel": "nvidia.com/gpu.product"}},
 }
 
-# Settings of the opt-in checks, by the rule id their violations carry. Every other rule follows
+# Settings of the rules that have one, by the rule id their violations carry. Every other rule follows
 # ``enforcement``; these have a setting of their own, which ``enforcement: warn`` still softens.
-CHECK_SETTINGS = {
-    "cpu-pod-on-gpu-nodes": ("checks", "cpuPodOnGpuNodes"),
-    "mixed-gpu-and-mig": ("checks", "mixedGpuAndMig"),
-    "init-container-gpus": ("checks", "initContainerGpus"),
-    "process-count-mismatch": ("checks", "processCountMismatch"),
-    "replica-accelerator-mismatch": ("checks", "replicaAcceleratorMismatch"),
-    "visible-devices-without-gpu": ("checks", "visibleDevicesWithoutGpu"),
-    "visible-devices-unread": ("checks", "visibleDevicesUnread"),
-    "privileged-gpu": ("checks", "privilegedGpu"),
-    "gpu-device-mount": ("checks", "gpuDeviceMount"),
-    "cdi-annotation": ("checks", "cdiAnnotation"),
-    "zero-gpu-limit": ("checks", "zeroGpuLimit"),
-    "runtime-class-without-gpu": ("checks", "runtimeClassWithoutGpu"),
-    "shared-gpu-over-one": ("checks", "sharedGpuOverOne"),
-    "fractional-gpu-request": ("checks", "fractionalGpuRequest"),
-    "gpu-monitoring-resource": ("checks", "gpuMonitoringResource"),
-    "unknown-accelerator": ("cluster", "unknownAccelerator"),
-    "exceeds-node-capacity": ("cluster", "exceedsNodeCapacity"),
-    "unadvertised-resource": ("cluster", "unadvertisedResource"),
-    "unknown-runtime-class": ("cluster", "unknownRuntimeClass"),
-    "runtime-class-conflict": ("cluster", "runtimeClassConflict"),
-    "unknown-device-class": ("cluster", "unknownDeviceClass"),
-    "exceeds-device-capacity": ("cluster", "exceedsDeviceCapacity"),
-    "missing-claim-source": ("cluster", "missingClaimSource"),
-    "unknown-claim-request": ("cluster", "unknownClaimRequest"),
-    "duplicate-extended-resource-name": ("cluster", "duplicateExtendedResourceName"),
-    "generated-claim-reference": ("cluster", "generatedClaimReference"),
-    "selector-matches-no-device": ("cluster", "selectorMatchesNoDevice"),
-    "device-class-not-allowed": ("dra", "deviceClassNotAllowed"),
-    "allocation-mode-all": ("dra", "allocationModeAll"),
-    "admin-access": ("dra", "adminAccess"),
-    "blanket-device-toleration": ("dra", "blanketDeviceToleration"),
-    "gpu-limit-and-claim": ("dra", "gpuLimitAndClaim"),
-    "undeclared-claim": ("dra", "undeclaredClaim"),
-    "claim-source": ("dra", "claimSource"),
-    "unused-claim": ("dra", "unusedClaim"),
-    "node-name-with-gpus": ("dra", "nodeNameWithGpus"),
-}
+CHECK_SETTINGS = {rule.id: (rule.section, rule.key) for rule in catalog.RULES.values() if rule.section}
 
 _ENFORCEMENT = {"enum": ["deny", "warn"]}
 # YAML 1.1 reads a bare `off` as false; accept it rather than make every user quote it.
@@ -496,8 +423,13 @@ def _written(value: object) -> str:
     return repr(value)
 
 
-def _unknown_key(key: object, known: list[str]) -> str:
-    """``'cpuPodOnGPUNodes' (did you mean 'cpuPodOnGpuNodes'?)``, the suggestion when one is close."""
+def _unknown_key(key: object, known: list[str], where: str = "") -> str:
+    """``'cpuPodOnGPUNodes' (did you mean 'cpuPodOnGpuNodes'?)``, the suggestion when one is close; a rule's
+    setting written in another section says where it lives (``'allocationModeAll' (a setting of dra.*: ...)``)."""
+    section = where.rsplit(".", 1)[-1]
+    rule = catalog.by_key(str(key)) if section in catalog.SECTIONS else None
+    if rule is not None and rule.section != section:
+        return f"{key!r} (a setting of {rule.section}.*: write it as {rule.setting})"
     by_lower = {k.lower(): k for k in known}
     close = difflib.get_close_matches(str(key).lower(), list(by_lower), n=1)
     return f"{key!r} (did you mean {by_lower[close[0]]!r}?)" if close else repr(key)
@@ -516,7 +448,7 @@ def _schema_problems(document: object) -> list[str]:
         if error.validator == "additionalProperties":
             known = sorted(error.schema.get("properties", {}))
             unknown = sorted(set(error.instance) - set(known), key=str)
-            problems.append(f"{where}: unknown key(s) {', '.join(_unknown_key(k, known) for k in unknown)}")
+            problems.append(f"{where}: unknown key(s) {', '.join(_unknown_key(k, known, where) for k in unknown)}")
         elif error.validator == "enum":
             choices = _choices(error.validator_value)
             problems.append(f"{where}: {_written(error.instance)} is not a setting; use {choices}")
