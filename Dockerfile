@@ -1,7 +1,17 @@
 # gpu-webhook: the admission webhook server (`gpu-webhook serve`), also usable for `certs` and `check`.
 # The Helm chart in charts/gpu-webhook runs it read-only as user 65532 with /tmp on an emptyDir.
 #
-#   buildah bud -t gpu-webhook .        # or: docker build -t gpu-webhook .
+#   docker build -t gpu-webhook .       # or: buildah bud -t gpu-webhook .
+#   docker run --rm -p 127.0.0.1:8443:8443 gpu-webhook
+#   curl -k https://localhost:8443/healthz   # -k: a throw-away CA, whose path inside the container is logged
+#
+# One file for both builders: it uses only what Docker's classic builder, BuildKit and buildah all take
+# (no `# syntax=` line, no RUN --mount, no heredocs, no COPY --chmod/--link, no automatic platform ARGs).
+# Verified where this project is developed, which has no Docker engine: `buildah bud` (buildah 1.28) through
+# tests/image/build-image.sh, FROM a Debian bookworm base it makes, and the resulting image's config and
+# behaviour by tests/image (including that the default command listens on all interfaces); the portability
+# rules above by a static test of this file. Not run here: `docker build` itself, and a build FROM the
+# default BASE below (no registry reachable).
 #
 # BASE is the image of both stages, so the venv made in the builder finds its interpreter at the same path
 # at run time (/usr/local/bin/python3 in the public Python slim image, /usr/bin/python3 in Debian's python3).
@@ -68,5 +78,12 @@ USER 65532:65532
 # HTTPS: POST /validate and /mutate, GET /healthz, /readyz and /metrics.
 EXPOSE 8443
 ENTRYPOINT ["gpu-webhook"]
-# Without arguments: a throw-away self-signed certificate for localhost, to try the server out.
-CMD ["serve", "--self-signed"]
+# Without arguments: a throw-away self-signed certificate (for localhost; its CA's path inside the container
+# is logged), to try the server out. It listens on all interfaces: `serve --self-signed` alone binds
+# 127.0.0.1, which inside a container is the container's own loopback, where a published port
+# (`docker run -p`) never arrives. That is safe here because the container's interfaces are its own, reached
+# only through the ports you publish (publish on 127.0.0.1, as above, to keep it on your machine); on a
+# laptop, outside a container, 0.0.0.0 would offer this throw-away server to the whole network, which is why
+# the CLI keeps 127.0.0.1 as its --self-signed default. The Helm chart passes its own arguments (its
+# certificate, 0.0.0.0 by default without --self-signed) and never uses this command.
+CMD ["serve", "--self-signed", "--host", "0.0.0.0"]

@@ -105,7 +105,8 @@ def test_config_runs_gpu_webhook_as_a_numeric_non_root_user(image):
     runtime = image.runtime
     assert runtime["User"] == USER  # numeric: runAsNonRoot can check it without /etc/passwd
     assert runtime["Entrypoint"] == ["gpu-webhook"]
-    assert runtime["Cmd"] == ["serve", "--self-signed"]
+    # All interfaces: `docker run -p 8443:8443` forwards to the container's interface, never its loopback.
+    assert runtime["Cmd"] == ["serve", "--self-signed", "--host", "0.0.0.0"]
     assert "8443/tcp" in runtime["ExposedPorts"]
     env = dict(item.split("=", 1) for item in runtime["Env"])
     assert env["PYTHONDONTWRITEBYTECODE"] == "1"
@@ -211,6 +212,44 @@ def _post(port: int, context: ssl.SSLContext, path: str, body: bytes) -> tuple[i
         return response.status, response.read()
     finally:
         conn.close()
+
+
+def _listeners(port: int) -> set[str]:
+    """Local addresses with a listening TCP socket on ``port``, from /proc/net/tcp and tcp6 (state 0A)."""
+    found = set()
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port and len(address) == width:
+                found.add(address)
+    return found
+
+
+@pytest.mark.slow
+def test_default_command_listens_on_every_interface(image, rootfs):
+    """The image's own CMD (only the port moved to a free one): its socket is bound to the wildcard address, so
+    a published port reaches it. With the old default, `serve --self-signed`, it was 127.0.0.1 (0100007F)."""
+    port = _free_port()
+    name = "gpu-webhook-test-default"
+    log = rootfs / "default.log"
+    proc, _ = oci.start(image, rootfs / "rootfs", rootfs / "bundle-default", rootfs / "state", name,
+                        [*image.runtime["Cmd"], "--port", str(port)], log)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None and not _listeners(port):
+            time.sleep(0.2)
+        listening = _listeners(port)
+    finally:
+        code = oci.stop(proc, rootfs / "state", name)
+    text = log.read_text(errors="replace")
+    assert listening, f"nothing listened on {port}; log:\n{text}"
+    assert listening <= {"00000000", "0" * 32}, f"bound to {listening} (hex), not to every interface"
+    assert code == 0, text
 
 
 @pytest.mark.slow
