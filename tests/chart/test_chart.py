@@ -31,11 +31,12 @@ from kubernetes.config import incluster_config
 
 from tests.chart import sync_schema
 from tests.tools import control_plane_bin, missing_binaries, unavailable, versions
-from webhook.rules.admission import decide
 from webhook.core.policy import DEFAULTS, PolicyError, parse_policy
+from webhook.rules.admission import decide
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gpu-webhook"
+INSTALL_PAGE = ROOT / "docs" / "install.md"  # "Install on a cluster", formerly a section of README.md
 
 RELEASE = "gw"
 NAMESPACE = "gpu-system"
@@ -47,6 +48,10 @@ CRD_KINDS = {
     ("cert-manager.io/v1", "Certificate"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
 }
+
+# The chart has no default image (it refuses to render without one): every render here names this one.
+IMAGE_REPOSITORY = "localhost/gpu-webhook"
+IMAGE = ["--set", f"image.repository={IMAGE_REPOSITORY}"]
 
 PEM_CA = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"
 CA_BUNDLE = base64.b64encode(PEM_CA.encode()).decode()
@@ -121,8 +126,9 @@ class Helm:
 
     @functools.cache  # noqa: B019 - one Helm per session; identical renders are reused
     def _template(self, args: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+        """``helm template`` with IMAGE first, so that ``args`` can override it."""
         return self.run(
-            "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION, *args
+            "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION, *IMAGE, *args
         )
 
     def template(self, *args: str) -> list[dict[str, Any]]:
@@ -235,7 +241,9 @@ LINTS = {
 
 @pytest.mark.parametrize("args", list(LINTS.values()), ids=list(LINTS))
 def test_helm_lint_passes(helm: Helm, args: list[str]) -> None:
-    done = helm.run("lint", str(CHART), "--strict", "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION, *args)
+    done = helm.run(
+        "lint", str(CHART), "--strict", "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION, *IMAGE, *args
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 chart(s) linted, 0 chart(s) failed" in done.stdout
 
@@ -292,19 +300,21 @@ def test_kube_version_floor(helm: Helm, version: str) -> None:
 
 
 def test_documented_offline_renders_pass_a_kube_version() -> None:
-    """Every `helm template` command shown in the READMEs passes --kube-version (issue 11), and both say why."""
-    for readme in (ROOT / "README.md", CHART / "README.md"):
+    """Every `helm template` command shown in the install page and the chart README passes --kube-version (issue
+    11) and an image.repository (the chart renders nothing without one), and both say why."""
+    for readme in (INSTALL_PAGE, CHART / "README.md"):
         text = readme.read_text(encoding="utf-8")
         commands = re.findall(r"^\$ (helm template .*?)(?<!\\)$", text, flags=re.MULTILINE | re.DOTALL)
         assert commands, readme
         for command in commands:
             assert "--kube-version" in command, f"{readme.name}: {command}"
+            assert "image.repository=" in command, f"{readme.name}: {command}"
         assert "v1.20" in text and "--kube-version" in text, readme
 
 
 # --- the READMEs -------------------------------------------------------------------------------
 
-READMES = (ROOT / "README.md", CHART / "README.md", ROOT / "certs" / "README.md")
+READMES = (INSTALL_PAGE, CHART / "README.md", ROOT / "certs" / "README.md")
 NOT_VALUES = {"webhook.core.policy.SCHEMA", "policy.yaml"}  # a module attribute and a file name
 VALUES_THE_READMES_EXPLAIN = {
     "metrics.port",
@@ -1065,7 +1075,7 @@ def test_mutate_takes_every_pod_where_hide_gpus_applies(helm: Helm, policy: dict
 
 def notes(helm: Helm, *args: str) -> str:
     # `helm install --dry-run=client` renders NOTES.txt without a cluster (it takes no --kube-version).
-    done = helm.run("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client", *args)
+    done = helm.run("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client", *IMAGE, *args)
     assert done.returncode == 0, done.stderr
     return done.stdout.split("NOTES:", 1)[1]
 

@@ -68,17 +68,27 @@ service-account token, read access to Nodes and (with networkPolicy.egress) a wa
 {{- end }}
 {{- end }}
 
-{{/* repository[:tag][@digest] of the webhook image. */}}
+{{/*
+The webhook image: repository@digest when image.digest is set (the tag is then ignored), else
+repository:tag (tag defaulting to the chart's appVersion). image.repository has no default: a made-up
+name would leave the pods in ImagePullBackOff and, with failurePolicy Fail, every GPU pod creation failing.
+*/}}
 {{- define "gpu-webhook.image" -}}
-{{- $ref := .Values.image.repository }}
-{{- $tag := .Values.image.tag | default .Chart.AppVersion | toString }}
-{{- if $tag }}
-{{- $ref = printf "%s:%s" $ref $tag }}
+{{- $repository := required "image.repository is required: the registry repository your nodes pull the gpu-webhook image from (helm install ... --set image.repository=<your registry>/gpu-webhook)" .Values.image.repository | toString }}
+{{- if regexMatch "\\s" $repository }}
+{{- fail (printf "image.repository %q must not contain white space" $repository) }}
+{{- end }}
+{{- if contains "@" $repository }}
+{{- fail (printf "image.repository %q must not carry a digest: give the repository alone and the digest in image.digest" $repository) }}
+{{- end }}
+{{- if regexMatch ":[^/]*$" $repository }}
+{{- fail (printf "image.repository %q must not carry a tag: give the repository alone and the tag in image.tag (a registry port, host:5000/name, is fine)" $repository) }}
 {{- end }}
 {{- if .Values.image.digest }}
-{{- $ref = printf "%s@%s" $ref .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" $repository (.Values.image.tag | default .Chart.AppVersion | toString) }}
 {{- end }}
-{{- $ref }}
 {{- end }}
 
 {{/* The Service's DNS names, in the order the serving certificate lists them. */}}
@@ -103,34 +113,104 @@ service-account token, read access to Nodes and (with networkPolicy.egress) a wa
 {{- printf "%s-tls" (include "gpu-webhook.fullname" .) }}
 {{- end }}
 
+{{/* The Secret holding the generated CA and its key in certs.mode=helm; never mounted into the pods. */}}
+{{- define "gpu-webhook.helmCASecretName" -}}
+{{- printf "%s-helm-ca" (include "gpu-webhook.fullname" .) }}
+{{- end }}
+
 {{/*
-The CA and serving certificate of certs.mode=helm, as JSON {"ca", "crt", "key"} (base64 PEM).
-The Secret from an earlier release is reused when it holds all three, so `helm upgrade` keeps
-the CA (and the caBundle) stable. The result is cached in .Values for the length of one render,
-because the Secret and the two webhook configurations are separate templates and genCA would
-otherwise make a different CA for each.
+The Secret .name of the release namespace as the cluster has it, as JSON: {} when there is none, and always
+with `helm template` (no cluster). Call with (dict "root" $ "name" "...").
+*/}}
+{{- define "gpu-webhook.existingSecret" -}}
+{{- toJson (lookup "v1" "Secret" .root.Release.Namespace .name | default dict) }}
+{{- end }}
+
+{{/* The first PEM certificate of a base64 bundle, base64 encoded again; empty when it holds none. */}}
+{{- define "gpu-webhook.firstCertificate" -}}
+{{- $pem := regexFind "(?s)-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----" (b64dec (toString .)) }}
+{{- if $pem }}{{ printf "%s\n" $pem | b64enc }}{{ end }}
+{{- end }}
+
+{{/*
+The CA and serving certificate of certs.mode=helm, as JSON: "ca" (the caBundle), "crt", "key" (the serving
+pair), "caCrt", "caKey" (the CA), "notAfter", "caNotAfter" (RFC 3339, UTC) and "names" (a hash of the
+certificate's DNS names and IP addresses); certificates and keys are base64 PEM.
+
+What an earlier release stored is looked up and kept, unless:
+- the CA (Secret <fullname>-helm-ca, with its key) is missing, unreadable or has less than
+  certs.helm.validityDays left: a new CA, and so a new serving certificate. The caBundle is then the new CA
+  followed by the previous one (the first certificate of the old bundle), so pods that still serve the old
+  certificate until the kubelet syncs the new Secret into them stay trusted;
+- the serving certificate is missing, has less than certs.helm.renewBeforeDays left, or was issued for other
+  names or addresses: a new one from the same CA, and the caBundle does not change.
+The dates live in annotations on the Secrets (gpu-webhook.io/not-after), since templates cannot read a
+certificate; a Secret without them (made by an older chart) counts as expired.
+The result is cached in .Values for the length of one render: the Secrets, the webhook configurations and
+the notes are separate templates, and genCA would otherwise make a different CA for each.
 */}}
 {{- define "gpu-webhook.helmCerts" -}}
 {{- if not (hasKey .Values "__gpuWebhookHelmCerts") }}
-{{- $name := include "gpu-webhook.tlsSecretName" . }}
-{{- $existing := lookup "v1" "Secret" .Release.Namespace $name }}
-{{- $data := dict }}
-{{- if $existing }}
-{{- $data = $existing.data | default dict }}
-{{- end }}
-{{- $certs := dict }}
-{{- if and (index $data "ca.crt") (index $data "tls.crt") (index $data "tls.key") }}
-{{- $certs = dict "ca" (index $data "ca.crt") "crt" (index $data "tls.crt") "key" (index $data "tls.key") }}
-{{- else }}
+{{- $h := .Values.certs.helm }}
+{{- $rfc3339 := "2006-01-02T15:04:05Z07:00" }}
+{{- $day := 86400 }}
+{{- $now := now }}
 {{- $fullname := include "gpu-webhook.fullname" . }}
-{{- $days := int .Values.certs.helm.validityDays }}
-{{- $ca := genCA (printf "%s-ca" $fullname) $days }}
 {{- $dnsNames := include "gpu-webhook.dnsNames" . | fromJsonArray }}
-{{- $cn := printf "%s.%s.svc" $fullname .Release.Namespace }}
-{{- $cert := genSignedCert $cn .Values.certs.extraIPAddresses $dnsNames $days $ca }}
-{{- $certs = dict "ca" ($ca.Cert | b64enc) "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc) }}
+{{- $ips := .Values.certs.extraIPAddresses | default list }}
+{{- $names := toJson (dict "dns" $dnsNames "ip" $ips) | sha256sum }}
+{{- $tlsSecret := include "gpu-webhook.existingSecret" (dict "root" . "name" (include "gpu-webhook.tlsSecretName" .)) | fromJson }}
+{{- $caSecret := include "gpu-webhook.existingSecret" (dict "root" . "name" (include "gpu-webhook.helmCASecretName" .)) | fromJson }}
+{{- $tls := $tlsSecret.data | default dict }}
+{{- $tlsNotes := ($tlsSecret.metadata | default dict).annotations | default dict }}
+{{- $caData := $caSecret.data | default dict }}
+{{- $caNotes := ($caSecret.metadata | default dict).annotations | default dict }}
+{{- $out := dict "names" $names }}
+{{- /* The CA. */}}
+{{- $caCrt := index $caData "tls.crt" | default "" }}
+{{- $caKey := index $caData "tls.key" | default "" }}
+{{- $caNotAfter := index $caNotes "gpu-webhook.io/not-after" | default "" }}
+{{- $caLeft := sub (toDate $rfc3339 $caNotAfter).Unix $now.Unix }}
+{{- $renewCA := or (not (include "gpu-webhook.firstCertificate" $caCrt)) (not (contains "PRIVATE KEY" (b64dec $caKey))) (lt $caLeft (mul $h.validityDays $day)) }}
+{{- $ca := dict }}
+{{- if $renewCA }}
+{{- $ca = genCA (printf "%s-ca" $fullname) (int $h.caValidityDays) }}
+{{- $_ := set $out "caCrt" ($ca.Cert | b64enc) }}
+{{- $_ := set $out "caKey" ($ca.Key | b64enc) }}
+{{- $_ := set $out "caNotAfter" (dateInZone $rfc3339 (dateModify (printf "+%dh" (mul $h.caValidityDays 24)) $now) "UTC") }}
+{{- $previous := include "gpu-webhook.firstCertificate" (index $tls "ca.crt" | default "") }}
+{{- $_ := set $out "ca" (printf "%s%s" $ca.Cert (b64dec $previous) | b64enc) }}
+{{- else }}
+{{- $ca = buildCustomCert $caCrt $caKey }}
+{{- $_ := set $out "caCrt" $caCrt }}
+{{- $_ := set $out "caKey" $caKey }}
+{{- $_ := set $out "caNotAfter" $caNotAfter }}
+{{- /* The bundle stays as stored while it leads with this CA (it may still hold the previous one). */}}
+{{- $bundle := index $tls "ca.crt" | default "" }}
+{{- $first := include "gpu-webhook.firstCertificate" $bundle }}
+{{- if and $first (eq (b64dec $first | trim) (b64dec $caCrt | trim)) }}
+{{- $_ := set $out "ca" $bundle }}
+{{- else }}
+{{- $_ := set $out "ca" $caCrt }}
 {{- end }}
-{{- $_ := set .Values "__gpuWebhookHelmCerts" $certs }}
+{{- end }}
+{{- /* The serving certificate. */}}
+{{- $notAfter := index $tlsNotes "gpu-webhook.io/not-after" | default "" }}
+{{- $left := sub (toDate $rfc3339 $notAfter).Unix $now.Unix }}
+{{- $renew := or $renewCA (not (index $tls "tls.crt")) (not (index $tls "tls.key")) }}
+{{- $renew = or $renew (ne (index $tlsNotes "gpu-webhook.io/names" | default "") $names) (lt $left (mul $h.renewBeforeDays $day)) }}
+{{- if $renew }}
+{{- $cn := printf "%s.%s.svc" $fullname .Release.Namespace }}
+{{- $cert := genSignedCert $cn $ips $dnsNames (int $h.validityDays) $ca }}
+{{- $_ := set $out "crt" ($cert.Cert | b64enc) }}
+{{- $_ := set $out "key" ($cert.Key | b64enc) }}
+{{- $_ := set $out "notAfter" (dateInZone $rfc3339 (dateModify (printf "+%dh" (mul $h.validityDays 24)) $now) "UTC") }}
+{{- else }}
+{{- $_ := set $out "crt" (index $tls "tls.crt") }}
+{{- $_ := set $out "key" (index $tls "tls.key") }}
+{{- $_ := set $out "notAfter" $notAfter }}
+{{- end }}
+{{- $_ := set .Values "__gpuWebhookHelmCerts" $out }}
 {{- end }}
 {{- toJson (index .Values "__gpuWebhookHelmCerts") }}
 {{- end }}
@@ -365,6 +445,13 @@ drainSeconds + 20). A shorter period SIGKILLs the server while it still answers 
 {{- $np := .Values.networkPolicy }}
 {{- if and $np.enabled $np.egress.enabled (include "gpu-webhook.apiAccess" .) (not $np.egress.apiserver) }}
 {{- fail "networkPolicy.egress.apiserver must list the apiserver's addresses (NetworkPolicyPeers, e.g. [{ipBlock: {cidr: 10.0.0.10/32}}]) when networkPolicy.egress.enabled and policy.cluster.enabled or audit.enabled: without them the node watch or the audit cannot reach the apiserver (and with cluster checks /readyz stays 503)" }}
+{{- end }}
+{{- $h := .Values.certs.helm }}
+{{- if and (eq .Values.certs.mode "helm") (ge (int $h.renewBeforeDays) (int $h.validityDays)) }}
+{{- fail (printf "certs.helm.renewBeforeDays (%v) must be less than certs.helm.validityDays (%v): otherwise every helm upgrade would renew the serving certificate" $h.renewBeforeDays $h.validityDays) }}
+{{- end }}
+{{- if and (eq .Values.certs.mode "helm") (le (int $h.caValidityDays) (int $h.validityDays)) }}
+{{- fail (printf "certs.helm.caValidityDays (%v) must be greater than certs.helm.validityDays (%v): a serving certificate must not outlive its CA" $h.caValidityDays $h.validityDays) }}
 {{- end }}
 {{- if eq (int .Values.metrics.port) (int .Values.server.port) }}
 {{- fail (printf "metrics.port (%v) must differ from server.port: the plain-HTTP metrics port and the HTTPS admission port are separate listeners" .Values.metrics.port) }}
