@@ -609,7 +609,7 @@ def test_claims_beside_the_pods_resolve_them_but_never_make_a_kind_complete(tmp_
 
 
 def test_the_readme_dra_example(tmp_path):
-    """README, DRA, Offline: the same lines, and the inference pod refused against the Node alone."""
+    """docs/dra.md, Offline: the same lines, and the inference pod refused against the Node alone."""
     policy = tmp_path / "policy.yaml"
     policy.write_text("cluster: {enabled: true}\n")
     state, manifests = str(EXAMPLES / "dra" / "cluster-state.yaml"), str(EXAMPLES / "dra" / "training.yaml")
@@ -621,7 +621,7 @@ def test_the_readme_dra_example(tmp_path):
         ["Pod/trainer", "spec.resourceClaims[0]"],
         ["Pod/trainer", "spec.containers[0].resources.claims[0]"],
     ]
-    readme = (EXAMPLES.parent / "README.md").read_text()
+    readme = (EXAMPLES.parent / "docs" / "dra.md").read_text()
     for line in lines:
         assert line.replace(str(EXAMPLES.parent) + "/", "") in readme
     nodes_only = tmp_path / "nodes.yaml"

@@ -1,10 +1,13 @@
-"""A small JSON client for the Kubernetes API, for the audit: GET, apply, PUT, POST, DELETE, each counted.
+"""The one client for the Kubernetes API: the audit's requests, the informers' lists and watches, the Lease.
 
-The kubernetes package's loaders read the connection settings (kubeconfig files with exec plugins and
-client certificates, or the pod's service account, whose token they re-read when it rotates). The
+Credentials are found one way for every subcommand (:func:`configuration`), the order controller-runtime
+uses for controllers: ``--kubeconfig``, else ``$KUBECONFIG``, else the pod's service account when running
+in a cluster, else ``~/.kube/config``. The kubernetes package's loaders read them (kubeconfig files with exec
+plugins and client certificates, or the service account, whose token they re-read when it rotates). The
 requests go through a urllib3 pool of our own instead of the generated client: a list page is read and
 parsed once into plain dicts, no model objects are built, and every request is counted, so the audit can
-say what it cost the apiserver.
+say what it cost the apiserver. Every failure is an :class:`ApiError` (``Gone`` and ``NotServed`` for the
+two statuses a watch acts on) or a :class:`ConfigError`; nothing of urllib3 or kubernetes leaks out.
 """
 
 from __future__ import annotations
@@ -33,33 +36,62 @@ class ApiError(Exception):
     """The apiserver refused (``status`` is the HTTP code) or could not be reached (``status`` 0)."""
 
     def __init__(self, status: int, reason: str, message: str, body: Mapping[str, Any] | None = None):
-        super().__init__(f"{reason}: {message}" if reason else message)
+        super().__init__(f"{reason}: {message}" if reason else f"HTTP {status}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
         self.body: Mapping[str, Any] = body or {}
 
 
+class NotServed(ApiError):
+    """404 on a list: the apiserver does not serve this resource (DRA off, an older cluster)."""
+
+    def __init__(self, message: str = "not served", body: Mapping[str, Any] | None = None):
+        super().__init__(404, "NotFound", message, body)
+
+
+class Gone(ApiError):
+    """410 on a watch: the resourceVersion is too old; list again."""
+
+    def __init__(self, message: str = "resource version too old", body: Mapping[str, Any] | None = None):
+        super().__init__(410, "Expired", message, body)
+
+
+def error_for(status: int, reason: str, message: str, body: Mapping[str, Any] | None = None) -> ApiError:
+    """The error of an HTTP status: the one mapping from statuses to exceptions."""
+    if status == 404:
+        return NotServed(message, body)
+    if status == 410:
+        return Gone(message, body)
+    return ApiError(status, reason, message, body)
+
+
 def configuration(kubeconfig: str | None = None) -> Any:
-    """Connection settings the way kubectl finds them: ``kubeconfig``, else $KUBECONFIG or ~/.kube/config,
-    else the pod's service account."""
+    """Connection settings, found as controller-runtime finds them: ``kubeconfig``, else $KUBECONFIG, else the
+    pod's service account, else ~/.kube/config. :class:`ConfigError` in one line when none is usable."""
     from kubernetes import client, config
 
     settings = client.Configuration()
+    explicit = kubeconfig or os.environ.get("KUBECONFIG")
+    home = Path.home() / ".kube" / "config"
     try:
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=settings, persist_config=False)
-        elif os.environ.get("KUBECONFIG") or (Path.home() / ".kube" / "config").exists():
-            config.load_kube_config(client_configuration=settings, persist_config=False)
+        if explicit:
+            for path in explicit.split(os.pathsep):
+                if path and not Path(path).is_file():
+                    raise ConfigError(f"kubeconfig {path}: no such file")
+            config.load_kube_config(config_file=explicit, client_configuration=settings, persist_config=False)
         elif os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config(client_configuration=settings)
+        elif home.exists():
+            config.load_kube_config(config_file=str(home), client_configuration=settings, persist_config=False)
         else:
             raise ConfigError("no kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) and not running in a cluster")
     except ConfigError:
         raise
     except Exception as exc:  # ConfigException, OSError, YAML errors: one line for the user
-        where = kubeconfig or os.environ.get("KUBECONFIG") or "the in-cluster service account"
-        raise ConfigError(f"cannot load {where}: {str(exc).strip() or type(exc).__name__}") from None
+        where = explicit or ("the in-cluster service account" if os.environ.get("KUBERNETES_SERVICE_HOST") else home)
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise ConfigError(f"cannot load {where}: {message}") from None
     return settings
 
 
@@ -156,7 +188,7 @@ class Kube:
         if response.status >= 400:
             if not isinstance(decoded, dict):
                 decoded = {}
-            raise ApiError(
+            raise error_for(
                 response.status,
                 str(decoded.get("reason") or response.reason or ""),
                 str(decoded.get("message") or f"HTTP {response.status} from {method} {path}"),
@@ -178,6 +210,28 @@ class Kube:
         if response.status >= 400:
             raise ApiError(response.status, str(response.reason or ""), f"HTTP {response.status} from GET {path}")
         return response.data.decode("utf-8", "replace")
+
+    def stream(self, path: str, query: Mapping[str, Any], read_timeout: float) -> Any:
+        """A GET whose body is read as it comes (a watch): the urllib3 response, to be released by the caller;
+        :class:`ApiError` (:class:`Gone`, :class:`NotServed`) for any status but 200."""
+        import urllib3
+
+        url = self.host + quote(path, safe="/:") + "?" + urlencode(dict(query))
+        with self._lock:
+            self.requests += 1
+        try:
+            response = self._pool.request(
+                "GET", url, headers=self._headers(JSON, None), preload_content=False, retries=False,
+                timeout=urllib3.Timeout(connect=10.0, read=read_timeout),
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            reason = getattr(exc, "reason", None) or exc
+            raise ApiError(0, "Unreachable", f"cannot reach the apiserver at {self.host}: {reason}") from None
+        if response.status != 200:
+            text = response.read(4096).decode("utf-8", "replace")
+            response.release_conn()
+            raise error_for(response.status, str(response.reason or ""), text[:300])
+        return response
 
     def get(self, path: str, query: Mapping[str, Any] | None = None, accept: str = JSON) -> dict[str, Any]:
         return self.request("GET", path, query, accept=accept)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from webhook.core.cluster import ClusterKind
+from webhook.kube.client import Gone, Kube, NotServed, error_for
 from webhook.telemetry import logs, metrics
 
 WATCH_SECONDS = 240  # the server ends a watch after this; we resume from the last version
@@ -27,20 +28,6 @@ WATCH_SECONDS = 240  # the server ends a watch after this; we resume from the la
 
 # A kind the informer lists and watches (``/api/v1/nodes``): the view's own table of kinds.
 Resource = ClusterKind
-
-
-class Gone(Exception):
-    """The watched resourceVersion is too old (HTTP 410): list again."""
-
-
-class NotServed(Exception):
-    """The apiserver does not serve this resource (HTTP 404)."""
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str):
-        self.status = status
-        super().__init__(f"HTTP {status}: {message}")
 
 
 class Source(Protocol):
@@ -117,7 +104,7 @@ class Informer:
             if kind == "ERROR":
                 if obj.get("code") == 410:
                     raise Gone(obj.get("message", "resource version too old"))
-                raise APIError(int(obj.get("code") or 500), str(obj.get("message")))
+                raise error_for(int(obj.get("code") or 500), "", str(obj.get("message")))
             if kind in ("ADDED", "MODIFIED", "DELETED"):
                 self.sink.apply(kind, obj)
                 self.on_change()
@@ -175,44 +162,17 @@ def report_forever(informers: list[Informer], stop: threading.Event, also: Calla
 
 
 class KubeSource:
-    """A :class:`Source` over the kubernetes client's connection settings (kubeconfig or in-cluster)."""
+    """A :class:`Source` over the one Kubernetes client (``webhook.kube.client``), credentials found as every
+    subcommand finds them."""
 
-    def __init__(self, kubeconfig: str | None):
+    def __init__(self, kubeconfig: str | None = None, kube: Kube | None = None):
         self.kubeconfig = kubeconfig
-        self._api: Any = None
-
-    def _client(self) -> Any:
-        if self._api is None:
-            from kubernetes import client, config
-
-            if self.kubeconfig:
-                self._api = config.new_client_from_config(self.kubeconfig)
-            else:
-                config.load_incluster_config()
-                self._api = client.ApiClient()
-        return self._api
+        self._kube = kube
 
     def _get(self, path: str, query: dict[str, Any], read_timeout: float) -> Any:
-        import urllib3
-
-        api = self._client()
-        _, url, headers, _, _ = api.param_serialize(
-            "GET", path, query_params=list(query.items()), header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
-        response = api.rest_client.pool_manager.request(
-            "GET", url, headers=headers, preload_content=False,
-            timeout=urllib3.Timeout(connect=10.0, read=read_timeout), retries=False,
-        )
-        if response.status != 200:
-            body = response.read(4096).decode("utf-8", "replace")
-            response.release_conn()
-            if response.status == 404:
-                raise NotServed(path)
-            if response.status == 410:
-                raise Gone(body)
-            raise APIError(response.status, body[:300])
-        return response
+        if self._kube is None:
+            self._kube = Kube.connect(self.kubeconfig)
+        return self._kube.stream(path, query, read_timeout)
 
     def list(self, path: str) -> tuple[list[Mapping[str, Any]], str]:
         items: list[Mapping[str, Any]] = []
