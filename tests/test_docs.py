@@ -48,9 +48,10 @@ def test_every_marked_block_has_a_generator_or_is_pending():
 
 def test_regenerate_replaces_the_block_between_its_markers_and_nothing_else(monkeypatch):
     monkeypatch.setitem(gen.BLOCKS, "demo", lambda: "new\n")
+    monkeypatch.setitem(gen.PENDING, "handmade", "written by hand")
     page = (
         "before\n<!-- BEGIN GENERATED: demo -->\nold\n<!-- END GENERATED: demo -->\nbetween\n"
-        "<!-- BEGIN GENERATED: rules -->\nby hand\n<!-- END GENERATED: rules -->\nafter\n"
+        "<!-- BEGIN GENERATED: handmade -->\nby hand\n<!-- END GENERATED: handmade -->\nafter\n"
     )
     assert gen.regenerate(page) == page.replace("old", "new")
     with pytest.raises(KeyError, match="no generator for block 'nosuch'"):
@@ -149,3 +150,14 @@ def test_a_broken_link_or_anchor_fails_the_strict_build(tmp_path):
     built = _build(copy / "mkdocs.yml", tmp_path / "site")
     assert built.returncode != 0
     assert "no-such-page.md" in built.stderr and "no-such-heading" in built.stderr, built.stderr
+
+
+def test_the_rule_tables_are_the_rule_catalog():
+    """Every rule with a setting is a row of the rules page's table; every rule, of the engines table."""
+    from webhook.core import catalog
+
+    rules_page = (ROOT / "docs" / "rules.md").read_text(encoding="utf-8")
+    for rule in catalog.RULES.values():
+        assert f"| `{rule.id}` |" in rules_page, rule.id
+        if rule.setting:
+            assert f"| `{rule.setting}` | `{rule.id}` | {rule.default} |" in rules_page, rule.id

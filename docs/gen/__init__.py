@@ -314,6 +314,44 @@ def chart_values() -> str:
     return "\n".join(lines) + "\n"
 
 
+# --- the rule table ---------------------------------------------------------------------------------------
+
+
+_PAGE_TITLES = {
+    "rules.md": "Rules and policy", "pod-mistakes.md": "Pods that can never run", "isolation.md": "GPU isolation",
+    "dra.md": "DRA",
+}
+
+
+def rules_table() -> str:
+    """Every rule with a setting of its own, from the rule table: key, id, default, what, engine, page."""
+    from webhook.core import catalog
+
+    lines = [
+        "| policy key | rule id | default | refused or warned | engine | described in |",
+        "|---|---|---|---|---|---|",
+    ]
+    for section in catalog.SECTIONS:
+        for rule in catalog.in_section(section):
+            page = rule.page.split("#", 1)[0]
+            engine = "native + webhook" if rule.engine == "native" else "webhook"
+            lines.append(f"| `{rule.setting}` | `{rule.id}` | {rule.default} | {rule.refuses} | {engine} | "
+                         f"[{_PAGE_TITLES.get(page, page)}]({rule.page}) |")
+    return "\n".join(lines) + "\n"
+
+
+def engines_table() -> str:
+    """Every rule and the engine that decides it, with why a rule stays with the webhook."""
+    from webhook.core import catalog
+
+    lines = ["| rule id | setting | engine | why the webhook |", "|---|---|---|---|"]
+    for rule in catalog.RULES.values():
+        setting = f"`{rule.setting}`" if rule.setting else "follows `enforcement`"
+        engine = "native policy and webhook" if rule.engine == "native" else "webhook only"
+        lines.append(f"| `{rule.id}` | {setting} | {engine} | {rule.why or '–'} |")
+    return "\n".join(lines) + "\n"
+
+
 # --- the registry -------------------------------------------------------------------------------------------
 
 BLOCKS: dict[str, Callable[[], str]] = {
@@ -323,13 +361,12 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "chart-readme": copy_of("charts/gpu-webhook/README.md"),
     "certs-readme": copy_of("certs/README.md"),
     "hardening-readme": copy_of("tests/hardening/README.md"),
+    "rules": rules_table,
+    "rule-engines": engines_table,
 }
 
-# Blocks that are still written by hand, and why. `rules`: the table of every rule and its policy key, to be
-# generated from webhook/core/catalog.py (register a function in BLOCKS and remove it from here).
-PENDING: dict[str, str] = {
-    "rules": "hand-written until the rule catalog (webhook/core/catalog.py) generates it",
-}
+# Blocks that are still written by hand, and why (none now).
+PENDING: dict[str, str] = {}
 
 
 # --- pages --------------------------------------------------------------------------------------------------

@@ -1,0 +1,85 @@
+"""docs/architecture.md is the truth: every module has a row, each row's imports are what the code imports,
+and its layers are the import-linter contract's."""
+
+from __future__ import annotations
+
+import ast
+import configparser
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "webhook"
+DOC = ROOT / "docs" / "architecture.md"
+_ROW = re.compile(r"^\| `(?P<module>[a-z_.]+)` \| (?P<job>.+) \| (?P<imports>[^|]+) \|$", re.MULTILINE)
+
+
+def modules(package: Path = PACKAGE) -> dict[str, Path]:
+    """``core.policy`` -> its file, for every module below the package (packages by their ``__init__``)."""
+    found = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if parts and parts[-1] != "__main__":
+            found[".".join(parts)] = path
+    return found
+
+
+def imports_of(path: Path, known: dict[str, Path]) -> set[str]:
+    """The package's own modules a file imports, at the top or inside functions (``from webhook.x import y``
+    counts as ``x.y`` when that is a module, else as ``x``)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "webhook":
+            base = node.module.removeprefix("webhook").removeprefix(".")
+            for alias in node.names:
+                full = f"{base}.{alias.name}" if base else alias.name
+                out.add(full if full in known else base)
+        elif isinstance(node, ast.Import):
+            out.update(a.name.removeprefix("webhook.") for a in node.names if a.name.startswith("webhook."))
+    return out - {""}
+
+
+def documented(text: str) -> dict[str, set[str]]:
+    rows = {}
+    for match in _ROW.finditer(text):
+        cell = match["imports"].strip()
+        rows[match["module"]] = set() if cell == "–" else set(re.findall(r"`([a-z_.]+)`", cell))
+    return rows
+
+
+def test_every_module_has_a_row_whose_imports_are_the_codes():
+    known = modules()
+    rows = documented(DOC.read_text(encoding="utf-8"))
+    subpackages = {name for name, path in known.items() if path.name == "__init__.py"}
+    assert set(known) - subpackages - set(rows) == set(), "modules without a row in docs/architecture.md"
+    assert set(rows) - set(known) == set(), "rows for modules that do not exist"
+    wrong = {
+        module: {"doc": sorted(rows[module]), "code": sorted(imports_of(known[module], known) - {module})}
+        for module in rows
+        if rows[module] != imports_of(known[module], known) - {module}
+    }
+    assert wrong == {}
+
+
+def test_the_check_fails_on_an_import_the_doc_does_not_list(tmp_path):
+    package = tmp_path / "webhook"
+    (package / "core").mkdir(parents=True)
+    (package / "core" / "__init__.py").write_text("")
+    (package / "core" / "field.py").write_text("def f():\n    from webhook.serving import connections\n")
+    (package / "serving").mkdir()
+    (package / "serving" / "__init__.py").write_text("")
+    (package / "serving" / "connections.py").write_text("")
+    known = modules(package)
+    assert imports_of(known["core.field"], known) == {"serving.connections"}
+    assert documented("| `core.field` | paths | – |\n") == {"core.field": set()}
+
+
+def test_the_layers_shown_are_the_contracts():
+    contracts = configparser.ConfigParser()
+    contracts.read(ROOT / ".importlinter", encoding="utf-8")
+    layers = [line.strip() for line in contracts["importlinter:contract:layers"]["layers"].strip().splitlines()]
+    text = DOC.read_text(encoding="utf-8")
+    block = text.split("<!-- layers:", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    assert block.strip().splitlines() == layers
