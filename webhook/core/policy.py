@@ -119,6 +119,35 @@ _TAINT = {
     },
 }
 
+# nativePolicies: what `gpu-webhook admission-policies` needs beyond the rules (webhook.native reads it). A
+# template path is dot-separated field names, `*` for every value of a map, `name[*]` for every item of a list.
+_TEMPLATE_PATH = {
+    "type": "string",
+    "pattern": r"^[A-Za-z0-9_-]+(?:\[\*\])?(?:\.(?:[A-Za-z0-9_-]+(?:\[\*\])?|\*))*$",
+}
+_NATIVE_POLICIES = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "customKinds": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["group", "resource", "templates"],
+                "properties": {
+                    "group": {"type": "string", "pattern": f"^{_DNS_SUBDOMAIN}$"},
+                    "version": {"type": "string", "pattern": "^(?:[a-z0-9]+|\\*)$"},
+                    "resource": {"type": "string", "pattern": f"^{_DNS_LABEL}$"},
+                    "kind": {"type": "string", "pattern": "^[A-Z][A-Za-z0-9]*$"},
+                    "templates": {"type": "array", "minItems": 1, "items": _TEMPLATE_PATH},
+                },
+            },
+        },
+        "excludeNamespaces": {"type": "array", "items": {"type": "string", "pattern": f"^{_DNS_LABEL}$"}},
+    },
+}
+
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "gpu-webhook policy",
@@ -174,6 +203,7 @@ SCHEMA: dict[str, Any] = {
                 **{key: _SETTING for key in DEFAULTS["dra"] if key not in _DRA_LISTS},
             },
         },
+        "nativePolicies": _NATIVE_POLICIES,
         "namespaces": {
             "type": "object",
             "additionalProperties": {

@@ -1,0 +1,243 @@
+"""CEL fragments the rule builders share: GPU names, quantities, the wording of values, violation records.
+
+Each fragment takes the CEL text of its operands, which must be plain identifiers or cheap field reads:
+a fragment may read an operand several times. A violation is a record ``{'k': subject, 'm': text}``:
+``m`` is ``path: message`` as the webhook prints it (``webhook.core.field.Violation.__str__``), ``k`` is
+the rule, the path with named list items and the value, as ``Violation.subject`` is, so that an UPDATE
+is held only to the violations its old object did not have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from webhook.core import quantity
+from webhook.core.policy import IMPLICIT_PREFIX, Policy, PolicySet
+from webhook.core.resources import REGISTRY, Kind
+from webhook.native.celtext import by_namespace, glob_to_regex, globs_regex, lit, matches, patterns_regex
+
+CEILING = quantity.CEILING
+MAX_LENGTH = quantity.MAX_LENGTH
+MAX_EXPONENT = quantity.MAX_EXPONENT
+
+# The apimachinery grammar as webhook.core.quantity holds strings to it before parsing (RE2 reads it alike).
+QUANTITY_GRAMMAR = r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+EXPONENT = r"[eE][+-]?[0-9]+$"
+
+
+def _at_most(n: int) -> str:
+    """An RE2 alternation of the decimal numbers 0..n (n < 100), leading zeros allowed before it."""
+    assert 0 <= n < 100
+    tens, units = divmod(n, 10)
+    parts = ["[0-9]"] if n >= 9 else [f"[0-{n}]"]
+    if tens >= 2:
+        parts.append(f"[1-{tens - 1}][0-9]")
+    elif tens == 1 and n >= 19:
+        parts.append("1[0-9]")
+    if tens >= 1:
+        parts.append(f"{tens}[0-{units}]")
+    return "(?:" + "|".join(parts) + ")"
+
+
+SENSIBLE_EXPONENT = r"[eE][+-]?0*" + _at_most(MAX_EXPONENT) + "$"
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What a builder writes against: the policies, and the variables (``variables.<name>``) it reads. The
+    variables hold the object and, on UPDATE, the old object side by side (records carry ``o``: 0 or 1)."""
+
+    policies: PolicySet
+
+    def v(self, name: str) -> str:
+        return f"variables.{name}"
+
+    @property
+    def policy(self) -> Policy:
+        return self.policies.default
+
+    def ns(self, text) -> str:  # type: ignore[no-untyped-def]
+        return by_namespace(self.policies, text)
+
+
+# --- the vendor registry and the policy's GPU names ----------------------------------------------------------
+
+
+def registry_regex(select) -> str:  # type: ignore[no-untyped-def]
+    return patterns_regex([e.pattern for e in REGISTRY if select(e)])
+
+
+REGISTERED = registry_regex(lambda e: True)
+NOT_COUNTING = registry_regex(lambda e: not e.kind.counts)
+COUNTING_REGISTERED = registry_regex(lambda e: e.kind.counts)
+PRIORITY = registry_regex(lambda e: e.kind is Kind.PRIORITY)
+SCHEDULER = registry_regex(lambda e: bool(e.scheduler) and e.kind is not Kind.PRIORITY)
+SHARED = registry_regex(lambda e: e.kind is Kind.SHARED)
+MONITORING = registry_regex(lambda e: e.kind is Kind.MONITORING)
+PERCENT = registry_regex(lambda e: e.percent)
+READ_BY_SHARING = registry_regex(lambda e: e.kind in (Kind.SHARED, Kind.MONITORING) or bool(e.scheduler))
+
+
+def names_gpu(ctx: Ctx, key: str) -> str:
+    """The name matches ``policy.resources`` (globs), whatever it counts."""
+    return matches(key, globs_regex(ctx.policy.resources))
+
+
+def implicit_gpu(ctx: Ctx, key: str) -> str:
+    """``deviceclass.resource.kubernetes.io/<class>`` of a ``dra.gpuClasses`` class."""
+    classes = ctx.policy.gpu_classes
+    if not classes:
+        return "false"
+    prefix = "".join("\\" + c if c in "\\.+*?()|[]{}^$" else c for c in IMPLICIT_PREFIX)
+    return matches(key, f"^{prefix}(?:" + "|".join(glob_to_regex(g) for g in classes) + ")$")
+
+
+def is_gpu(ctx: Ctx, key: str) -> str:
+    """``Policy.is_gpu``: listed in ``resources`` and a count by the registry, or a GPU class's implicit name."""
+    return f"(({names_gpu(ctx, key)} && !{matches(key, NOT_COUNTING)}) || {implicit_gpu(ctx, key)})"
+
+
+def holds_name(ctx: Ctx, key: str) -> str:
+    """A name ``isolation.container_gpus`` counts as holding a GPU of some kind (not HAMi's priority)."""
+    return (f"({matches(key, REGISTERED)} ? !{matches(key, PRIORITY)} : "
+            f"({names_gpu(ctx, key)} || {implicit_gpu(ctx, key)}))")
+
+
+def zero_counting(ctx: Ctx, key: str) -> str:
+    """A name ``zero-gpu-limit`` reads: a policy GPU, or a registered name that counts devices."""
+    return f"({is_gpu(ctx, key)} || {matches(key, COUNTING_REGISTERED)})"
+
+
+def tolerates_gpu_taint(ctx: Ctx, t: str) -> str:
+    """``Policy.tolerates_gpu_taint`` on the toleration ``t`` (a map)."""
+    key = f"{t}.key"
+    parts = [f"{is_gpu(ctx, key)}", matches(key, REGISTERED)]
+    for taint in ctx.policy.gpu_taints:
+        effect = f"(!has({t}.effect) || {t}.effect == '' || {t}.effect == {lit(taint.effect)})" if taint.effect else "true"
+        operator = f"(has({t}.operator) && {t}.operator != '' ? {t}.operator : 'Equal')"
+        value = (f"({operator} == 'Exists' || (has({t}.value) && {t}.value == {lit(taint.value)}))"
+                 if taint.value is not None else f"{operator} == 'Exists'")
+        parts.append(f"({effect} && {key} == {lit(taint.key)} && {value})")
+    return f"(has({t}.key) && type({t}.key) == string && {t}.key != '' && ({' || '.join(parts)}))"
+
+
+# --- values as the webhook words them ----------------------------------------------------------------------
+
+
+def escaped(s: str) -> str:
+    """A string's characters as JSON would write them inside quotes (the ones that matter on one line)."""
+    return (f"{s}.replace('\\\\', '\\\\\\\\').replace('\"', '\\\\\"').replace('\\n', '\\\\n')"
+            f".replace('\\r', '\\\\r').replace('\\t', '\\\\t')")
+
+
+def quoted(v: str) -> str:
+    """``webhook.core.quantity.quoted``: strings in double quotes, numbers and booleans as Python prints them."""
+    return (f"(type({v}) == string ? '\"' + {escaped(v)} + '\"' : {plain(v)})")
+
+
+def plain(v: str) -> str:
+    """``str(value)`` in Python for the scalars JSON has; a short stand-in for lists and maps."""
+    return (f"(type({v}) == string ? {v} : type({v}) == bool ? ({v} ? 'True' : 'False') : "
+            f"type({v}) == null_type ? 'None' : type({v}) == int || type({v}) == uint || type({v}) == double ? "
+            f"string({v}) : type({v}) == list ? '[…]' : '{{…}}')")
+
+
+def shown(v: str) -> str:
+    """``webhook.core.quantity.shown``: ``quoted``, long strings cut to 16 characters and their length."""
+    return (f"(type({v}) == string && size({v}) > {MAX_LENGTH} ? '\"' + {escaped(v + '.substring(0, 16)')} + "
+            f"'…\" (' + string(size({v})) + ' characters)' : {quoted(v)})")
+
+
+def about(v: str) -> str:
+    """``webhook.rules.pods.about``: a string as written, anything else ``shown``."""
+    return f"(type({v}) == string ? {v} : {shown(v)})"
+
+
+def type_name(v: str) -> str:
+    """Python's ``type(value).__name__`` for what JSON decodes to."""
+    return (f"(type({v}) == string ? 'str' : type({v}) == list ? 'list' : type({v}) == map ? 'dict' : "
+            f"type({v}) == bool ? 'bool' : type({v}) == double ? 'float' : type({v}) == null_type ? 'NoneType' : "
+            f"'int')")
+
+
+# --- quantities (webhook.core.quantity.gpu_count) -------------------------------------------------------------
+
+NOT_SENSIBLE = f" is not a sensible GPU count (at most {CEILING})"
+
+
+def _string_error(v: str) -> str:
+    q = "q"
+    return (
+        f"(size({v}) > {MAX_LENGTH} ? {shown(v)} + {lit(NOT_SENSIBLE)} : "
+        f"!{matches(v, QUANTITY_GRAMMAR)} ? {quoted(v)} + ' is not a quantity' : "
+        f"{matches(v, EXPONENT)} && !{matches(v, SENSIBLE_EXPONENT)} ? {quoted(v)} + {lit(NOT_SENSIBLE)} : "
+        f"!isQuantity({v}) ? {quoted(v)} + ' is not a quantity' : "
+        f"[quantity({v})].map({q}, sign({q}) < 0 ? {quoted(v)} + ' is negative (GPU counts are zero or more)' : "
+        f"{q}.isGreaterThan(quantity('{CEILING}')) ? {quoted(v)} + {lit(NOT_SENSIBLE)} : "
+        # isInteger() is false for 1000m (it gives up on negative scales): compare with the rounded value instead,
+        # bounded above so the rounding is exact.
+        f"{q}.compareTo(quantity(string(int({q}.asApproximateFloat() + 0.5)))) != 0 ? "
+        f"{quoted(v)} + ' is not a whole number (GPUs cannot be shared)' : '')[0])"
+    )
+
+
+def quantity_error(v: str) -> str:
+    """The message ``gpu_count`` raises for ``v`` (the value itself, not a string of it), or ``''``."""
+    return (
+        f"(type({v}) == string ? {_string_error(v)} : "
+        f"type({v}) == int ? ({v} > {CEILING} || {v} < -{CEILING} ? string({v}) + {lit(NOT_SENSIBLE)} : "
+        f"{v} < 0 ? string({v}) + ' is negative (GPU counts are zero or more)' : '') : "
+        f"type({v}) == double ? ({v} < 0.0 ? string({v}) + ' is negative (GPU counts are zero or more)' : "
+        f"{v} > {CEILING}.0 ? string({v}) + {lit(NOT_SENSIBLE)} : "
+        f"double(int({v})) != {v} ? string({v}) + ' is not a whole number (GPUs cannot be shared)' : '') : "
+        f"{shown(v)} + ' is not a quantity')"
+    )
+
+
+def count(v: str) -> str:
+    """The GPU count of ``v``; only where ``quantity_error(v)`` is empty."""
+    return (f"(type({v}) == string ? int(quantity({v}).asApproximateFloat() + 0.5) : "
+            f"type({v}) == int ? int({v}) : int({v}))")
+
+
+def is_zero(v: str) -> str:
+    """``v`` is a valid count of 0 (``isolation._nonzero`` is its negation)."""
+    return (f"(type({v}) == int ? {v} == 0 : type({v}) == double ? {v} == 0.0 : type({v}) == string ? "
+            f"(size({v}) <= {MAX_LENGTH} && {matches(v, QUANTITY_GRAMMAR)} && "
+            f"(!{matches(v, EXPONENT)} || {matches(v, SENSIBLE_EXPONENT)}) && isQuantity({v}) && "
+            f"sign(quantity({v})) == 0) : false)")
+
+
+def value_key(v: str) -> str:
+    """The value part of a violation's subject (anything stable will do: it is compared with itself)."""
+    return plain(v)
+
+
+# --- records -----------------------------------------------------------------------------------------------
+
+
+def violation(rule: str, path: str, stable: str, value: str, message: str, origin: str = "r.o") -> str:
+    """A violation record: ``path``, ``stable``, ``value`` and ``message`` are CEL string expressions; ``origin``
+    (an int expression) says whether it was found in the object (0) or, on UPDATE, in the old object (1)."""
+    return (f"{{'k': dyn({lit(rule + '|')} + {stable} + '|' + {value}), "
+            f"'m': dyn({path} + ': ' + {message}), 'o': dyn({origin})}}")
+
+
+def guarded(parent: str, key: str, kind: str, default: str) -> str:
+    """``parent[key]`` when ``parent`` is a map holding ``key`` of CEL type ``kind``, else ``default``."""
+    return (f"(type({parent}) == map && {lit(key)} in {parent} && type({parent}[{lit(key)}]) == {kind} ? "
+            f"{parent}[{lit(key)}] : {default})")
+
+
+def stable_item(path: str, index: str, item: str, by: str) -> str:
+    """``FieldPath.item``: ``[by=name]`` when the item names itself, ``[i]`` otherwise."""
+    return (f"(type({item}) == map && {lit(by)} in {item} && type({item}[{lit(by)}]) == string && "
+            f"{item}[{lit(by)}] != '' ? {path} + '[{by}=' + {item}[{lit(by)}] + ']' : "
+            f"{path} + '[' + string({index}) + ']')")
+
+
+__all__ = [
+    "Ctx", "about", "count", "guarded", "holds_name", "implicit_gpu", "is_gpu", "is_zero", "names_gpu",
+    "quantity_error", "quoted", "shown", "stable_item", "tolerates_gpu_taint", "type_name", "value_key",
+    "violation", "zero_counting", "Policy",
+]
