@@ -30,7 +30,8 @@ def render_webhook_configurations(cluster: ControlPlane, url: str, ca_file: Path
     values_file.write_text(yaml.safe_dump(settings))
     result = subprocess.run(
         [cluster.binary("helm"), "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
-         "--values", str(values_file), "--show-only", "templates/webhooks.yaml"],
+         "--values", str(values_file), "--show-only", "templates/webhooks.yaml",
+         "--set", "image.repository=localhost/gpu-webhook"],  # no pod runs: any image will do
         capture_output=True, text=True, timeout=120, env=NO_PROXY_ENV, check=False,
     )
     assert result.returncode == 0, result.stderr

@@ -184,7 +184,7 @@ def reader_kubeconfig(cluster: ControlPlane, tmp: Path) -> Path:
                                       "webhook": {"customResources": [GPUJOBS]}}))
     rendered = subprocess.run(
         [cluster.binary("helm"), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(values),
-         "--show-only", "templates/audit-reader.yaml"],
+         "--show-only", "templates/audit-reader.yaml", "--set", "image.repository=localhost/gpu-webhook"],
         capture_output=True, text=True, timeout=120, env=NO_PROXY_ENV, check=True,
     )
     role = yaml.safe_load(rendered.stdout)

@@ -165,6 +165,7 @@ def test_secret_mode_through_webhook_url_admits_and_refuses_and_uninstalls(clust
     server = start_webhook(tmp_path, certs=tls)
     try:
         installed = helm("install", name, str(CHART), "-n", NAMESPACE, "--set", "certs.mode=secret",
+                         "--set", "image.repository=localhost/gpu-webhook",
                          "--set", f"certs.secret.name={name}-tls",
                          "--set", f"certs.secret.caBundle={base64.b64encode(tls['ca'].read_bytes()).decode()}",
                          "--set", f"webhook.url={server.address}")
@@ -297,6 +298,7 @@ def release(cluster, helm, tmp_path_factory) -> Iterator[Release]:
     try:
         install = helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace",
                        "--set", "certs.mode=helm", "--set", f"service.port={port}", "--set", f"server.port={port}",
+                       "--set", "image.repository=localhost/gpu-webhook",
                        "--set", f"metrics.port={metrics_port}",
                        "--set", "policy.accelerator.default=nvidia-tesla-k80")
         server = run_pod_on_host(cluster, root)
