@@ -144,7 +144,44 @@ def _parser() -> argparse.ArgumentParser:
         "--report-kind", choices=["openreports", "wgpolicyk8s"], default="openreports",
         help="with -o report: openreports.io/v1alpha1 Report (default) or wgpolicyk8s.io/v1alpha2 PolicyReport",
     )
+    native = commands.add_parser(
+        "admission-policies",
+        help="write the ValidatingAdmissionPolicies and MutatingAdmissionPolicy the policy's CEL-expressible rules "
+        "become (YAML on stdout; the rules that stay with the webhook on stderr)",
+    )
+    native.set_defaults(subparser=native)
+    native.add_argument("--policy", help="policy YAML file (default: built-in defaults)")
+    native.add_argument(
+        "--apply", action="store_true",
+        help="server-side apply them (field manager gpu-webhook) and delete the labelled ones no longer generated",
+    )
+    native.add_argument("--delete", action="store_true", help="delete every object this command labelled, and exit")
+    native.add_argument(
+        "--kubeconfig", help="with --apply/--delete: kubeconfig file (default: $KUBECONFIG, the in-cluster account, "
+        "~/.kube/config)",
+    )
     return parser
+
+
+def _admission_policies(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.apply and args.delete:
+        parser.error("--apply and --delete exclude each other")
+    if args.delete:
+        from webhook.cli import policies as apply_policies
+
+        return apply_policies.run(None, args.kubeconfig, delete=True)
+    policies = _policy_or_exit(args.policy)
+    if args.apply:
+        from webhook.cli import policies as apply_policies
+
+        return apply_policies.run(policies, args.kubeconfig)
+    from webhook.native.generate import generate, to_yaml
+
+    generated = generate(policies)
+    sys.stdout.write(to_yaml(generated.objects))
+    for rule, why in generated.webhook_only:
+        print(f"left to the webhook: {rule}: {why}", file=sys.stderr)
+    return 0
 
 
 def _policy_or_exit(path: str | None) -> PolicySet:
@@ -333,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         return _certs(args)
     if args.command == "audit":
         return _audit(args)
+    if args.command == "admission-policies":
+        return _admission_policies(args, args.subparser)
     return _check(args)
 
 

@@ -457,3 +457,98 @@ drainSeconds + 20). A shorter period SIGKILLs the server while it still answers 
 {{- fail (printf "metrics.port (%v) must differ from server.port: the plain-HTTP metrics port and the HTTPS admission port are separate listeners" .Values.metrics.port) }}
 {{- end }}
 {{- end }}
+
+{{/* Labels of the admission-policies hook objects: the chart's, with their own component. */}}
+{{- define "gpu-webhook.policiesLabels" -}}
+{{- include "gpu-webhook.labels" . | replace "app.kubernetes.io/component: admission-webhook" "app.kubernetes.io/component: admission-policies-job" }}
+{{- end }}
+
+{{/*
+Hybrid mode (admissionPolicies.enabled): what still has to reach the webhook once the native policies
+hold the rules CEL expresses. "true" when the webhook must keep seeing every GPU object anyway: the
+cluster-aware checks are on (policy.cluster.enabled), or one of the per-object checks the generator leaves
+to the webhook is not off in the policy or a namespace (their defaults are warn or deny; keep this list
+equal to webhook.core.catalog's checks.* rules whose engine is webhook: tests/chart holds them together).
+*/}}
+{{- define "gpu-webhook.webhookChecks" -}}
+processCountMismatch,replicaAcceleratorMismatch
+{{- end }}
+{{- define "gpu-webhook.webhookKeepsAll" -}}
+{{- $policy := .Values.policy | default dict }}
+{{- if include "gpu-webhook.clusterChecks" . }}true
+{{- else }}
+{{- $sections := list ($policy.checks | default dict) }}
+{{- range $ns, $overlay := ($policy.namespaces | default dict) }}
+{{- $sections = append $sections (($overlay | default dict).checks | default dict) }}
+{{- end }}
+{{- $on := false }}
+{{- range $key := splitList "," (include "gpu-webhook.webhookChecks" .) }}
+{{- if ne (toString (get (index $sections 0) $key | default "default")) "off" }}{{ $on = true }}{{ end }}
+{{- range $section := rest $sections }}
+{{- if and (hasKey $section $key) (ne (toString (get $section $key)) "off") }}{{ $on = true }}{{ end }}
+{{- end }}
+{{- end }}
+{{- if $on }}true{{ end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The custom kinds the generated policies cover: the generator's known kinds (webhook.native.kinds.KNOWN_KINDS,
+held equal by tests/chart) and policy.nativePolicies.customKinds, as "group/resource" CEL strings.
+*/}}
+{{- define "gpu-webhook.nativeCustomKinds" -}}
+{{- $kinds := list "kubeflow.org/pytorchjobs" "kubeflow.org/tfjobs" "kubeflow.org/mpijobs" "kubeflow.org/xgboostjobs" "kubeflow.org/paddlejobs" "ray.io/rayclusters" "ray.io/rayjobs" "ray.io/rayservices" "jobset.x-k8s.io/jobsets" "leaderworkerset.x-k8s.io/leaderworkersets" }}
+{{- $policy := .Values.policy | default dict }}
+{{- range (($policy.nativePolicies | default dict).customKinds | default list) }}
+{{- $kinds = append $kinds (printf "%s/%s" .group .resource) }}
+{{- end }}
+{{- include "gpu-webhook.celList" (uniq $kinds) }}
+{{- end }}
+
+{{/*
+The hybrid matchCondition of one webhook (hook: mutate, validate, dra, custom), or nothing: outside hybrid
+mode, and where the webhook must keep seeing every object its other conditions let through.
+*/}}
+{{- define "gpu-webhook.hybridCondition" -}}
+{{- $root := .root }}
+{{- if $root.Values.admissionPolicies.enabled }}
+{{- $policy := $root.Values.policy | default dict }}
+{{- $isolation := $policy.isolation | default dict }}
+{{- if eq .hook "mutate" }}
+{{- $runtimeClass := $isolation.runtimeClass }}
+{{- range $ns, $overlay := ($policy.namespaces | default dict) }}
+{{- if (($overlay | default dict).isolation | default dict).runtimeClass }}{{ $runtimeClass = true }}{{ end }}
+{{- end }}
+{{- if not (and (include "gpu-webhook.clusterChecks" $root) $runtimeClass) }}
+# Every mutation is in the MutatingAdmissionPolicy (requests from limits: the apiserver copies them).
+- name: left-to-mutating-admission-policy
+  expression: "false"
+{{- end }}
+{{- else if not (include "gpu-webhook.webhookKeepsAll" $root) }}
+{{- if eq .hook "validate" }}
+# The generated policies hold the rest; the claim-following DRA rules read the claims a pod names.
+- name: follows-claims
+  expression: |-
+    {{- printf "%s.exists(t, has(t.spec)\n  && has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0)" (include "gpu-webhook.celPodTemplates" $root) | nindent 4 }}
+{{- else if eq .hook "dra" }}
+# Claims' own rules are native; DeviceClasses only matter to the cluster-aware checks, which are off.
+- name: left-to-validating-admission-policies
+  expression: "false"
+{{- else if eq .hook "custom" }}
+# Kinds the generated policies know their pod templates of are theirs.
+- name: kind-not-native
+  expression: |-
+    !((request.resource.group + '/' + request.resource.resource) in {{ include "gpu-webhook.nativeCustomKinds" $root }})
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The webhooks' failurePolicy: admissionPolicies.webhookFailurePolicy in hybrid mode when set. */}}
+{{- define "gpu-webhook.failurePolicy" -}}
+{{- if and .Values.admissionPolicies.enabled .Values.admissionPolicies.webhookFailurePolicy }}
+{{- .Values.admissionPolicies.webhookFailurePolicy }}
+{{- else }}
+{{- .Values.webhook.failurePolicy }}
+{{- end }}
+{{- end }}
