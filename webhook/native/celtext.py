@@ -83,10 +83,7 @@ def glob_to_regex(glob: str) -> str:
             negate = body.startswith("!")
             if negate:
                 body = body[1:]
-            escaped = "".join("\\" + c if c in "\\[]^" else c for c in body)
-            if not escaped:
-                out.append("[^\\x00-\\x{10FFFF}]" if not negate else ".")  # fnmatch: [] never closes; [!] any
-                continue
+            escaped = "".join("\\" + c if c in "\\[]^" else c for c in body)  # never empty: "]" first is literal
             out.append(f"[{'^' if negate else ''}{escaped}]")
         else:
             out.append(_escape(char))

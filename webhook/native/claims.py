@@ -95,13 +95,13 @@ def blanket_device_toleration(ctx: Ctx) -> str:
     every = dviolation("blanket-device-toleration", path, stable, lit("*"),
                       lit("tolerates every device taint, unhealthy and draining devices included"))
     no_execute = dviolation("blanket-device-toleration", path, stable, key_shown,
-                           f"'tolerates the NoExecute device taint ' + {key_shown} + ': the pod keeps devices taken out "
-                           f"of service'")
+                           f"'tolerates the NoExecute device taint ' + {key_shown} + "
+                           f"': the pod keeps devices taken out of service'")
     by_effect = dviolation("blanket-device-toleration", path, stable, lit("*"),
                           f"'tolerates every ' + string({effect}) + ' device taint'")
     body = (f"{tolerations}.transformList(i, x, type(x) == map, "
-            f"{blanket} && ({effect} == null || {effect} == '') ? [{every}] : {effect} == 'NoExecute' ? [{no_execute}] : "
-            f"{blanket} ? [{by_effect}] : []).flatten()")
+            f"{blanket} && ({effect} == null || {effect} == '') ? [{every}] : "
+            f"{effect} == 'NoExecute' ? [{no_execute}] : {blanket} ? [{by_effect}] : []).flatten()")
     return _per_request(ctx, body)
 
 

@@ -295,7 +295,8 @@ _Dumper.add_representer(str, _string)
 
 def to_yaml(objects: Sequence[Mapping[str, Any]]) -> str:
     """A multi-document YAML stream (one document per object)."""
-    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, width=120, default_flow_style=False)
+    # No folding: an expression stays on one line, as written.
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, width=2**31, default_flow_style=False)
 
 
 __all__ = ["Generated", "generate", "lit", "to_yaml"]

@@ -176,8 +176,9 @@ def dispatch(root: str, kinds: Sequence[CustomKind], builtin: bool = True) -> st
         for group, kind, _, path in BUILTIN_KINDS:
             by_path.setdefault((group, path), []).append(kind)
         for (group, path), names in by_path.items():
-            test = (f"request.kind.group == {lit(group)} && "
-                    + (f"request.kind.kind == {lit(names[0])}" if len(names) == 1 else f"request.kind.kind in {lits(names)}"))
+            kind_test = (f"request.kind.kind == {lit(names[0])}" if len(names) == 1
+                         else f"request.kind.kind in {lits(names)}")
+            test = f"request.kind.group == {lit(group)} && {kind_test}"
             branches.append((test, nodes(root, [path])))
     for k in kinds:
         test = f"request.resource.group == {lit(k.group)} && request.resource.resource == {lit(k.resource)}"
@@ -202,5 +203,5 @@ def is_custom(kinds: Sequence[CustomKind]) -> str:
     return "(" + " || ".join(tests) + ")"
 
 
-__all__ = ["BUILTIN_KINDS", "KNOWN_KINDS", "CustomKind", "custom_kinds", "dispatch", "is_custom", "lits",
-           "path_problem", "templates"]
+__all__ = ["BUILTIN_KINDS", "KNOWN_KINDS", "CustomKind", "custom_kinds", "dispatch", "is_custom", "nodes",
+           "path_problem", "pod_template", "template_records"]

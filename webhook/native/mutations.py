@@ -48,8 +48,9 @@ def accelerator(ctx: Ctx) -> str | None:
         return None
     label, annotation = ctx.policy.node_label, ctx.policy.annotation
     annotations = guarded("object.metadata", "annotations", "map", "{}")
-    asked = (f"({lit(annotation)} in {annotations} && type({annotations}[{lit(annotation)}]) == string && "
-             f"{annotations}[{lit(annotation)}] != '' ? {annotations}[{lit(annotation)}] : {ctx.ns(lambda p: lit(p.default))})")
+    value = f"{annotations}[{lit(annotation)}]"
+    default = ctx.ns(lambda p: lit(p.default))
+    asked = f"({lit(annotation)} in {annotations} && type({value}) == string && {value} != '' ? {value} : {default})"
     allowed = ctx.ns(lambda p: lits(p.allowed))
     selector = "object.spec.nodeSelector"
     free = (f"!(has(object.spec.nodeSelector) && {lit(label)} in {selector}) && !{_affinity_names(label)}")

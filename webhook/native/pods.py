@@ -36,7 +36,6 @@ from webhook.native.snippets import (
     guarded,
     holds_name,
     is_gpu,
-    is_zero,
     plain,
     quantity_error,
     quoted,
@@ -44,7 +43,6 @@ from webhook.native.snippets import (
     stable_item,
     tolerates_gpu_taint,
     type_name,
-    value_key,
     violation,
     zero_counting,
 )
@@ -154,7 +152,8 @@ def gpu_facts(ctx: Ctx) -> str:
 
 
 def _account(spec: str) -> str:
-    first = f"('serviceAccountName' in {spec} && type({spec}.serviceAccountName) == string && {spec}.serviceAccountName != '')"
+    name = f"{spec}.serviceAccountName"
+    first = f"('serviceAccountName' in {spec} && type({name}) == string && {name} != '')"
     second = f"('serviceAccount' in {spec} && type({spec}.serviceAccount) == string && {spec}.serviceAccount != '')"
     return f"({first} ? {spec}.serviceAccountName : {second} ? {spec}.serviceAccount : 'default')"
 
@@ -237,7 +236,8 @@ RESOURCES_STABLE = "r.sp + '.resources'"
 def invalid_quantity(ctx: Ctx) -> str:
     parts = []
     for section, field in (("limits", "l"), ("requests", "r")):
-        found = violation("invalid-quantity", _res_path(section), _res_stable(section), about("e.x"), "r.lab + ': ' + e.e")
+        found = violation("invalid-quantity", _res_path(section), _res_stable(section), about("e.x"),
+                          "r.lab + ': ' + e.e")
         parts.append(f"E.{field}.transformList(k, e, e.g && e.e != '', {found})")
     return _per_container(ctx, " + ".join(parts))
 
@@ -348,7 +348,8 @@ def accelerator_not_allowed(ctx: Ctx) -> str:
 def accelerator_conflict(ctx: Ctx) -> str:
     annotation, label = ctx.policy.annotation, ctx.policy.node_label
     path = _annotation_path(ctx)
-    message = lit("annotation " + annotation + "=") + " + a + " + lit(" conflicts with nodeSelector " + label + "=") + " + s"
+    message = (lit("annotation " + annotation + "=") + " + a + " + lit(" conflicts with nodeSelector " + label + "=")
+               + " + s")
     found = tviolation("accelerator-conflict", path, path, "a + ' != ' + s", message)
     body = (f"[[{_annotated(ctx)}, {_selected(ctx)}]].filter(v, v[0] != null && v[1] != null && v[0] != v[1])"
             f".map(v, [v[0]].map(a, [v[1]].map(s, {found})[0])[0])")
@@ -428,7 +429,8 @@ def _held(g: str, nonzero: bool) -> str:
 
 
 def ephemeral_gpu(ctx: Ctx) -> str:
-    found = violation("ephemeral-gpu", RESOURCES_PATH, RESOURCES_STABLE, "h", lit("ephemeral containers may not use GPUs"))
+    found = violation("ephemeral-gpu", RESOURCES_PATH, RESOURCES_STABLE, "h",
+                      lit("ephemeral containers may not use GPUs"))
     body = f"[{_held('g', False)}].map(h, {found})"
     gx = ctx.v("gx")
     return _per_container(ctx, body, f"r.l == 'ephemeralContainers' && (size({gx}[j].vl) > 0 || size({gx}[j].vr) > 0)")
@@ -530,7 +532,8 @@ def visible_devices_without_gpu(ctx: Ctx) -> str:
     value = "('value' in e ? e.value : '')"
     path = "r.p + '.env[' + string(n) + '].value'"
     stable = "r.sp + '.env[name=' + e.name + '].value'"
-    message = (f"r.lab + ' uses no GPU but sets ' + e.name + '=' + {shown('v')} + ': the NVIDIA runtime would show it ' + "
+    message = (f"r.lab + ' uses no GPU but sets ' + e.name + '=' + {shown('v')} + "
+               f"': the NVIDIA runtime would show it ' + "
                f"(v == 'all' ? 'every GPU of its node' : 'the GPUs it names') + "
                f"', outside the scheduler\\'s accounting; remove it or set it to void'")
     found = violation("visible-devices-without-gpu", path, stable, shown("v"), message)
@@ -603,7 +606,8 @@ def privileged_gpu(ctx: Ctx) -> str:
     privileged = f"{guarded(context, 'privileged', 'bool', 'false')} == true"
     why = (f"((P.frac || g.holds) ? [r.lab + ' is privileged and holds a GPU: it sees every GPU of its node, not only "
            f"its own'] : P.any ? [r.lab + ' is privileged in a pod with GPUs: it runs on a GPU node and sees every GPU "
-           f"of it'] : [{_gpu_node_reasons(ctx)}].filter(w, size(w) > 0).map(w, r.lab + ' is privileged and its pod ' + "
+           f"of it'] : [{_gpu_node_reasons(ctx)}].filter(w, size(w) > 0).map(w, "
+           f"r.lab + ' is privileged and its pod ' + "
            f"w.join(', ') + ': on a GPU node it sees every GPU, outside the scheduler\\'s accounting'))")
     message = "w + '; only trusted namespaces and service accounts (isolation.trusted) may'"
     found = violation("privileged-gpu", "r.p + '.securityContext.privileged'", "r.sp + '.securityContext.privileged'",
@@ -721,8 +725,8 @@ def fractional_gpu_request(ctx: Ctx) -> str:
     seen = f"({_read('limits', 'e.sch')} + {_read('requests', 'e.sch')})"
     for absolute, percentage in EXCLUSIVE:
         both = lit(f": {absolute} and {percentage} both size the GPU memory; set one of them")
-        found = violation("fractional-gpu-request", RESOURCES_PATH, RESOURCES_STABLE, lit(absolute + " + " + percentage),
-                          "r.lab + " + both)
+        found = violation("fractional-gpu-request", RESOURCES_PATH, RESOURCES_STABLE,
+                          lit(absolute + " + " + percentage), "r.lab + " + both)
         parts.append(f"({lit(absolute)} in {seen} && {lit(percentage)} in {seen} ? [{found}] : [])")
     volcano = f"{seen}.filter(k, k.startsWith('volcano.sh/vgpu-') && k != {lit(VOLCANO_COUNT)}).sort()"
     message = ("r.lab + ': ' + V.join(', ') + "

@@ -113,7 +113,8 @@ def tolerates_gpu_taint(ctx: Ctx, t: str) -> str:
     key = f"{t}.key"
     parts = [f"{is_gpu(ctx, key)}", matches(key, REGISTERED)]
     for taint in ctx.policy.gpu_taints:
-        effect = f"(!has({t}.effect) || {t}.effect == '' || {t}.effect == {lit(taint.effect)})" if taint.effect else "true"
+        effect = (f"(!has({t}.effect) || {t}.effect == '' || {t}.effect == {lit(taint.effect)})" if taint.effect
+                  else "true")
         operator = f"(has({t}.operator) && {t}.operator != '' ? {t}.operator : 'Equal')"
         value = (f"({operator} == 'Exists' || (has({t}.value) && {t}.value == {lit(taint.value)}))"
                  if taint.value is not None else f"{operator} == 'Exists'")
