@@ -203,6 +203,18 @@ def _subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str, ar
                     yield name, helps.get(name, ""), sub
 
 
+def _wrapped(parts: list[str], width: int = 100) -> list[str]:
+    """A usage line cut between its parts at ``width``, continued under the first option."""
+    indent = " " * (len(parts[0]) + 1)
+    lines = [parts[0]]
+    for part in parts[1:]:
+        if len(lines[-1]) + 1 + len(part) > width and lines[-1] != parts[0]:
+            lines.append(indent + part)
+        else:
+            lines[-1] += " " + part
+    return lines
+
+
 def cli_reference() -> str:
     """Usage and an options table for every subcommand of ``gpu-webhook``, from its argparse parser."""
     parser = find_parser()
@@ -222,8 +234,8 @@ def cli_reference() -> str:
                   + " (" + "; ".join(_help(a, prog) for a in top) + ")."]
     for name, _, sub in commands:
         actions = _visible(sub)
-        lines += ["", f"### `{prog} {name}`", "", "```text", " ".join([prog, name, *map(_usage_part, actions)]),
-                  "```", "", "| option | default | |", "|---|---|---|"]
+        lines += ["", f"### `{prog} {name}`", "", "```text", *_wrapped([f"{prog} {name}", *map(_usage_part, actions)]),
+                  "```", "", "| option | default | what it does |", "|---|---|---|"]
         for action in actions:
             if action.option_strings:
                 flags = ", ".join(f"`{flag}`" for flag in action.option_strings)
