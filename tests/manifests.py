@@ -117,3 +117,30 @@ def runtime_class_view(classes: dict[str, dict[str, str]] | None, node_label: st
                  "handler": "nvidia", **({"scheduling": {"nodeSelector": selector}} if selector else {})}
                 for name, selector in classes.items()], known=["runtimeclasses"])
     return state.view()
+
+
+_DEFAULTS: list[Any] = []
+
+
+def found(obj: dict, policy: Any = None, namespace: str = "default", view: Any = None, *, group: str | None = None,
+          kind: str | None = None, sort: bool = False, drop_off: bool = False) -> set[tuple[str, str]] | list:
+    """(path, rule) of every violation ``webhook.rules.pods.violations`` finds in ``obj``, under ``policy`` (a
+    PolicySet; the built-in defaults when None) for ``namespace``, with the cluster ``view`` given (None: cluster
+    checks off). The object's group and kind come from it unless given. A set; with ``sort``, a sorted list;
+    with ``drop_off``, without the rules the namespace's policy sets off (admission drops them too)."""
+    from webhook.core.podspecs import group_of
+    from webhook.core.policy import parse_policy
+    from webhook.rules.pods import violations
+
+    if policy is None:
+        if not _DEFAULTS:
+            _DEFAULTS.append(parse_policy("{}"))
+        policy = _DEFAULTS[0]
+    in_force = policy.for_namespace(namespace)
+    group = group if group is not None else group_of(obj.get("apiVersion"))
+    pairs = [
+        (str(v.path), v.rule)
+        for v in violations(obj, group, kind or obj["kind"], in_force, view, namespace)
+        if not drop_off or in_force.action(v.rule) != "off"
+    ]
+    return sorted(pairs) if sort else set(pairs)

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 
+from tests import manifests
 from tests.manifests import container, pod, pytorch_job
 from webhook.core.cluster import ClusterState
 from webhook.core.policy import parse_policy
 from webhook.rules.admission import decide
 from webhook.rules.mutate import pod_patch
-from webhook.rules.pods import violations
 
 GPU_CLASS = "gpu.example.com"
 POLICY = parse_policy(f"""
@@ -91,13 +92,8 @@ def view_of(objects=CLUSTER):
 VIEW = view_of()
 
 
-def found(obj, namespace="default", view=VIEW, policy=POLICY, group=None, kind=None):
-    group = group if group is not None else obj["apiVersion"].rpartition("/")[0]
-    return sorted(
-        (str(v.path), v.rule) for v in violations(obj, group, kind or obj["kind"], policy.for_namespace(namespace),
-                                                   view, namespace)
-        if policy.for_namespace(namespace).action(v.rule) != "off"
-    )
+# Sorted, and without the rules a namespace sets off, as admission leaves them out.
+found = functools.partial(manifests.found, policy=POLICY, view=VIEW, sort=True, drop_off=True)
 
 
 def claim_pod(*containers, claims=(), name="p", **spec):
@@ -168,7 +164,7 @@ CLAIM_CASES = [
     ("obj", "namespace", "expected"), [c[1:] for c in CLAIM_CASES], ids=[c[0] for c in CLAIM_CASES]
 )
 def test_claim_rules(obj, namespace, expected):
-    assert found(obj, namespace) == sorted(expected)
+    assert found(obj, namespace=namespace) == sorted(expected)
 
 
 def test_cluster_rules_need_the_view_and_cluster_enabled():

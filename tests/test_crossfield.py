@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.manifests import container, pod, pytorch_job, ray_cluster, seed_pod
-from webhook.core.podspecs import group_of
+from tests.manifests import container, found, pod, pytorch_job, ray_cluster, seed_pod
 from webhook.core.policy import parse_policy
 from webhook.rules.admission import decide
-from webhook.rules.pods import violations
 
 GPU = "nvidia.com/gpu"
 DEFAULT = parse_policy("{}")
-
-
-def found(obj, policy=DEFAULT):
-    p = policy.for_namespace("default")
-    return {(str(v.path), v.rule) for v in violations(obj, group_of(obj["apiVersion"]), obj["kind"], p)}
 
 
 def with_accelerator(p, value):

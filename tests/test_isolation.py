@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.manifests import container, pod, runtime_class_view, workload
-from webhook.core.podspecs import group_of
+from tests.manifests import container, found, pod, runtime_class_view, workload
 from webhook.core.policy import parse_policy
 from webhook.rules.admission import decide
-from webhook.rules.pods import violations
 
 GPU = "nvidia.com/gpu"
 NVD = "NVIDIA_VISIBLE_DEVICES"
@@ -38,14 +36,6 @@ def cpu(name="main", **extra):
 
 def gpu(name="main", n=1, **extra):
     return container(name, limits={GPU: n}, **extra)
-
-
-def found(obj, policy=DEFAULT, namespace="default", runtime_classes=None):
-    return {
-        (str(v.path), v.rule)
-        for v in violations(obj, group_of(obj["apiVersion"]), obj["kind"], policy.for_namespace(namespace),
-                            runtime_class_view(runtime_classes), namespace)
-    }
 
 
 PRIVILEGED = {"securityContext": {"privileged": True}}
@@ -262,7 +252,7 @@ RUNTIME_CASES = [
 @pytest.mark.parametrize(("obj", "policy", "classes", "expected"), [c[1:] for c in RUNTIME_CASES],
                          ids=[c[0] for c in RUNTIME_CASES])
 def test_runtime_class_against_the_cluster(obj, policy, classes, expected):
-    assert found(obj, policy, "default", classes) == expected
+    assert found(obj, policy, "default", runtime_class_view(classes)) == expected
 
 
 def test_runtime_class_rules_are_cluster_rules():

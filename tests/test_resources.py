@@ -6,12 +6,11 @@ import re
 
 import pytest
 
-from tests.manifests import container, pod
+from tests.manifests import container, found, pod
 from webhook.core import resources
 from webhook.core.policy import parse_policy
 from webhook.core.resources import Kind
 from webhook.rules.admission import decide
-from webhook.rules.pods import violations
 
 DEFAULT = parse_policy("{}")
 TRUSTING = parse_policy("isolation: {trusted: {namespaces: [monitoring]}}")
@@ -88,10 +87,6 @@ def test_memory_and_cores_are_not_counted_against_the_caps():
     policy = parse_policy('resources: ["nvidia.com/*"]\nlimits: {perContainer: 2, perPod: 2}')
     hami = pod(container(limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 16000, "nvidia.com/gpucores": 50}))
     assert decide(hami, "", "Pod", "default", policy).allowed
-
-
-def found(obj, policy=DEFAULT, namespace="default"):
-    return {(str(v.path), v.rule) for v in violations(obj, "", "Pod", policy.for_namespace(namespace))}
 
 
 CASES = [

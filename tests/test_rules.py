@@ -6,11 +6,10 @@ import copy
 
 import pytest
 
-from tests.manifests import container, pod, pytorch_job, ray_cluster, seed_pod, workload
+from tests.manifests import container, found, pod, pytorch_job, ray_cluster, seed_pod, workload
 from webhook.core.podspecs import group_of
 from webhook.core.policy import parse_policy
 from webhook.rules.admission import decide
-from webhook.rules.pods import violations
 
 GPU = "nvidia.com/gpu"
 DEFAULT = parse_policy("{}")
@@ -19,13 +18,6 @@ ALLOWED = parse_policy("accelerator: {allowed: [nvidia-tesla-p100, nvidia-l4]}")
 
 L0 = f"spec.containers[0].resources.limits[{GPU}]"
 R0 = f"spec.containers[0].resources.requests[{GPU}]"
-
-
-def found(obj, policy=DEFAULT, namespace="default"):
-    return {
-        (str(v.path), v.rule)
-        for v in violations(obj, group_of(obj.get("apiVersion")), obj["kind"], policy.for_namespace(namespace))
-    }
 
 
 ADMITTED = [

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.core import cel
+from webhook.core.podspecs import as_list, as_mapping
 from webhook.core.quantity import QuantityError, gpu_count
 
 IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
@@ -32,20 +33,12 @@ IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
 GENERATED_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 
 
-def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
 def _name(obj: Mapping[str, Any]) -> str:
-    return str(_mapping(obj.get("metadata")).get("name") or "")
+    return str(as_mapping(obj.get("metadata")).get("name") or "")
 
 
 def _namespace(obj: Mapping[str, Any]) -> str:
-    return str(_mapping(obj.get("metadata")).get("namespace") or "")
+    return str(as_mapping(obj.get("metadata")).get("namespace") or "")
 
 
 # --- Nodes ------------------------------------------------------------------------------------------
@@ -59,8 +52,8 @@ class NodeInfo:
 
 
 def node_info(node: Mapping[str, Any], node_label: str) -> NodeInfo:
-    labels = _mapping(_mapping(node.get("metadata")).get("labels"))
-    allocatable = _mapping(_mapping(node.get("status")).get("allocatable"))
+    labels = as_mapping(as_mapping(node.get("metadata")).get("labels"))
+    allocatable = as_mapping(as_mapping(node.get("status")).get("allocatable"))
     extended = []
     for name, value in allocatable.items():
         if isinstance(name, str) and "/" in name:
@@ -124,15 +117,17 @@ class DeviceClassInfo:
     created: str  # metadata.creationTimestamp (RFC 3339 sorts as text)
 
 
+def cel_expressions(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The CEL expressions of ``spec.selectors[].cel.expression``: a DeviceClass's spec, or a device request."""
+    found = (as_mapping(as_mapping(s).get("cel")).get("expression") for s in as_list(spec.get("selectors")))
+    return tuple(e for e in found if isinstance(e, str))
+
+
 def device_class_info(obj: Mapping[str, Any]) -> DeviceClassInfo:
-    spec = _mapping(obj.get("spec"))
-    selectors = tuple(
-        str(_mapping(s.get("cel")).get("expression"))
-        for s in _list(spec.get("selectors"))
-        if isinstance(s, Mapping) and isinstance(_mapping(s.get("cel")).get("expression"), str)
-    )
+    spec = as_mapping(obj.get("spec"))
+    selectors = cel_expressions(spec)
     extended = spec.get("extendedResourceName")
-    created = _mapping(obj.get("metadata")).get("creationTimestamp")
+    created = as_mapping(obj.get("metadata")).get("creationTimestamp")
     return DeviceClassInfo(
         _name(obj), extended if isinstance(extended, str) and extended else None, selectors,
         created if isinstance(created, str) else "",
@@ -150,15 +145,15 @@ class Placement:
 
 def _selector_terms(selector: object) -> tuple[Any, ...]:
     terms = []
-    for term in _list(_mapping(selector).get("nodeSelectorTerms")):
-        term = _mapping(term)
+    for term in as_list(as_mapping(selector).get("nodeSelectorTerms")):
+        term = as_mapping(term)
         exprs = tuple(
-            (str(e.get("key")), str(e.get("operator")), tuple(str(v) for v in _list(e.get("values"))))
-            for e in _list(term.get("matchExpressions")) if isinstance(e, Mapping)
+            (str(e.get("key")), str(e.get("operator")), tuple(str(v) for v in as_list(e.get("values"))))
+            for e in as_list(term.get("matchExpressions")) if isinstance(e, Mapping)
         )
         fields = tuple(
-            (str(e.get("key")), str(e.get("operator")), tuple(str(v) for v in _list(e.get("values"))))
-            for e in _list(term.get("matchFields")) if isinstance(e, Mapping)
+            (str(e.get("key")), str(e.get("operator")), tuple(str(v) for v in as_list(e.get("values"))))
+            for e in as_list(term.get("matchFields")) if isinstance(e, Mapping)
         )
         terms.append((exprs, fields))
     return tuple(terms)
@@ -214,17 +209,17 @@ def _attribute_value(value: Mapping[str, Any]) -> Any:
 
 def _device(raw: Mapping[str, Any], driver: str, per_device: bool) -> Device:
     attributes = []
-    for name, value in _mapping(raw.get("attributes")).items():
+    for name, value in as_mapping(raw.get("attributes")).items():
         if isinstance(name, str) and isinstance(value, Mapping):
             domain, ident = _qualified(name, driver)
             attributes.append((domain, ident, _attribute_value(value)))
     capacity = []
-    for name, value in _mapping(raw.get("capacity")).items():
+    for name, value in as_mapping(raw.get("capacity")).items():
         if isinstance(name, str):
             domain, ident = _qualified(name, driver)
-            capacity.append((domain, ident, str(_mapping(value).get("value", ""))))
+            capacity.append((domain, ident, str(as_mapping(value).get("value", ""))))
     tainted = any(
-        isinstance(t, Mapping) and t.get("effect") in ("NoSchedule", "NoExecute") for t in _list(raw.get("taints"))
+        isinstance(t, Mapping) and t.get("effect") in ("NoSchedule", "NoExecute") for t in as_list(raw.get("taints"))
     )
     return Device(
         str(raw.get("name") or ""), driver, tuple(sorted(attributes, key=lambda a: (a[0], a[1]))),
@@ -242,15 +237,15 @@ class SliceInfo:
 
 
 def slice_info(obj: Mapping[str, Any]) -> SliceInfo:
-    spec = _mapping(obj.get("spec"))
+    spec = as_mapping(obj.get("spec"))
     driver = str(spec.get("driver") or "")
-    pool = _mapping(spec.get("pool"))
+    pool = as_mapping(spec.get("pool"))
     generation = pool.get("generation")
     per_device = spec.get("perDeviceNodeSelection") is True
     return SliceInfo(
         driver, str(pool.get("name") or ""), generation if isinstance(generation, int) else 0,
         None if per_device else _placement(spec),
-        tuple(_device(d, driver, per_device) for d in _list(spec.get("devices")) if isinstance(d, Mapping)),
+        tuple(_device(d, driver, per_device) for d in as_list(spec.get("devices")) if isinstance(d, Mapping)),
     )
 
 
@@ -274,14 +269,15 @@ class ClaimInfo:
     generated: bool = False  # made from a template for one pod
 
 
-def _count(value: object) -> int:
+def device_count(value: object) -> int:
+    """A device request's ``count``: 1 when absent or not a positive integer, as the apiserver defaults it."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
 
 
 def claim_requests(claim_spec: Mapping[str, Any]) -> tuple[Request, ...]:
     """The requests of a ResourceClaimSpec (``spec`` of a claim, ``spec.spec`` of a template)."""
     out = []
-    for raw in _list(_mapping(claim_spec.get("devices")).get("requests")):
+    for raw in as_list(as_mapping(claim_spec.get("devices")).get("requests")):
         if not isinstance(raw, Mapping):
             continue
         name = str(raw.get("name") or "")
@@ -291,16 +287,16 @@ def claim_requests(claim_spec: Mapping[str, Any]) -> tuple[Request, ...]:
         if isinstance(exactly, Mapping):
             every = exactly.get("allocationMode") == "All"
             out.append(Request(
-                name, (str(exactly.get("deviceClassName") or ""),), 0 if every else _count(exactly.get("count")),
+                name, (str(exactly.get("deviceClassName") or ""),), 0 if every else device_count(exactly.get("count")),
                 every, exactly.get("adminAccess") is True,
             ))
             continue
-        alternatives = [s for s in _list(raw.get("firstAvailable")) if isinstance(s, Mapping)]
+        alternatives = [s for s in as_list(raw.get("firstAvailable")) if isinstance(s, Mapping)]
         if alternatives:
             every = any(s.get("allocationMode") == "All" for s in alternatives)
             out.append(Request(
                 name, tuple(str(s.get("deviceClassName") or "") for s in alternatives),
-                max(_count(s.get("count")) for s in alternatives if s.get("allocationMode") != "All")
+                max(device_count(s.get("count")) for s in alternatives if s.get("allocationMode") != "All")
                 if not all(s.get("allocationMode") == "All" for s in alternatives) else 0,
                 every, False,
             ))
@@ -308,12 +304,12 @@ def claim_requests(claim_spec: Mapping[str, Any]) -> tuple[Request, ...]:
 
 
 def claim_info(obj: Mapping[str, Any]) -> ClaimInfo:
-    annotations = _mapping(_mapping(obj.get("metadata")).get("annotations"))
-    return ClaimInfo(claim_requests(_mapping(obj.get("spec"))), GENERATED_CLAIM_ANNOTATION in annotations)
+    annotations = as_mapping(as_mapping(obj.get("metadata")).get("annotations"))
+    return ClaimInfo(claim_requests(as_mapping(obj.get("spec"))), GENERATED_CLAIM_ANNOTATION in annotations)
 
 
 def template_info(obj: Mapping[str, Any]) -> ClaimInfo:
-    return ClaimInfo(claim_requests(_mapping(_mapping(obj.get("spec")).get("spec"))))
+    return ClaimInfo(claim_requests(as_mapping(as_mapping(obj.get("spec")).get("spec"))))
 
 
 # --- RuntimeClasses ---------------------------------------------------------------------------------
@@ -326,7 +322,7 @@ class RuntimeClassInfo:
 
 
 def runtime_class_info(obj: Mapping[str, Any]) -> RuntimeClassInfo:
-    selector = _mapping(_mapping(obj.get("scheduling")).get("nodeSelector"))
+    selector = as_mapping(as_mapping(obj.get("scheduling")).get("nodeSelector"))
     return RuntimeClassInfo(
         str(obj.get("handler") or ""),
         tuple(sorted((k, v) for k, v in selector.items() if isinstance(k, str) and isinstance(v, str))),
@@ -393,21 +389,10 @@ class ClusterView:
                 return info.extended_resource_name
         return IMPLICIT_PREFIX + device_class
 
-    def class_of_resource(self, resource: str) -> str | None:
-        """The DeviceClass that serves an extended resource name (explicit or implicit), if any."""
-        if resource in self.extended_classes:
-            return self.extended_classes[resource]
-        if resource.startswith(IMPLICIT_PREFIX) and resource[len(IMPLICIT_PREFIX):] in self.classes:
-            return resource[len(IMPLICIT_PREFIX):]
-        return None
-
     @functools.cached_property
     def runtime_class_node_selectors(self) -> Mapping[str, Mapping[str, str]]:
         """RuntimeClass name -> its scheduling.nodeSelector (empty when it has none)."""
         return {name: dict(info.node_selector) for name, info in self.runtime_classes.items()}
-
-
-EMPTY_NODES = NodeSummary("accelerator", Capacity(), {})
 
 
 def _matches_terms(terms: tuple[Any, ...], name: str, labels: Mapping[str, str]) -> bool:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from webhook.core.field import ROOT, FieldPath
+from webhook.core.field import ROOT, FieldPath, Violation
+from webhook.core.quantity import shown
 
 # (API group, kind) -> keys from the object to its pod template (a mapping holding metadata and spec).
 _TEMPLATE_KEYS: dict[tuple[str, str], tuple[str, ...]] = {
@@ -42,7 +43,18 @@ class PodSpecRef:
 
 def as_mapping(value: object) -> Mapping[str, Any]:
     """``value`` if it is a mapping, else empty: objects from the wire may have any shape."""
+    if type(value) is dict:  # what JSON and YAML give; the abstract check below costs several times more
+        return value
     return value if isinstance(value, Mapping) else {}
+
+
+def as_list(value: object) -> list[Any]:
+    """``value`` if it is a list, else empty."""
+    return value if isinstance(value, list) else []
+
+
+def _is_mapping(value: object) -> bool:
+    return type(value) is dict or isinstance(value, Mapping)
 
 
 def group_of(api_version: object) -> str:
@@ -52,31 +64,82 @@ def group_of(api_version: object) -> str:
     return api_version.split("/", 1)[0]
 
 
+def container_label(container: Mapping[str, Any], path: FieldPath) -> str:
+    """How a message names a container: ``container "main"``, or its path when it has no name."""
+    name = container.get("name")
+    return f"container {shown(name)}" if isinstance(name, str) and name else f"container {path}"
+
+
+def affinity_keys(spec: Mapping[str, Any]) -> set[str]:
+    """Label keys the pod's required node affinity matches on (in any of its terms)."""
+    required = as_mapping(as_mapping(as_mapping(spec.get("affinity")).get("nodeAffinity")).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"))
+    keys = set()
+    for term in as_list(required.get("nodeSelectorTerms")):
+        for expression in as_list(as_mapping(term).get("matchExpressions")):
+            key = as_mapping(expression).get("key")
+            if isinstance(key, str):
+                keys.add(key)
+    return keys
+
+
 CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 
 
-def raw_containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, int, Mapping[str, Any]]]:
-    """(list name, index, container) of every container mapping in a pod spec; odd shapes are skipped here
-    (the rules in ``rules`` report them once)."""
+class Container(NamedTuple):
+    """One container of a pod spec, read once for every rule: where it is, and its resources as mappings
+    (empty where the container has none, or has something else there). A tuple: built for every container
+    of every request, it costs a fifth of a frozen dataclass."""
+
+    list_name: str  # containers | initContainers | ephemeralContainers
+    position: int  # in its list
+    fields: Mapping[str, Any]  # the container as written
+    list_path: FieldPath  # spec.containers
+    resources: Mapping[str, Any]
+    limits: Mapping[str, Any]
+    requests: Mapping[str, Any]
+
+    @property
+    def slot(self) -> tuple[str, int]:
+        return (self.list_name, self.position)
+
+    @property
+    def path(self) -> FieldPath:
+        """Known by name (``spec.containers[name=main]``), so that a container inserted before this one
+        changes no violation's subject. Built when asked: most containers never need it."""
+        return self.list_path.item(self.position, "name", self.fields.get("name"))
+
+    @property
+    def label(self) -> str:
+        return container_label(self.fields, self.path)
+
+
+def read_containers(
+    spec: Mapping[str, Any], path: FieldPath = ROOT, problems: list[Violation] | None = None
+) -> tuple[Container, ...]:
+    """Every container mapping of a pod spec, in order, each read once. Odd shapes (a list that is not one,
+    an item that is no mapping, no ``containers`` list at all) are skipped, and told in ``problems`` when
+    it is given."""
+    found: list[Container] = []
     for list_name in CONTAINER_LISTS:
         items = spec.get(list_name)
-        if isinstance(items, list):
-            for i, container in enumerate(items):
-                if isinstance(container, Mapping):
-                    yield list_name, i, container
-
-
-def container_path(path: FieldPath, list_name: str, index: int, container: Mapping[str, Any]) -> FieldPath:
-    """The path of a container, known by name (built only where a violation needs it)."""
-    return path.child(list_name).item(index, "name", container.get("name"))
-
-
-def containers(
-    spec: Mapping[str, Any], path: FieldPath = ROOT
-) -> Iterator[tuple[str, int, FieldPath, Mapping[str, Any]]]:
-    """(list name, index, path, container) of every container mapping in a pod spec, items known by name."""
-    for list_name, i, container in raw_containers(spec):
-        yield list_name, i, container_path(path, list_name, i, container), container
+        if not isinstance(items, list):
+            # A pod spec needs its containers; the other two lists may be absent.
+            if problems is not None and (items is not None or list_name == "containers"):
+                problems.append(Violation(path.child(list_name), "structure", "must be a list of containers"))
+            continue
+        list_path = path.child(list_name)
+        for i, container in enumerate(items):
+            if not _is_mapping(container):
+                if problems is not None:
+                    problems.append(Violation(list_path.index(i), "structure", "must be a container mapping"))
+                continue
+            resources = as_mapping(container.get("resources"))
+            found.append(Container(
+                list_name, i, container, list_path,
+                resources, as_mapping(resources.get("limits")), as_mapping(resources.get("requests")),
+            ))
+    return tuple(found)
 
 
 def is_builtin(group: str, kind: str) -> bool:

@@ -17,21 +17,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.core.cluster import IMPLICIT_PREFIX, ClaimInfo, ClusterView, Request
+from webhook.core.cluster import IMPLICIT_PREFIX, ClaimInfo, ClusterView, Request, cel_expressions, device_count
 from webhook.core.field import ROOT, FieldPath, Violation
-from webhook.core.podspecs import PodSpecRef, as_mapping
+from webhook.core.podspecs import Container, as_list, as_mapping, read_containers
 from webhook.core.policy import Policy
 from webhook.core.quantity import quoted
+from webhook.rules.context import PodContext
 
 GROUP = "resource.k8s.io"
 # kind -> keys from the object to its ResourceClaimSpec
 CLAIM_SPECS: dict[str, tuple[str, ...]] = {"ResourceClaim": ("spec",), "ResourceClaimTemplate": ("spec", "spec")}
 CLAIM_CONTAINER_LISTS = ("containers", "initContainers")  # ephemeral containers may not use claims
-
-
-def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
-
 
 def is_dra_object(group: str, kind: str) -> bool:
     return group == GROUP and (kind in CLAIM_SPECS or kind == "DeviceClass")
@@ -103,7 +99,7 @@ def check_device_tolerations(request: Mapping[str, Any], path: FieldPath, policy
     if not policy.checks("blanket-device-toleration"):
         return []
     out = []
-    for i, toleration in enumerate(_list(request.get("tolerations"))):
+    for i, toleration in enumerate(as_list(request.get("tolerations"))):
         if not isinstance(toleration, Mapping):
             continue
         where = path.child("tolerations").item(i, "key", toleration.get("key"))
@@ -122,11 +118,6 @@ def check_device_tolerations(request: Mapping[str, Any], path: FieldPath, policy
     return out
 
 
-def _count(request: Mapping[str, Any]) -> int:
-    value = request.get("count")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
-
-
 def check_request_count(
     request: Mapping[str, Any], path: FieldPath, policy: Policy, view: ClusterView | None
 ) -> list[Violation]:
@@ -135,7 +126,7 @@ def check_request_count(
     name = request.get("deviceClassName")
     if not isinstance(name, str) or request.get("allocationMode") == "All":
         return []
-    count = _count(request)
+    count = device_count(request.get("count"))
     where = path.child("count")
     out = []
     if policy.is_gpu_class(name):
@@ -144,16 +135,8 @@ def check_request_count(
             scope = "per container" if cap == policy.per_container else "per pod"
             out.append(Violation(where, "per-container-limit" if scope == "per container" else "per-pod-limit",
                                  f"{count} devices of class {name} are over the limit of {cap} {scope}", str(count)))
-    out.extend(_exceeds_devices(name, count, where, policy, view, _selectors(request)))
+    out.extend(_exceeds_devices(name, count, where, policy, view, cel_expressions(request)))
     return out
-
-
-def _selectors(request: Mapping[str, Any]) -> tuple[str, ...]:
-    return tuple(
-        str(as_mapping(s.get("cel")).get("expression"))
-        for s in _list(request.get("selectors"))
-        if isinstance(s, Mapping) and isinstance(as_mapping(s.get("cel")).get("expression"), str)
-    )
 
 
 def _exceeds_devices(
@@ -185,7 +168,7 @@ def check_request_selectors(
 ) -> list[Violation]:
     """D14: a request whose selectors match none of its class's published devices (a typo in an attribute
     name or domain, a product no node has): the claim would never be allocated."""
-    selectors = _selectors(request)
+    selectors = cel_expressions(request)
     name = request.get("deviceClassName")
     if not selectors or view is None or not isinstance(name, str):
         return []
@@ -226,7 +209,7 @@ def check_claim_spec(
     """Every device request of a ResourceClaimSpec, ``exactly`` and each ``firstAvailable`` alternative."""
     out: list[Violation] = []
     requests_path = path.child("devices").child("requests")
-    for i, raw in enumerate(_list(as_mapping(spec.get("devices")).get("requests"))):
+    for i, raw in enumerate(as_list(as_mapping(spec.get("devices")).get("requests"))):
         if not isinstance(raw, Mapping):
             continue
         where = requests_path.item(i, "name", raw.get("name"))
@@ -234,7 +217,7 @@ def check_claim_spec(
             out.extend(check_device_request(raw["exactly"], where.child("exactly"), policy, view, namespace))
         elif isinstance(raw.get("deviceClassName"), str):  # the v1beta1 shape, in files checked offline
             out.extend(check_device_request(raw, where, policy, view, namespace))
-        for j, sub in enumerate(_list(raw.get("firstAvailable"))):
+        for j, sub in enumerate(as_list(raw.get("firstAvailable"))):
             if isinstance(sub, Mapping):
                 sub_path = where.child("firstAvailable").item(j, "name", sub.get("name"))
                 out.extend(check_device_request(sub, sub_path, policy, view, namespace))
@@ -286,8 +269,7 @@ class PodClaims:
 
     declared: dict[str, int] = field(default_factory=dict)  # spec.resourceClaims[].name -> index
     sources: dict[str, ClaimInfo | None] = field(default_factory=dict)  # name -> claim or template, if known
-    # (list name, index, container, path) of every container that may reference claims
-    containers: list[tuple[str, int, Mapping[str, Any], FieldPath]] = field(default_factory=list)
+    containers: tuple[Container, ...] = ()  # every container that may reference claims
 
 
 def _source(entry: Mapping[str, Any], namespace: str, view: ClusterView | None) -> ClaimInfo | None:
@@ -300,23 +282,19 @@ def _source(entry: Mapping[str, Any], namespace: str, view: ClusterView | None) 
     return None
 
 
-def pod_claims(spec: Mapping[str, Any], path: FieldPath, namespace: str, view: ClusterView | None) -> PodClaims:
-    found = PodClaims()
-    for i, entry in enumerate(_list(spec.get("resourceClaims"))):
+def pod_claims(
+    spec: Mapping[str, Any], containers: tuple[Container, ...], namespace: str, view: ClusterView | None
+) -> PodClaims:
+    found = PodClaims(containers=tuple(c for c in containers if c.list_name in CLAIM_CONTAINER_LISTS))
+    for i, entry in enumerate(as_list(spec.get("resourceClaims"))):
         if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
             found.declared.setdefault(entry["name"], i)
             found.sources[entry["name"]] = _source(entry, namespace, view)
-    for list_name in CLAIM_CONTAINER_LISTS:
-        for i, container in enumerate(_list(spec.get(list_name))):
-            if isinstance(container, Mapping):
-                where = path.child(list_name).item(i, "name", container.get("name"))
-                found.containers.append((list_name, i, container, where))
     return found
 
 
-def _container_claims(container: Mapping[str, Any]) -> list[tuple[int, Mapping[str, Any]]]:
-    claims = as_mapping(container.get("resources")).get("claims")
-    return [(k, c) for k, c in enumerate(_list(claims)) if isinstance(c, Mapping)]
+def _container_claims(container: Container) -> list[tuple[int, Mapping[str, Any]]]:
+    return [(k, c) for k, c in enumerate(as_list(container.resources.get("claims"))) if isinstance(c, Mapping)]
 
 
 def _requests_used(info: ClaimInfo, request: object) -> tuple[Request, ...]:
@@ -339,7 +317,7 @@ def check_claim_sources(spec: Mapping[str, Any], path: FieldPath, policy: Policy
     if not policy.checks("claim-source"):
         return []
     out = []
-    for i, entry in enumerate(_list(spec.get("resourceClaims"))):
+    for i, entry in enumerate(as_list(spec.get("resourceClaims"))):
         if not isinstance(entry, Mapping):
             continue
         named = [k for k in ("resourceClaimName", "resourceClaimTemplateName") if entry.get(k)]
@@ -360,7 +338,7 @@ def check_claim_references(claims: PodClaims, path: FieldPath, policy: Policy) -
     container uses (its devices are allocated for nothing)."""
     out = []
     used: set[str] = set()
-    for _, _, container, where in claims.containers:
+    for container in claims.containers:
         for k, ref in _container_claims(container):
             name = ref.get("name")
             if isinstance(name, str):
@@ -368,7 +346,8 @@ def check_claim_references(claims: PodClaims, path: FieldPath, policy: Policy) -
             if name not in claims.declared and policy.checks("undeclared-claim"):
                 declared = ", ".join(claims.declared) or "none"
                 out.append(Violation(
-                    where.child("resources").child("claims").item(k, "name", name).child("name"), "undeclared-claim",
+                    container.path.child("resources").child("claims").item(k, "name", name).child("name"),
+                    "undeclared-claim",
                     f"claim {quoted(name)} is not declared in {path.child('resourceClaims')} (declared: {declared})",
                     str(name),
                 ))
@@ -391,7 +370,7 @@ def check_missing_sources(
     if view is None or not policy.checks("missing-claim-source"):
         return []
     out = []
-    for i, entry in enumerate(_list(spec.get("resourceClaims"))):
+    for i, entry in enumerate(as_list(spec.get("resourceClaims"))):
         if not isinstance(entry, Mapping):
             continue
         for key, kind, known, index in (
@@ -418,7 +397,7 @@ def check_generated_claims(
     if view is None or not policy.checks("generated-claim-reference"):
         return []
     out = []
-    for i, entry in enumerate(_list(spec.get("resourceClaims"))):
+    for i, entry in enumerate(as_list(spec.get("resourceClaims"))):
         name = as_mapping(entry).get("resourceClaimName")
         info = view.claims.get((namespace, name)) if isinstance(name, str) else None
         if info is not None and info.generated:
@@ -437,7 +416,7 @@ def check_claim_requests(claims: PodClaims, path: FieldPath, policy: Policy) -> 
     if not policy.checks("unknown-claim-request"):
         return []
     out = []
-    for _, _, container, where in claims.containers:
+    for container in claims.containers:
         for k, ref in _container_claims(container):
             info = claims.sources.get(str(ref.get("name")))
             request = ref.get("request")
@@ -445,7 +424,7 @@ def check_claim_requests(claims: PodClaims, path: FieldPath, policy: Policy) -> 
                 continue
             names = ", ".join(r.name for r in info.requests) or "none"
             out.append(Violation(
-                where.child("resources").child("claims").item(k, "name", ref.get("name")).child("request"),
+                container.path.child("resources").child("claims").item(k, "name", ref.get("name")).child("request"),
                 "unknown-claim-request",
                 f"claim {quoted(ref.get('name'))} has no request {quoted(request)} (requests: {names})",
                 request,
@@ -468,7 +447,7 @@ class ClaimGPUs:
 def claim_gpus(claims: PodClaims, policy: Policy, view: ClusterView | None) -> ClaimGPUs:
     out = ClaimGPUs()
     for_pod: set[tuple[str, str]] = set()  # (claim, request) already counted for the pod
-    for list_name, i, container, _ in claims.containers:
+    for container in claims.containers:
         mine: dict[str, int] = {}
         for k, ref in _container_claims(container):
             name = str(ref.get("name"))
@@ -478,7 +457,7 @@ def claim_gpus(claims: PodClaims, policy: Policy, view: ClusterView | None) -> C
             for request in _requests_used(info, ref.get("request")):
                 device_class = gpu_class_of(request, policy)
                 if device_class is not None:
-                    out.gpu_refs.setdefault((list_name, i), []).append((k, name, device_class))
+                    out.gpu_refs.setdefault(container.slot, []).append((k, name, device_class))
                 first = (name, request.name) not in for_pod
                 for_pod.add((name, request.name))
                 if request.all_devices:
@@ -493,7 +472,7 @@ def claim_gpus(claims: PodClaims, policy: Policy, view: ClusterView | None) -> C
                 if first:
                     out.pod[resource] = out.pod.get(resource, 0) + request.count
         if mine:
-            out.per_container[(list_name, i)] = mine
+            out.per_container[container.slot] = mine
     return out
 
 
@@ -504,15 +483,15 @@ def check_claim_caps(
     """D9 caps: claims and extended resources add up; reported where the claims push a count over the cap."""
     out = []
     if policy.per_container:
-        for list_name, i, container, where in claims.containers:
-            through_claims = gpus.per_container.get((list_name, i), {})
-            limits = limit_counts.get((list_name, i), {})
+        for container in claims.containers:
+            through_claims = gpus.per_container.get(container.slot, {})
+            limits = limit_counts.get(container.slot, {})
             for resource, n in sorted(through_claims.items()):
                 total = n + limits.get(resource, 0)
                 if total > policy.per_container >= limits.get(resource, 0):
                     out.append(Violation(
-                        where.child("resources").child("claims"), "per-container-limit",
-                        f"container {quoted(container.get('name'))}: {total} {resource} ({n} through claims) is over "
+                        container.path.child("resources").child("claims"), "per-container-limit",
+                        f"{container.label}: {total} {resource} ({n} through claims) is over "
                         f"the limit of {policy.per_container} per container",
                         str(total),
                     ))
@@ -545,16 +524,16 @@ def check_gpu_limit_and_claim(
     if not policy.checks("gpu-limit-and-claim"):
         return []
     out = []
-    for list_name, i, container, where in claims.containers:
-        limits = {r: n for r, n in limit_counts.get((list_name, i), {}).items() if n}
-        refs = gpus.gpu_refs.get((list_name, i), [])
+    for container in claims.containers:
+        limits = {r: n for r, n in limit_counts.get(container.slot, {}).items() if n}
+        refs = gpus.gpu_refs.get(container.slot, [])
         if not limits or not refs:
             continue
         k, claim, device_class = refs[0]
         held = ", ".join(f"{n} {r}" for r, n in sorted(limits.items()))
         out.append(Violation(
-            where.child("resources").child("claims").item(k, "name", claim), "gpu-limit-and-claim",
-            f"container {quoted(container.get('name'))} asks for {held} in limits and for class {device_class} "
+            container.path.child("resources").child("claims").item(k, "name", claim), "gpu-limit-and-claim",
+            f"{container.label} asks for {held} in limits and for class {device_class} "
             "through a claim: it would be given both",
             device_class,
         ))
@@ -566,7 +545,7 @@ def check_node_name(
 ) -> list[Violation]:
     """D16: spec.nodeName skips the scheduler, which is what allocates claims and checks GPU capacity."""
     node = spec.get("nodeName")
-    has_claims = bool(_list(spec.get("resourceClaims")))
+    has_claims = bool(as_list(spec.get("resourceClaims")))
     if not isinstance(node, str) or not node or not (uses_gpus or has_claims):
         return []
     if not policy.checks("node-name-with-gpus"):
@@ -580,19 +559,20 @@ def check_node_name(
 
 
 def pod_violations(
-    ref: PodSpecRef, policy: Policy, view: ClusterView | None, namespace: str,
-    limit_counts: Mapping[tuple[str, int], Mapping[str, int]], pod_totals: Mapping[str, int], uses_gpus: bool,
+    ctx: PodContext, *, limit_counts: Mapping[tuple[str, int], Mapping[str, int]], pod_totals: Mapping[str, int],
+    uses_gpus: bool,
 ) -> tuple[list[Violation], set[str]]:
     """Every DRA rule for one pod spec, and the GPU resources it gets through claims (empty when the claims
     cannot be resolved). ``limit_counts`` are the GPUs each container asks for in its resources, by
-    (list, index), and ``pod_totals`` the pod's, both from ``webhook.rules.pods``."""
-    spec, path = ref.spec, ref.path
+    (list, index), ``pod_totals`` the pod's, and ``uses_gpus`` whether it names a GPU resource at all, all from
+    ``webhook.rules.pods``."""
+    spec, path, policy, view, namespace = ctx.spec, ctx.path, ctx.policy, ctx.view, ctx.namespace
     out = check_node_name(spec, path, policy, uses_gpus)
-    if not _list(spec.get("resourceClaims")) and not any(
-        _container_claims(c) for name in CLAIM_CONTAINER_LISTS for c in _list(spec.get(name)) if isinstance(c, Mapping)
+    if not as_list(spec.get("resourceClaims")) and not any(
+        _container_claims(c) for c in ctx.containers if c.list_name in CLAIM_CONTAINER_LISTS
     ):
         return out, set()
-    claims = pod_claims(spec, path, namespace, view)
+    claims = pod_claims(spec, ctx.containers, namespace, view)
     gpus = claim_gpus(claims, policy, view)
     out += check_claim_sources(spec, path, policy)
     out += check_claim_references(claims, path, policy)
@@ -611,7 +591,7 @@ def claim_gpu_resources(
     spec: Mapping[str, Any], namespace: str, policy: Policy, view: ClusterView | None
 ) -> set[str]:
     """Extended resource names of the GPUs a pod gets through claims (for mutation's selector and tolerations)."""
-    if view is None or not _list(spec.get("resourceClaims")):
+    if view is None or not as_list(spec.get("resourceClaims")):
         return set()
-    gpus = claim_gpus(pod_claims(spec, ROOT, namespace, view), policy, view)
+    gpus = claim_gpus(pod_claims(spec, read_containers(spec), namespace, view), policy, view)
     return {resource_of(c, view) for refs in gpus.gpu_refs.values() for _, _, c in refs}

@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from webhook.core.field import FieldPath, Violation
-from webhook.core.podspecs import PodSpecRef, as_mapping
+from webhook.core.podspecs import PodSpecRef, as_mapping, container_label
 from webhook.core.policy import Policy
-from webhook.core.quantity import QuantityError, gpu_count, quoted
+from webhook.core.quantity import QuantityError, gpu_count
 
 
 def _gpu_tolerations(spec: Mapping[str, Any], policy: Policy) -> list[tuple[int, str]]:
@@ -61,12 +61,11 @@ def check_mixed_gpu_and_mig(
     slices = sorted(n for n in names if n.startswith("nvidia.com/mig-"))
     if not slices:
         return []
-    name = container.get("name")
     return [
         Violation(
             path.child("resources"),
             "mixed-gpu-and-mig",
-            f"container {quoted(name)} mixes nvidia.com/gpu with MIG slices ({', '.join(slices)})",
+            f"{container_label(container, path)} mixes nvidia.com/gpu with MIG slices ({', '.join(slices)})",
             ", ".join(slices),
         )
     ]

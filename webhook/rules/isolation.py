@@ -17,16 +17,16 @@ The runtime-class checks that need the cluster take ``runtime_classes`` (Runtime
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from webhook.core import resources as registry
 from webhook.core.cluster import ClusterView
-from webhook.core.field import FieldPath, Violation
-from webhook.core.podspecs import PodSpecRef, as_mapping, container_path, raw_containers
+from webhook.core.field import Violation
+from webhook.core.podspecs import Container, PodSpecRef, affinity_keys, as_list, as_mapping
 from webhook.core.policy import Policy
-from webhook.core.quantity import QuantityError, gpu_count, shown
+from webhook.core.quantity import shown
+from webhook.rules.context import GpuUse, PodContext, nonzero
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 MIG_CONFIG_DEVICES = "NVIDIA_MIG_CONFIG_DEVICES"
@@ -44,76 +44,6 @@ CDI_KEYS = ("nvidia.cdi.k8s.io",)
 NVIDIA_RUNTIME_PREFIX = "nvidia"
 
 
-@dataclass(frozen=True)
-class GpuUse:
-    """Which containers of a pod spec hold a GPU of any kind, by (list name, index)."""
-
-    holders: frozenset[tuple[str, int]]
-    # Some container holds a non-zero count of a policy GPU resource: the pods runtimeClass goes to.
-    counted: bool
-    # A fractional scheduler's pod (HAMi or Volcano names, KAI/Run:ai annotations): it sets the env itself.
-    fractional: bool
-
-    @property
-    def any(self) -> bool:
-        return self.fractional or bool(self.holders)
-
-    def holds(self, list_name: str, index: int) -> bool:
-        return self.fractional or (list_name, index) in self.holders
-
-
-def _nonzero(raw: object) -> bool:
-    try:
-        return gpu_count(raw) != 0
-    except QuantityError:
-        return True  # not a count: the pod still asks for the device (the quantity rule says what is wrong)
-
-
-def container_gpus(container: Mapping[str, Any], policy: Policy) -> tuple[bool, bool, bool]:
-    """(holds a GPU of any kind, holds a counted policy GPU, asks a fractional scheduler) for one container.
-
-    Any kind: a policy GPU resource or a registered vendor name (shared, partition, memory, cores,
-    monitoring) with a non-zero quantity, or a DRA claim (``resources.claims``).
-    """
-    holds = counted = fractional = False
-    resources = as_mapping(container.get("resources"))
-    for section in ("limits", "requests"):
-        for name, raw in as_mapping(resources.get(section)).items():
-            if not isinstance(name, str):
-                continue
-            entry = registry.lookup(name)
-            if entry is None and not (policy.names_gpu(name) or policy.is_gpu(name)):
-                continue
-            if (entry is not None and entry.kind is registry.Kind.PRIORITY) or not _nonzero(raw):
-                continue
-            holds = True
-            counted = counted or policy.is_gpu(name)
-            fractional = fractional or bool(entry is not None and entry.scheduler)
-    claims = resources.get("claims")
-    if isinstance(claims, list) and claims:
-        holds = True
-    return holds, counted, fractional
-
-
-def gpu_use(spec: Mapping[str, Any], metadata: Mapping[str, Any], policy: Policy) -> GpuUse:
-    holders: set[tuple[str, int]] = set()
-    counted = fractional = False
-    for list_name, i, container in raw_containers(spec):
-        holds, counts, asks = container_gpus(container, policy)
-        if holds:
-            holders.add((list_name, i))
-        counted = counted or counts
-        fractional = fractional or asks
-    annotations = as_mapping(metadata.get("annotations"))
-    fractional = fractional or any(key in annotations for key in registry.FRACTION_ANNOTATIONS)
-    return GpuUse(frozenset(holders), counted, fractional)
-
-
-def _label(container: Mapping[str, Any], path: FieldPath) -> str:
-    name = container.get("name")
-    return f'container "{name}"' if isinstance(name, str) and name else f"container {path}"
-
-
 def _source(env_source: Mapping[str, Any]) -> str:
     for key, kind in (("configMapRef", "ConfigMap"), ("secretRef", "Secret"), ("configMapKeyRef", "ConfigMap"),
                       ("secretKeyRef", "Secret")):
@@ -128,9 +58,7 @@ def _source(env_source: Mapping[str, Any]) -> str:
     return "a source"
 
 
-def check_visible_devices(
-    container: Mapping[str, Any], path: FieldPath, policy: Policy, holds_gpu: bool, hidden: bool
-) -> list[Violation]:
+def check_visible_devices(container: Container, policy: Policy, holds_gpu: bool, hidden: bool) -> list[Violation]:
     """A container with no GPU that names GPUs in NVIDIA_VISIBLE_DEVICES or NVIDIA_MIG_CONFIG_DEVICES.
 
     Only ``env[].value`` can be read here. ``env[].valueFrom`` and ``envFrom`` (a ConfigMap or Secret read
@@ -141,10 +69,9 @@ def check_visible_devices(
     if holds_gpu:
         return []
     out: list[Violation] = []
-    label = _label(container, path)
+    path, label = container.path, container.label
     named: set[str] = set()
-    env = container.get("env")
-    for j, item in enumerate(env if isinstance(env, list) else []):
+    for j, item in enumerate(as_list(container.fields.get("env"))):
         if not isinstance(item, Mapping) or item.get("name") not in DEVICE_VARIABLES:
             continue
         name = str(item["name"])
@@ -177,10 +104,9 @@ def check_visible_devices(
                     shown(value),
                 )
             )
-    env_from = container.get("envFrom")
     if VISIBLE_DEVICES in named or hidden or not policy.checks("visible-devices-unread"):
         return out
-    for k, item in enumerate(env_from if isinstance(env_from, list) else []):
+    for k, item in enumerate(as_list(container.fields.get("envFrom"))):
         if not isinstance(item, Mapping):
             continue
         prefix = item.get("prefix") or ""
@@ -200,47 +126,31 @@ def check_visible_devices(
     return out
 
 
-def check_zero_gpu_limits(container: Mapping[str, Any], path: FieldPath, policy: Policy) -> list[Violation]:
+def check_zero_gpu_limits(container: Container, policy: Policy) -> list[Violation]:
     """A GPU count of 0 allocates nothing, yet brings GPU tolerations (ExtendedResourceToleration, our own
     injection) and the accelerator selector: a pod with no GPU placed on a GPU node."""
     if not policy.checks("zero-gpu-limit"):
         return []
-    resources = as_mapping(container.get("resources"))
-    limits = as_mapping(resources.get("limits"))
+    limits = container.limits
     out = []
-    for section, values in (("limits", limits), ("requests", as_mapping(resources.get("requests")))):
+    for section, values in (("limits", limits), ("requests", container.requests)):
         for name, raw in values.items():
             if not isinstance(name, str) or (section == "requests" and name in limits):
                 continue
             if not (policy.is_gpu(name) or (registry.known(name) and registry.counts_gpus(name))):
                 continue
-            if _nonzero(raw):
+            if nonzero(raw):
                 continue
             out.append(
                 Violation(
-                    path.child("resources").child(section).key(name),
+                    container.path.child("resources").child(section).key(name),
                     "zero-gpu-limit",
-                    f"{_label(container, path)}: {name}: 0 allocates no GPU but may still tolerate GPU taints "
+                    f"{container.label}: {name}: 0 allocates no GPU but may still tolerate GPU taints "
                     "and select GPU nodes; leave the resource out",
                     name,
                 )
             )
     return out
-
-
-def _affinity_keys(spec: Mapping[str, Any]) -> set[str]:
-    """Label keys a required node affinity matches on."""
-    required = as_mapping(as_mapping(as_mapping(spec.get("affinity")).get("nodeAffinity")).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"))
-    terms = required.get("nodeSelectorTerms")
-    keys = set()
-    for term in terms if isinstance(terms, list) else []:
-        expressions = as_mapping(term).get("matchExpressions")
-        for expression in expressions if isinstance(expressions, list) else []:
-            key = as_mapping(expression).get("key")
-            if isinstance(key, str):
-                keys.add(key)
-    return keys
 
 
 def gpu_node_reasons(spec: Mapping[str, Any], policy: Policy) -> list[str]:
@@ -249,7 +159,7 @@ def gpu_node_reasons(spec: Mapping[str, Any], policy: Policy) -> list[str]:
     selected = as_mapping(spec.get("nodeSelector")).get(policy.node_label)
     if isinstance(selected, str):
         reasons.append(f"selects {policy.node_label}={selected}")
-    elif policy.node_label in _affinity_keys(spec):
+    elif policy.node_label in affinity_keys(spec):
         reasons.append(f"requires {policy.node_label} by node affinity")
     tolerations = spec.get("tolerations")
     for toleration in tolerations if isinstance(tolerations, list) else []:
@@ -261,31 +171,31 @@ def gpu_node_reasons(spec: Mapping[str, Any], policy: Policy) -> list[str]:
     return reasons
 
 
-def check_privileged(ref: PodSpecRef, policy: Policy, use: GpuUse) -> list[Violation]:
+def check_privileged(ctx: PodContext) -> list[Violation]:
     """Privileged containers see every device of their node: with a GPU, beside GPU containers, or in a pod
     that selects or tolerates GPU nodes, that is every GPU. The caller skips trusted pods."""
+    policy, use = ctx.policy, ctx.use
     if not policy.checks("privileged-gpu"):
         return []
     reasons = None
     out = []
-    for list_name, i, container in raw_containers(ref.spec):
-        if as_mapping(container.get("securityContext")).get("privileged") is not True:
+    for container in ctx.containers:
+        if as_mapping(container.fields.get("securityContext")).get("privileged") is not True:
             continue
-        where = container_path(ref.path, list_name, i, container)
-        label = _label(container, where)
-        if use.holds(list_name, i):
+        label = container.label
+        if use.holds(container.list_name, container.position):
             why = f"{label} is privileged and holds a GPU: it sees every GPU of its node, not only its own"
         elif use.any:
             why = f"{label} is privileged in a pod with GPUs: it runs on a GPU node and sees every GPU of it"
         else:
-            reasons = gpu_node_reasons(ref.spec, policy) if reasons is None else reasons
+            reasons = gpu_node_reasons(ctx.spec, policy) if reasons is None else reasons
             if not reasons:
                 continue
             why = (f"{label} is privileged and its pod {', '.join(reasons)}: on a GPU node it sees every GPU, "
                    "outside the scheduler's accounting")
         out.append(
             Violation(
-                where.child("securityContext").child("privileged"),
+                container.path.child("securityContext").child("privileged"),
                 "privileged-gpu",
                 f"{why}; only trusted namespaces and service accounts (isolation.trusted) may",
                 "true",
@@ -308,41 +218,40 @@ def exposes_gpu_devices(host_path: str) -> bool:
 
 
 def _in_device_list(mount_path: str) -> bool:
+    if "nvidia-container-devices" not in mount_path:  # normalising keeps every name: no need to normalise
+        return False
     path = _normal(mount_path)
     return any(path == d or path.startswith(d + "/") for d in DEVICE_LIST_DIRECTORIES)
 
 
-def check_device_mounts(ref: PodSpecRef, policy: Policy) -> list[Violation]:
+def check_device_mounts(ctx: PodContext) -> list[Violation]:
     """GPU device nodes by hostPath, and mounts where the volume-mounts strategy reads the GPUs to inject.
     The caller skips trusted pods."""
-    if not policy.checks("gpu-device-mount"):
+    if not ctx.policy.checks("gpu-device-mount"):
         return []
     out = []
-    volumes = ref.spec.get("volumes")
-    for i, volume in enumerate(volumes if isinstance(volumes, list) else []):
+    for i, volume in enumerate(as_list(ctx.spec.get("volumes"))):
         volume = as_mapping(volume)
         host_path = as_mapping(volume.get("hostPath")).get("path")
         if isinstance(host_path, str) and exposes_gpu_devices(host_path):
             out.append(
                 Violation(
-                    ref.path.child("volumes").item(i, "name", volume.get("name")).child("hostPath").child("path"),
+                    ctx.path.child("volumes").item(i, "name", volume.get("name")).child("hostPath").child("path"),
                     "gpu-device-mount",
                     f"hostPath {shown(host_path)} exposes the node's GPU devices to the pod, outside the "
                     "scheduler's accounting; GPUs come from resources",
                     host_path,
                 )
             )
-    for list_name, i, container in raw_containers(ref.spec):
-        mounts = container.get("volumeMounts")
-        for k, mount in enumerate(mounts if isinstance(mounts, list) else []):
+    for container in ctx.containers:
+        for k, mount in enumerate(as_list(container.fields.get("volumeMounts"))):
             mount_path = as_mapping(mount).get("mountPath")
             if isinstance(mount_path, str) and _in_device_list(mount_path):
-                where = container_path(ref.path, list_name, i, container)
                 out.append(
                     Violation(
-                        where.child("volumeMounts").item(k, "mountPath", mount_path).child("mountPath"),
+                        container.path.child("volumeMounts").item(k, "mountPath", mount_path).child("mountPath"),
                         "gpu-device-mount",
-                        f"{_label(container, where)}: a mount at {shown(mount_path)} asks the NVIDIA runtime "
+                        f"{container.label}: a mount at {shown(mount_path)} asks the NVIDIA runtime "
                         "(volume-mounts device list strategy) for the GPUs it names, outside the scheduler's "
                         "accounting",
                         mount_path,
@@ -400,24 +309,11 @@ def check_runtime_class_without_gpu(ref: PodSpecRef, policy: Policy, use: GpuUse
 def effective_node_selector(spec: Mapping[str, Any], metadata: Mapping[str, Any], policy: Policy) -> dict[str, str]:
     """The pod's nodeSelector once mutation has added the accelerator (annotation, else default)."""
     selector = {k: v for k, v in as_mapping(spec.get("nodeSelector")).items() if isinstance(v, str)}
-    if policy.node_label not in selector and policy.node_label not in _affinity_keys(spec):
+    if policy.node_label not in selector and policy.node_label not in affinity_keys(spec):
         injected = policy.injected_accelerator(as_mapping(metadata.get("annotations")).get(policy.annotation))
         if injected is not None:
             selector[policy.node_label] = injected
     return selector
-
-
-def runtime_class_selectors(objects: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
-    """RuntimeClass name -> its scheduling.nodeSelector, from RuntimeClass objects (others are skipped)."""
-    found: dict[str, dict[str, str]] = {}
-    for obj in objects:
-        if obj.get("kind") not in (None, "RuntimeClass"):
-            continue
-        name = as_mapping(obj.get("metadata")).get("name")
-        selector = as_mapping(as_mapping(obj.get("scheduling")).get("nodeSelector"))
-        if isinstance(name, str):
-            found[name] = {k: v for k, v in selector.items() if isinstance(k, str) and isinstance(v, str)}
-    return found
 
 
 def runtime_class_conflicts(class_selector: Mapping[str, str], pod_selector: Mapping[str, str]) -> list[str]:
@@ -485,31 +381,25 @@ def hides_gpus(policy: Policy, use: GpuUse) -> bool:
     return policy.hide_gpus != "off" and not use.fractional
 
 
-def check_container_isolation(
-    container: Mapping[str, Any], path: FieldPath, policy: Policy, holds_gpu: bool, trusted: bool, hidden: bool
-) -> list[Violation]:
-    """The isolation rules on one container (``rules`` calls it from its own pass over the containers)."""
-    out = check_zero_gpu_limits(container, path, policy)
-    if not trusted:
-        out.extend(check_visible_devices(container, path, policy, holds_gpu, hidden))
+def check_container_isolation(container: Container, ctx: PodContext, hidden: bool) -> list[Violation]:
+    """The isolation rules on one container (``pods`` calls it from its own pass over the containers);
+    ``hidden``: whether isolation.hideGpus sets the pod's variable (``hides_gpus``)."""
+    out = check_zero_gpu_limits(container, ctx.policy)
+    if not ctx.trusted:
+        holds = ctx.use.holds(container.list_name, container.position)
+        out.extend(check_visible_devices(container, ctx.policy, holds, hidden))
     return out
 
 
-def check_isolation(
-    ref: PodSpecRef,
-    policy: Policy,
-    use: GpuUse | None = None,
-    runtime_classes: Mapping[str, Mapping[str, str]] | None = None,
-) -> list[Violation]:
+def check_isolation(ctx: PodContext) -> list[Violation]:
     """The isolation rules on one pod spec as a whole; the per-container ones are ``check_container_isolation``."""
-    use = use if use is not None else gpu_use(ref.spec, ref.metadata, policy)
     out: list[Violation] = []
-    if not policy.trusts(ref.spec):
-        out.extend(check_privileged(ref, policy, use))
-        out.extend(check_device_mounts(ref, policy))
-        out.extend(check_cdi_annotations(ref, policy))
-        out.extend(check_runtime_class_without_gpu(ref, policy, use))
-    out.extend(check_runtime_class(ref, policy, use, runtime_classes))
+    if not ctx.trusted:
+        out.extend(check_privileged(ctx))
+        out.extend(check_device_mounts(ctx))
+        out.extend(check_cdi_annotations(ctx.ref, ctx.policy))
+        out.extend(check_runtime_class_without_gpu(ctx.ref, ctx.policy, ctx.use))
+    out.extend(check_runtime_class(ctx.ref, ctx.policy, ctx.use, runtime_classes(ctx.view, ctx.policy)))
     return out
 
 

@@ -17,15 +17,14 @@ from jsonpointer import JsonPointer
 
 from webhook.core import quantity
 from webhook.core.cluster import ClusterView
-from webhook.core.podspecs import CONTAINER_LISTS, as_mapping
+from webhook.core.podspecs import CONTAINER_LISTS, affinity_keys, as_mapping
 from webhook.core.policy import Policy, Taint, gpu_entries
 from webhook.rules.claims import claim_gpu_resources
+from webhook.rules.context import GpuUse, gpu_use
 from webhook.rules.isolation import (
     VISIBLE_DEVICES,
-    GpuUse,
     RuntimeClasses,
     effective_node_selector,
-    gpu_use,
     runtime_class_conflicts,
     runtime_class_of,
     runtime_classes,
@@ -88,14 +87,6 @@ def default_requests(spec: Mapping[str, Any], policy: Policy) -> tuple[list[Oper
     return ops, used
 
 
-def _affinity_names_label(spec: Mapping[str, Any], label: str) -> bool:
-    try:
-        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-        return any(expr.get("key") == label for term in terms for expr in (term.get("matchExpressions") or []))
-    except (KeyError, TypeError, AttributeError):
-        return False
-
-
 def inject_accelerator(pod: Mapping[str, Any], spec: Mapping[str, Any], policy: Policy) -> list[Operation]:
     """nodeSelector[label] from the annotation, else the namespace/global default; never overriding."""
     annotations = as_mapping(as_mapping(pod.get("metadata")).get("annotations"))
@@ -105,7 +96,7 @@ def inject_accelerator(pod: Mapping[str, Any], spec: Mapping[str, Any], policy: 
     selector = spec.get("nodeSelector")
     if selector is not None and (not isinstance(selector, dict) or policy.node_label in selector):
         return []
-    if _affinity_names_label(spec, policy.node_label):
+    if policy.node_label in affinity_keys(spec):
         return []
     if selector is None:
         return [_add({policy.node_label: value}, "spec", "nodeSelector")]

@@ -1,7 +1,9 @@
-"""Validation rules: pure functions from an object to the list of its GPU violations.
+"""The pass over pod specs: ``violations(obj, ...)`` is every GPU violation of an object.
 
-Each check has the shape ``check_x(thing, path, policy) -> list[Violation]``: it starts
-empty, extends, and returns everything it found, so one denial names every problem.
+Each pod spec is read once (``webhook.rules.context.pod_context``: its containers and who holds GPUs), then
+one pass over its containers runs the per-container rules of every family (this module's resources rules,
+``crossfield``, ``sharing``, ``isolation``), and the pod-wide rules follow (``isolation``, ``claims``,
+``crossfield``, ``capacity``). Each check returns everything it found, so one denial names every problem.
 Nothing here raises on odd input; odd shapes are violations of their own. Each violation carries
 the value it is about, so an UPDATE that changes an old problem is held to it (see ``admission``).
 """
@@ -15,11 +17,12 @@ from typing import Any
 from webhook.core import quantity
 from webhook.core.cluster import ClusterView
 from webhook.core.field import FieldPath, Violation
-from webhook.core.podspecs import CONTAINER_LISTS, PodSpecRef, find_pod_specs
+from webhook.core.podspecs import Container, PodSpecRef, find_pod_specs, read_containers
 from webhook.core.policy import Policy, gpu_entries
 from webhook.core.quantity import quoted, shown
 from webhook.rules import claims, sharing
 from webhook.rules.capacity import check_cluster
+from webhook.rules.context import PodContext, pod_context
 from webhook.rules.crossfield import (
     check_cpu_pod_on_gpu_nodes,
     check_init_container_gpus,
@@ -27,18 +30,7 @@ from webhook.rules.crossfield import (
     check_process_count,
     check_replica_accelerators,
 )
-from webhook.rules.isolation import (
-    GpuUse,
-    check_container_isolation,
-    check_isolation,
-    gpu_use,
-    hides_gpus,
-    runtime_classes,
-)
-
-__all__ = ["check_pod_spec", "violations"]
-
-# RuntimeClass name -> its scheduling.nodeSelector, from the cluster; None when cluster checks are off.
+from webhook.rules.isolation import check_container_isolation, check_isolation, hides_gpus
 
 
 @dataclass
@@ -51,11 +43,6 @@ class ContainerGPUs:
     slot: tuple[str, int] = ("", -1)  # (containers | initContainers | ephemeralContainers, index)
 
 
-def container_label(container: Mapping[str, Any], path: FieldPath) -> str:
-    name = container.get("name")
-    return f"container {quoted(name)}" if isinstance(name, str) and name else f"container {path}"
-
-
 def about(raw: object) -> str:
     """A value as a violation records it: as written, cut short if long (``1`` and ``"1"`` are one quantity)."""
     return raw if isinstance(raw, str) else shown(raw)
@@ -63,6 +50,8 @@ def about(raw: object) -> str:
 
 def _mapping_at(parent: Mapping[str, Any], key: str, path: FieldPath, out: list[Violation]) -> Mapping[str, Any]:
     value = parent.get(key)
+    if type(value) is dict:
+        return value
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -72,46 +61,61 @@ def _mapping_at(parent: Mapping[str, Any], key: str, path: FieldPath, out: list[
     return value
 
 
-def check_container(
-    container: Mapping[str, Any], path: FieldPath, policy: Policy, gpus: ContainerGPUs
-) -> list[Violation]:
-    """Requests and limits of every GPU resource in one container; fills ``gpus`` with valid counts."""
+def _odd_resources(container: Container, out: list[Violation]) -> None:
+    """``resources``, its ``limits`` and its ``requests`` that are there but are no mappings."""
+    raw = container.fields.get("resources")
+    if raw is None or (type(raw) is dict and type(raw.get("limits", {})) is dict
+                       and type(raw.get("requests", {})) is dict):
+        return  # the usual shapes, told apart without building a path
+    resources = _mapping_at(container.fields, "resources", container.path, out)
+    _mapping_at(resources, "limits", container.path.child("resources"), out)
+    _mapping_at(resources, "requests", container.path.child("resources"), out)
+
+
+def _at(container: Container, section: str, name: str) -> FieldPath:
+    return container.path.child("resources").child(section).key(name)
+
+
+def check_container(container: Container, policy: Policy, gpus: ContainerGPUs) -> list[Violation]:
+    """Requests and limits of every GPU resource in one container; fills ``gpus`` with valid counts. Paths
+    and the container's label are built only for a violation."""
     out: list[Violation] = []
-    label = container_label(container, path)
-    resources_path = path.child("resources")
-    resources = _mapping_at(container, "resources", path, out)
-    limits = gpu_entries(_mapping_at(resources, "limits", resources_path, out), policy)
-    requests = gpu_entries(_mapping_at(resources, "requests", resources_path, out), policy)
+    _odd_resources(container, out)
+    limits = gpu_entries(container.limits, policy)
+    requests = gpu_entries(container.requests, policy)
+    if not limits and not requests:
+        return out
     gpus.named.update(limits, requests)
     limit_counts: dict[str, int] = {}
     for name, raw in limits.items():
-        where = resources_path.child("limits").key(name)
         try:
             limit_counts[name] = quantity.gpu_count(raw)
         except quantity.QuantityError as exc:
-            out.append(Violation(where, "invalid-quantity", f"{label}: {exc}", about(raw)))
+            out.append(Violation(_at(container, "limits", name), "invalid-quantity", f"{container.label}: {exc}",
+                                 about(raw)))
     for name, raw in requests.items():
-        where = resources_path.child("requests").key(name)
         count: int | None = None
         try:
             count = quantity.gpu_count(raw)
         except quantity.QuantityError as exc:
-            out.append(Violation(where, "invalid-quantity", f"{label}: {exc}", about(raw)))
+            out.append(Violation(_at(container, "requests", name), "invalid-quantity",
+                                 f"{container.label}: {exc}", about(raw)))
         if name not in limits:
             out.append(
                 Violation(
-                    where,
+                    _at(container, "requests", name),
                     "requests-without-limits",
-                    f"{label}: {name} is requested without a limit, set it in limits (requests default to limits)",
+                    f"{container.label}: {name} is requested without a limit, set it in limits (requests default "
+                    "to limits)",
                     about(raw),
                 )
             )
         elif count is not None and name in limit_counts and count != limit_counts[name]:
             out.append(
                 Violation(
-                    where,
+                    _at(container, "requests", name),
                     "requests-differ",
-                    f"{label}: {name} requests ({quoted(raw)}) must equal limits ({quoted(limits[name])})",
+                    f"{container.label}: {name} requests ({quoted(raw)}) must equal limits ({quoted(limits[name])})",
                     f"{count} != {limit_counts[name]}",
                 )
             )
@@ -122,9 +126,9 @@ def check_container(
         if policy.per_container and count > policy.per_container:
             out.append(
                 Violation(
-                    resources_path.child("limits").key(name),
+                    _at(container, "limits", name),
                     "per-container-limit",
-                    f"{label}: {count} {name} is over the limit of {policy.per_container} per container",
+                    f"{container.label}: {count} {name} is over the limit of {policy.per_container} per container",
                     str(count),
                 )
             )
@@ -175,45 +179,26 @@ class PodGPUs:
         return pod_gpu_totals(self.app, self.init)
 
 
-def check_containers(
-    spec: Mapping[str, Any],
-    path: FieldPath,
-    policy: Policy,
-    gpus: PodGPUs,
-    use: GpuUse | None = None,
-    trusted: bool = False,
-) -> list[Violation]:
-    """Every container's resources, and (given the pod's ``use`` of GPUs) its isolation rules."""
+def check_containers(ctx: PodContext, gpus: PodGPUs) -> list[Violation]:
+    """Every container's resources, and the per-container rules of the other families, in one pass over the
+    containers read once; fills ``gpus``."""
     out: list[Violation] = []
-    hidden = use is not None and hides_gpus(policy, use)
-    if not isinstance(spec.get("containers"), list):
-        out.append(Violation(path.child("containers"), "structure", "must be a list of containers"))
-    for list_name, bucket in zip(CONTAINER_LISTS, (gpus.app, gpus.init, gpus.ephemeral), strict=True):
-        items = spec.get(list_name)
-        if items is None or (list_name == "containers" and not isinstance(items, list)):
-            continue
-        list_path = path.child(list_name)
-        if not isinstance(items, list):
-            out.append(Violation(list_path, "structure", "must be a list of containers"))
-            continue
-        for i, container in enumerate(items):
-            if not isinstance(container, Mapping):
-                out.append(Violation(list_path.index(i), "structure", "must be a container mapping"))
-                continue
-            # By name, so that a container inserted before this one changes no violation's subject.
-            where = list_path.item(i, "name", container.get("name"))
-            c = ContainerGPUs(sidecar=container.get("restartPolicy") == "Always", slot=(list_name, i))
-            out.extend(check_container(container, where, policy, c))
-            out.extend(check_mixed_gpu_and_mig(container, where, set(c.counts), policy))
-            out.extend(sharing.check_vendor_resources(container, where, policy, trusted))
-            if use is not None:
-                holds = use.holds(list_name, i)
-                out.extend(check_container_isolation(container, where, policy, holds, trusted, hidden))
-            if list_name == "initContainers":
-                out.extend(check_init_container_gpus(where, c.counts, c.sidecar, policy))
-            bucket.append(c)
-            if list_name == "ephemeralContainers":
-                gpus.ephemeral_paths.append(where)
+    policy = ctx.policy
+    hidden = hides_gpus(policy, ctx.use)
+    buckets = {"containers": gpus.app, "initContainers": gpus.init, "ephemeralContainers": gpus.ephemeral}
+    for container in ctx.containers:
+        list_name = container.list_name
+        c = ContainerGPUs(sidecar=container.fields.get("restartPolicy") == "Always", slot=container.slot)
+        out.extend(check_container(container, policy, c))
+        if len(c.counts) > 1:  # whole GPUs and MIG slices: two names at least
+            out.extend(check_mixed_gpu_and_mig(container.fields, container.path, set(c.counts), policy))
+        out.extend(sharing.check_vendor_resources(container, policy, ctx.trusted))
+        out.extend(check_container_isolation(container, ctx, hidden))
+        if list_name == "initContainers" and c.counts:
+            out.extend(check_init_container_gpus(container.path, c.counts, c.sidecar, policy))
+        buckets[list_name].append(c)
+        if list_name == "ephemeralContainers":
+            gpus.ephemeral_paths.append(container.path)
     for where, c in zip(gpus.ephemeral_paths, gpus.ephemeral, strict=True):
         if c.counts:
             held = ", ".join(f"{n} {name}" for name, n in sorted(c.counts.items()))
@@ -300,20 +285,22 @@ def check_pod_spec(
     ref: PodSpecRef, policy: Policy, view: ClusterView | None = None, namespace: str = ""
 ) -> tuple[list[Violation], str | None]:
     """Violations of one pod spec, and the accelerator it names explicitly if it uses GPUs."""
+    out: list[Violation] = []
+    ctx = pod_context(ref, policy, view, namespace, read_containers(ref.spec, ref.path, out))
     gpus = PodGPUs()
-    use = gpu_use(ref.spec, ref.metadata, policy)
-    out = check_containers(ref.spec, ref.path, policy, gpus, use, policy.trusts(ref.spec))
+    out.extend(check_containers(ctx, gpus))
     out.extend(check_pod_level_resources(ref.spec, ref.path, policy))
-    out.extend(check_isolation(ref, policy, use, runtime_classes(view, policy)))
+    out.extend(check_isolation(ctx))
     totals = gpus.totals()
     limit_counts = {c.slot: c.counts for c in (*gpus.app, *gpus.init)}
-    found, claim_gpus = claims.pod_violations(ref, policy, view, namespace, limit_counts, totals, gpus.uses_gpus)
+    found, claim_gpus = claims.pod_violations(ctx, limit_counts=limit_counts, pod_totals=totals,
+                                              uses_gpus=gpus.uses_gpus)
     out.extend(found)
     if not gpus.uses_gpus and not claim_gpus:
         # A pod with claims may hold GPUs we cannot see; a time-sliced or HAMi pod is no CPU pod either,
         # though its names are not policy GPUs.
         claimed = isinstance(ref.spec.get("resourceClaims"), list) and bool(ref.spec["resourceClaims"])
-        if not claimed and not use.any:
+        if not claimed and not ctx.use.any:
             out.extend(check_cpu_pod_on_gpu_nodes(ref, policy))
         return out, None
     out.extend(check_pod_limit(totals, ref.path, policy))

@@ -4,10 +4,11 @@ names come from the registry, ``webhook.core.resources``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 from webhook.core.field import FieldPath, Violation
+from webhook.core.podspecs import Container
 from webhook.core.policy import Policy
 from webhook.core.quantity import QuantityError, gpu_count, shown
 from webhook.core.resources import EXCLUSIVE, VOLCANO_COUNT, Kind, VendorResource, lookup
@@ -15,7 +16,7 @@ from webhook.core.resources import EXCLUSIVE, VOLCANO_COUNT, Kind, VendorResourc
 Requested = tuple[str, str, Any, VendorResource]  # limits or requests, name, raw value, registry entry
 
 
-def requested(container: Mapping[str, Any]) -> list[Requested]:
+def requested(container: Container) -> list[Requested]:
     """The container's registered names the checks below read (shared, a fractional scheduler's, monitoring)."""
     return [r for r in _requested(container) if r[3].kind in _READ or r[3].scheduler]
 
@@ -23,19 +24,12 @@ def requested(container: Mapping[str, Any]) -> list[Requested]:
 _READ = (Kind.SHARED, Kind.MONITORING)
 
 
-def _requested(container: Mapping[str, Any]) -> Iterator[Requested]:
+def _requested(container: Container) -> Iterator[Requested]:
     """(limits or requests, name, raw value, entry) of every registered name in the container's limits, and in
     its requests where limits do not name it: the apiserver copies limits into requests, and one problem is
     told once (requests that differ from limits are refused by the apiserver itself)."""
-    resources = container.get("resources")
-    if not isinstance(resources, Mapping):
-        return
-    limits = resources.get("limits")
-    limits = limits if isinstance(limits, Mapping) else {}
-    for section in ("limits", "requests"):
-        values = resources.get(section)
-        if not isinstance(values, Mapping):
-            continue
+    limits = container.limits
+    for section, values in (("limits", limits), ("requests", container.requests)):
         for name, raw in values.items():
             entry = lookup(name) if isinstance(name, str) else None
             if entry is not None and (section == "limits" or name not in limits):
@@ -53,29 +47,20 @@ def _count(raw: object) -> int | None:
         return None  # not a count at all: the apiserver refuses it for Pods, the quantity rule where listed
 
 
-def _label(container: Mapping[str, Any], path: FieldPath) -> str:
-    name = container.get("name")
-    return f'container "{name}"' if isinstance(name, str) and name else f"container {path}"
-
-
-def check_vendor_resources(
-    container: Mapping[str, Any], path: FieldPath, policy: Policy, trusted: bool = False
-) -> list[Violation]:
-    """The three checks below in one pass over the container's names (``rules`` calls this for each container);
+def check_vendor_resources(container: Container, policy: Policy, trusted: bool = False) -> list[Violation]:
+    """The three checks below in one pass over the container's names (``pods`` calls this for each container);
     trusted pods may ask for monitoring resources."""
     found = requested(container)
     if not found:
         return []
-    out = check_shared_gpus(container, path, policy, found)
-    out.extend(check_fractional_request(container, path, policy, found))
+    out = check_shared_gpus(container, policy, found)
+    out.extend(check_fractional_request(container, policy, found))
     if not trusted:
-        out.extend(check_monitoring_resources(container, path, policy, found))
+        out.extend(check_monitoring_resources(container, policy, found))
     return out
 
 
-def check_shared_gpus(
-    container: Mapping[str, Any], path: FieldPath, policy: Policy, found: list[Requested] | None = None
-) -> list[Violation]:
+def check_shared_gpus(container: Container, policy: Policy, found: list[Requested] | None = None) -> list[Violation]:
     """A time-sliced or MPS replica above 1 per container: the device plugin's failRequestsGreaterThanOne,
     at admission instead of a kubelet UnexpectedAdmissionError on a pod already scheduled."""
     if not policy.checks("shared-gpu-over-one"):
@@ -86,9 +71,9 @@ def check_shared_gpus(
         if count is not None and count > 1:
             out.append(
                 Violation(
-                    _at(path, section, name),
+                    _at(container.path, section, name),
                     "shared-gpu-over-one",
-                    f"{_label(container, path)}: {count} {name} asks for several replicas of a shared GPU, which "
+                    f"{container.label}: {count} {name} asks for several replicas of a shared GPU, which "
                     "give no more compute than one (the kubelet refuses it with failRequestsGreaterThanOne); "
                     "ask for 1",
                     str(count),
@@ -98,14 +83,14 @@ def check_shared_gpus(
 
 
 def check_fractional_request(
-    container: Mapping[str, Any], path: FieldPath, policy: Policy, found: list[Requested] | None = None
+    container: Container, policy: Policy, found: list[Requested] | None = None
 ) -> list[Violation]:
     """HAMi and Volcano shares a scheduler can never place: a percentage outside 0-100, memory given both
     in MiB and as a percentage, Volcano memory or cores without a vGPU count. Such pods stay Pending."""
     if not policy.checks("fractional-gpu-request"):
         return []
     out: list[Violation] = []
-    label = _label(container, path)
+    path, label = container.path, container.label
     seen: set[str] = set()
     for section, name, raw, entry in requested(container) if found is None else found:
         if not entry.scheduler:
@@ -143,7 +128,7 @@ def check_fractional_request(
 
 
 def check_monitoring_resources(
-    container: Mapping[str, Any], path: FieldPath, policy: Policy, found: list[Requested] | None = None
+    container: Container, policy: Policy, found: list[Requested] | None = None
 ) -> list[Violation]:
     """Resources that open every GPU of a node (Intel's *monitoring, management.nvidia.com/gpu): not for
     tenants. The caller skips trusted pods."""
@@ -151,9 +136,9 @@ def check_monitoring_resources(
         return []
     return [
         Violation(
-            _at(path, section, name),
+            _at(container.path, section, name),
             "gpu-monitoring-resource",
-            f"{_label(container, path)}: {name} gives access to every GPU of the node; only trusted "
+            f"{container.label}: {name} gives access to every GPU of the node; only trusted "
             "namespaces and service accounts (isolation.trusted) may ask for it",
             name,
         )
