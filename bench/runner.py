@@ -295,7 +295,8 @@ class Bench:
             "machine": {**info, "pinning": self.pinning, "interference": interference},
             "code": self.code,
             "server": {"workers": 1, "threads": self.server.threads if self.server else None,
-                       "stack": "webhook.serving.server.serve: gunicorn gthread, TLS, metrics, decision logs"},
+                       "stack": "webhook.serving.server.serve: gunicorn master, AsyncWorker on uvloop, TLS, metrics, "
+                                "decision logs"},
             "loadgen": {"tool": f"vegeta {loadgen.VEGETA_VERSION}", "http": "HTTP/1.1 (http2=false)",
                         "idle_connections": 25, "max_connections": self.server.threads if self.server else None,
                         "max_mode_workers": plan.workers, "timeout_s": plan.timeout},

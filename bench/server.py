@@ -1,5 +1,6 @@
-"""The server under test: the production stack (``webhook.serving.server.serve``: gunicorn gthread, TLS, metrics,
-decision logs) with the real handlers plus ``/noop`` (``webhook.rules.admission.allow_all``) as the floor.
+"""The server under test: the production stack (``webhook.serving.server.serve``: gunicorn's master with
+``AsyncWorker``s on uvloop, TLS, metrics, decision logs) with the real handlers plus ``/noop``
+(``webhook.rules.admission.allow_all``) as the floor.
 
     python -m bench.server --cert-file tls.crt --key-file tls.key --port 9443 [--workers 1] [--source DIR]
 
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=8, help="the worker's pool, for bodies over 256 KiB only")
     parser.add_argument("--policy")
     parser.add_argument("--source", help="directory holding the webhook package to serve (default: this checkout)")
     parser.add_argument("--gc-log", help="append the duration of every full garbage collection to this file")

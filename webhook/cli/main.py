@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--policy", help="policy YAML file (watched; default: built-in defaults)")
     serve.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     serve.add_argument(
-        "--threads", type=int, default=4, help="handler threads per worker, for complete requests only (default 4)"
+        "--threads", type=int, default=4, help="threads per worker, for request bodies over 256 KiB only (default 4)"
     )
     serve.add_argument(
         "--max-body-bytes", type=int, default=7 * 1024 * 1024, help="larger bodies get 413 (default 7 MiB)"

@@ -49,13 +49,11 @@ class Sink(Protocol):
 
 
 class Informer:
-    def __init__(self, resource: Resource, source: Source, sink: Sink, max_backoff: float = 30.0,
-                 on_change: Callable[[], None] = lambda: None):
+    def __init__(self, resource: Resource, source: Source, sink: Sink, max_backoff: float = 30.0):
         self.resource = resource
         self.source = source
         self.sink = sink
         self.max_backoff = max_backoff
-        self.on_change = on_change
         self.resource_version: str | None = None
         self.loaded = False
         self.connected = False
@@ -93,7 +91,6 @@ class Informer:
     def _synced(self) -> None:
         self.loaded = True
         self.last_sync = time.time()
-        self.on_change()
 
     def watch_once(self) -> None:
         assert self.resource_version is not None
@@ -107,7 +104,6 @@ class Informer:
                 raise error_for(int(obj.get("code") or 500), "", str(obj.get("message")))
             if kind in ("ADDED", "MODIFIED", "DELETED"):
                 self.sink.apply(kind, obj)
-                self.on_change()
             version = (obj.get("metadata") or {}).get("resourceVersion")
             if version:  # BOOKMARK events carry only this: we are in sync up to here
                 self.resource_version = version

@@ -2,8 +2,10 @@
 
 A connection is a small protocol object and its TLS state, never a thread: a client that trickles its
 handshake, its headers or its body holds nothing anybody else needs, and is cut at its deadline. Only a
-complete request reaches the WSGI application (Flask), on a small thread pool, so a slow client can never
-occupy one of those threads either. The deadlines (one clock each, never reset by a trickle):
+complete request reaches the WSGI application (Flask): on the loop itself when its body is at most
+``Limits.inline_body`` (256 KiB, every pod: a thread hop cost more than the decision), else on a small thread
+pool with a time limit, so a slow client never occupies a thread either. The deadlines (one clock each, never
+reset by a trickle):
 
 - TLS handshake: ``handshake_timeout`` from accept (the apiserver gives up on its own after 10 s);
 - a request: ``request_timeout`` from its first byte to the end of its body;

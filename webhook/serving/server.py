@@ -1,10 +1,11 @@
 """Run the app: gunicorn's master process, and workers that serve on an asyncio loop.
 
 gunicorn does what a master does well (fork the workers, respawn one that exits, kill one that stops
-heartbeating, pass SIGTERM on); each worker runs ``webhook.serving.connections`` on its own loop, so a connection
-costs no thread and only complete requests reach Flask, on a small thread pool. Each worker owns its
-reloaders (threads do not survive fork): policy and certificate files are re-read when their bytes
-change, and every new TLS handshake gets the certificate loaded last.
+heartbeating, pass SIGTERM on); each worker runs ``webhook.serving.connections`` on its own uvloop loop, so a
+connection costs no thread and only complete requests reach Flask: bodies up to 256 KiB (every pod) are decided on
+the loop itself, larger ones on a small thread pool with a time limit. Each worker owns its reloaders (threads do
+not survive fork): policy and certificate files are re-read when their bytes change, and every new TLS handshake
+gets the certificate loaded last.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class ServeConfig:
     policy_file: str | None = None
     client_ca: str | None = None
     workers: int = 1
-    threads: int = 4  # handler threads per worker: complete requests only, never a waiting client
+    threads: int = 4  # per worker, for bodies over 256 KiB only (smaller ones are decided on the loop)
     max_body: int = DEFAULT_MAX_BODY
     # Longer than the apiserver's 90 s idle timeout, or it reuses connections we just closed.
     keepalive: int = 120
@@ -141,7 +142,7 @@ _state: _WorkerState | None = None
 
 
 class AsyncWorker(Worker):
-    """A gunicorn worker whose connections live on an asyncio loop (uvloop when installed)."""
+    """A gunicorn worker whose connections live on a uvloop event loop."""
 
     def init_signals(self) -> None:
         # The loop installs its own handlers in run(); until then the defaults apply.
@@ -151,7 +152,7 @@ class AsyncWorker(Worker):
     def run(self) -> None:
         import uvloop
 
-        loop = asyncio.new_event_loop() if os.environ.get("GW_LOOP") == "asyncio" else uvloop.new_event_loop()
+        loop = uvloop.new_event_loop()
         loop.set_exception_handler(_loop_error)
         asyncio.set_event_loop(loop)
         try:

@@ -47,7 +47,6 @@ class Reloader(Generic[T]):
         self.interval = interval
         self._seen = _read_all(self.paths)
         self.value: T = load()
-        self.last_error: str | None = None
         self._stop = threading.Event()
 
     def check(self) -> bool:
@@ -59,7 +58,6 @@ class Reloader(Generic[T]):
             value = self._load()
         except Exception as exc:  # any failure keeps the last good value: that is the point
             self._seen = seen
-            self.last_error = str(exc)
             logs.event("reload_failed", logging.ERROR, what=self.name, error=str(exc))
             self._on_reload(False)
             return False
@@ -67,7 +65,6 @@ class Reloader(Generic[T]):
         # only a stable read counts as seen, so the next poll settles it.
         self._seen = seen if _read_all(self.paths) == seen else ()
         self.value = value
-        self.last_error = None
         logs.event("reloaded", what=self.name)
         self._on_reload(True)
         return True
