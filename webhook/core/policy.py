@@ -11,18 +11,16 @@ Mapping keys are read as written: YAML 1.1 would turn a namespace ``2024:`` into
 from __future__ import annotations
 
 import copy
-import difflib
 import fnmatch
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-import yaml
-from yaml.constructor import ConstructorError
-
+# jsonschema, PyYAML and difflib are imported where they are used: a serving process builds its policy without
+# them (webhook.serving.policies checks the schema in a child process), and what it imports stays in every worker.
 from webhook.core import catalog
 from webhook.core import resources as registry
 
@@ -250,34 +248,42 @@ _NAMESPACE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
 IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
 
 
-class _Loader(yaml.SafeLoader):
-    """YAML with every scalar mapping key kept as the text written, and duplicate keys refused.
+@functools.cache
+def _loader() -> type[Any]:
+    """The YAML loader of policy files, made when the first file is read."""
+    import yaml
+    from yaml.constructor import ConstructorError
 
-    Keys a merge (``<<: *anchor``) brings in may be overridden, as YAML allows; keys written twice may not.
-    """
+    class _Loader(yaml.SafeLoader):
+        """YAML with every scalar mapping key kept as the text written, and duplicate keys refused.
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        written = {id(key_node) for key_node, _ in node.value}
-        self.flatten_mapping(node)  # merge keys (<<) first, as SafeLoader does
-        mapping: dict[Any, Any] = {}
-        seen: set[Any] = set()
-        for key_node, value_node in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else self.construct_object(key_node, deep)
-            try:
-                duplicate = key in seen
-            except TypeError:
-                raise ConstructorError(
-                    "while constructing a mapping", node.start_mark, "found unhashable key", key_node.start_mark
-                ) from None
-            if id(key_node) in written:
-                seen.add(key)
-            if duplicate:
-                raise ConstructorError(
-                    "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}",
-                    key_node.start_mark,
-                )
-            mapping[key] = self.construct_object(value_node, deep)
-        return mapping
+        Keys a merge (``<<: *anchor``) brings in may be overridden, as YAML allows; keys written twice may not.
+        """
+
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            written = {id(key_node) for key_node, _ in node.value}
+            self.flatten_mapping(node)  # merge keys (<<) first, as SafeLoader does
+            mapping: dict[Any, Any] = {}
+            seen: set[Any] = set()
+            for key_node, value_node in node.value:
+                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else self.construct_object(key_node, deep)
+                try:
+                    duplicate = key in seen
+                except TypeError:
+                    raise ConstructorError(
+                        "while constructing a mapping", node.start_mark, "found unhashable key", key_node.start_mark
+                    ) from None
+                if id(key_node) in written:
+                    seen.add(key)
+                if duplicate:
+                    raise ConstructorError(
+                        "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}",
+                        key_node.start_mark,
+                    )
+                mapping[key] = self.construct_object(value_node, deep)
+            return mapping
+
+    return _Loader
 
 
 CLUSTER_RULES = frozenset(rule for rule, (section, _) in CHECK_SETTINGS.items() if section == "cluster")
@@ -447,6 +453,8 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
 def _written(value: object) -> str:
     """A value as it reads in YAML: ``true`` rather than Python's ``True``."""
     if isinstance(value, bool) or value is None:
+        import yaml
+
         return yaml.safe_dump(value).removesuffix("\n...\n")
     if isinstance(value, str) and value and value == value.strip():
         return value
@@ -461,6 +469,8 @@ def _unknown_key(key: object, known: list[str], where: str = "") -> str:
     if rule is not None and rule.section != section:
         return f"{key!r} (a setting of {rule.section}.*: write it as {rule.setting})"
     by_lower = {k.lower(): k for k in known}
+    import difflib
+
     close = difflib.get_close_matches(str(key).lower(), list(by_lower), n=1)
     return f"{key!r} (did you mean {by_lower[close[0]]!r}?)" if close else repr(key)
 
@@ -471,6 +481,8 @@ def _choices(options: list[object]) -> str:
 
 
 def _schema_problems(document: object) -> list[str]:
+    import jsonschema
+
     validator = jsonschema.Draft202012Validator(SCHEMA)
     problems = []
     for error in sorted(validator.iter_errors(document), key=lambda e: list(map(str, e.path))):
@@ -548,11 +560,12 @@ def _policy(document: Mapping[str, Any], trusted: bool = False, accounts: frozen
     )
 
 
-def build_policy(document: object, source: str = "policy") -> PolicySet:
-    """Validate a decoded policy document (``None`` means all defaults) and resolve it."""
+def build_policy(document: object, source: str = "policy", *, schema_checked: bool = False) -> PolicySet:
+    """Validate a decoded policy document (``None`` means all defaults) and resolve it. ``schema_checked``: the
+    JSON schema has passed it already, in another process (every other check runs all the same)."""
     if document is None:
         document = {}
-    problems = _schema_problems(document)
+    problems = [] if schema_checked else _schema_problems(document)
     if isinstance(document, Mapping):
         problems += _key_problems(document)
         problems += _resource_problems(document.get("resources"))
@@ -582,12 +595,14 @@ def build_policy(document: object, source: str = "policy") -> PolicySet:
     return PolicySet(default=default, by_namespace=by_namespace, document={**merged, "namespaces": overlays})
 
 
-def parse_policy(text: str, source: str = "policy") -> PolicySet:
+def parse_policy(text: str, source: str = "policy", *, schema_checked: bool = False) -> PolicySet:
+    import yaml
+
     try:
-        document = yaml.load(text, Loader=_Loader)  # a SafeLoader: keys as written
+        document = yaml.load(text, Loader=_loader())  # a SafeLoader: keys as written
     except yaml.YAMLError as exc:
         raise PolicyError(source, [f"not valid YAML: {exc}"]) from None
-    return build_policy(document, source)
+    return build_policy(document, source, schema_checked=schema_checked)
 
 
 def load_policy(path: str | Path | None) -> PolicySet:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import jsonpatch
 from jsonpointer import JsonPointer
 
 from webhook.core import quantity
@@ -187,5 +186,8 @@ def pod_patch(
 def mutated_pod(
     pod: Mapping[str, Any], policy: Policy, view: ClusterView | None = None, namespace: str = ""
 ) -> dict[str, Any]:
-    """The pod with GPU defaults applied (a copy; ``pod`` is not touched)."""
+    """The pod with GPU defaults applied (a copy; ``pod`` is not touched). For tests and tools: jsonpatch (and
+    difflib with it) stays out of the serving processes."""
+    import jsonpatch
+
     return jsonpatch.apply_patch(dict(pod), pod_patch(pod, policy, view, namespace))

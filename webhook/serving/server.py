@@ -31,9 +31,9 @@ from gunicorn.arbiter import Arbiter
 from gunicorn.workers.base import Worker
 
 from webhook.core.cluster import CLUSTER_KINDS, ClusterState, ClusterView
-from webhook.core.policy import load_policy
 from webhook.kube.informer import Informer, KubeSource, report_forever
 from webhook.rules.admission import Handler
+from webhook.serving import policies
 from webhook.serving.app import DEFAULT_HANDLERS, DEFAULT_MAX_BODY, create_app
 from webhook.serving.connections import Front, Limits
 from webhook.serving.tls import server_context
@@ -86,7 +86,7 @@ class _WorkerState:
         self.policy = Reloader(
             "policy",
             [config.policy_file] if config.policy_file else [],
-            lambda: load_policy(config.policy_file),
+            lambda: policies.load(config.policy_file),
             lambda ok: metrics.record_reload("policy", ok),
             config.reload_interval,
         )
@@ -407,8 +407,9 @@ class _Application(BaseApplication):
 
 
 def serve(config: ServeConfig, handlers: Mapping[str, Handler] = DEFAULT_HANDLERS) -> None:
-    """Block serving until stopped. Policy and certificate must load now, or this raises."""
-    load_policy(config.policy_file)
+    """Block serving until stopped. Policy and certificate must load now, or this raises (``PolicyError``,
+    ``ssl.SSLError``, ``OSError``)."""
+    policies.load(config.policy_file)
     server_context(config.cert_file, config.key_file, config.client_ca)
     logs.configure()
     logs.event("serving", host=config.host, port=config.port, workers=config.workers)

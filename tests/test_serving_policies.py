@@ -1,0 +1,98 @@
+"""What a serving process imports, and its policy checked in a child process: the same problems, word for word,
+with jsonschema kept out of the master and its workers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.manifests import admission_review, seed_pod
+from webhook.core.policy import PolicyError, _schema_problems, load_policy
+from webhook.serving import policies
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Loaded by nothing a worker does: the audit and its Lease and reports (their own process), the CLI, the schema
+# check (a child), the kubernetes client (the audit and the informers' credentials), jsonpatch (tests and tools).
+NEVER_IN_A_WORKER = ("jsonschema", "referencing", "rpds", "jsonpatch", "webhook.audit", "webhook.kube.lease",
+                     "webhook.cli", "webhook.native", "kubernetes", "urllib3", "cryptography")
+
+# What a worker does: import the server, load the policy, build the app, answer /validate and /mutate.
+WORKER = """
+import json, sys
+from webhook.serving import server
+from webhook.serving.app import create_app
+from webhook.serving.policies import load
+
+policy = load(sys.argv[1] or None)
+client = create_app(lambda: policy, lambda: None).test_client()
+review = json.loads(sys.argv[2])
+for endpoint in ("/validate", "/mutate"):
+    assert client.post(endpoint, json=review).status_code == 200
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def modules_of_a_worker(policy_file: str = "") -> set[str]:
+    review = json.dumps(admission_review(seed_pod()))  # built here: the builders read YAML
+    done = subprocess.run([sys.executable, "-c", WORKER, policy_file, review], capture_output=True, text=True,
+                          check=True, cwd=ROOT)
+    return set(json.loads(done.stdout))
+
+
+def loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in names))
+
+
+def test_a_worker_imports_only_what_serving_needs(tmp_path):
+    assert loaded(modules_of_a_worker(), NEVER_IN_A_WORKER + ("yaml",)) == []
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("limits: {perPod: 4}\n")
+    # With a policy file, PyYAML reads it; the schema is still checked elsewhere.
+    with_file = modules_of_a_worker(str(policy))
+    assert "yaml" in with_file and loaded(with_file, NEVER_IN_A_WORKER) == []
+
+
+POLICIES = [
+    ("good", "limits: {perPod: 4}\nnamespaces: {research: {enforcement: warn}}\n"),
+    ("schema", "enforcment: warn\nlimits: {perPod: two}\n"),
+    ("beyond the schema", "namespaces: {Research: {}}\nresources: [cpu]\n"),
+    ("not YAML", "limits: [\n"),
+    ("duplicate key", "tolerations: true\ntolerations: false\n"),
+]
+
+
+@pytest.mark.parametrize("text", [text for _, text in POLICIES], ids=[name for name, _ in POLICIES])
+def test_a_policy_file_loads_as_load_policy_loads_it(tmp_path, text):
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    try:
+        expected = load_policy(path)
+    except PolicyError as exc:
+        with pytest.raises(PolicyError) as raised:
+            policies.load(path)
+        assert (raised.value.source, raised.value.problems) == (exc.source, exc.problems)
+        assert exc.problems
+    else:
+        got = policies.load(path)
+        assert got.document == expected.document
+        assert got.for_namespace("research") == expected.for_namespace("research")
+        assert got.default == expected.default
+
+
+def test_no_file_is_the_defaults_which_pass_the_schema():
+    assert _schema_problems({}) == []  # why the serving processes may skip the check for them
+    assert policies.load(None).document == load_policy(None).document
+
+
+def test_an_unreadable_file_and_a_failed_check_are_policy_errors(tmp_path, monkeypatch):
+    with pytest.raises(PolicyError, match="cannot read"):
+        policies.load(tmp_path / "missing.yaml")
+    (tmp_path / "policy.yaml").write_text("{}\n")
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # a child that says nothing and exits 1
+    with pytest.raises(PolicyError, match=r"its check failed \(exit 1\)"):
+        policies.load(tmp_path / "policy.yaml")
