@@ -71,7 +71,8 @@ def matches(expressions: tuple[str, ...], device: Mapping[str, Any]) -> bool:
 
 def _missing_attribute(error: BaseException) -> bool:
     # cel-python reports a missing map key as KeyError, and so an unknown function ("undeclared
-    # reference to 'isGreaterThan'"): only the first is the scheduler's "no match".
+    # reference to 'isGreaterThan'"): only the first is the scheduler's "no match". Its errors carry no
+    # code, so this reads their args and text, which tests/test_dependencies.py holds to this shape.
     args: tuple[Any, ...] = tuple(getattr(error, "args", ()))
     message = str(args[0]) if args else ""
     return len(args) > 1 and args[1] in (KeyError, IndexError) and not message.startswith("undeclared reference")

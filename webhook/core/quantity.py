@@ -26,7 +26,9 @@ def _kubernetes_parse_quantity() -> Callable[[object], Decimal]:
     """``kubernetes.utils.quantity.parse_quantity``, loaded from its file.
 
     ``import kubernetes.utils`` runs the package's ``__init__``, which imports the whole API
-    client: about 17 MB in every worker for a dozen lines that import only ``decimal``.
+    client: about 17 MB in every worker for a dozen lines that import only ``decimal``. The file's place
+    is no promise of the package: pyproject pins kubernetes below its next major version, and
+    tests/test_dependencies.py fails, saying so, if the file moves or parses differently.
     """
     loaded = sys.modules.get("kubernetes.utils.quantity")
     if loaded is not None:

@@ -87,6 +87,7 @@ def decode(body: bytes) -> Review:
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
+        # orjson's errors carry no code, only text: tests/test_dependencies.py holds these two words to it.
         reason = str(exc)
         if "depth limit" in reason:  # a nesting bomb: no AdmissionReview is nested this deep
             raise BadReview("body is nested too deeply") from None

@@ -329,7 +329,13 @@ def _mark_dead(pid: int) -> None:
 
 
 class _Arbiter(Arbiter):
-    """gunicorn's master, also minding the audit process: checked on every turn of its loop (about a second)."""
+    """gunicorn's master, also minding the audit process: checked on every turn of its loop (about a second).
+
+    Not a public route: gunicorn has no server hook per turn of the master's loop (``child_exit`` is told of
+    workers only) nor one before it stops the workers, so this overrides ``manage_workers`` and ``stop``.
+    pyproject pins gunicorn below its next major version, and tests/test_dependencies.py fails, saying so, if the
+    loop stops calling either.
+    """
 
     audit: AuditProcess | None = None
 
