@@ -29,9 +29,12 @@ def torch(nproc=None, elastic=None, worker_gpus=4, master=None, worker=None):
     return job
 
 
-def ray(num_gpus, limit):
-    cluster = ray_cluster(pod(container("head")), [pod(container("worker", limits={GPU: limit}))])
+def ray(num_gpus, limit, head_gpus=None, head_limit=None):
+    head = pod(container("head", limits={GPU: head_limit} if head_limit is not None else None))
+    cluster = ray_cluster(head, [pod(container("worker", limits={GPU: limit}))])
     cluster["spec"]["workerGroupSpecs"][0]["rayStartParams"]["num-gpus"] = num_gpus
+    if head_gpus is not None:
+        cluster["spec"]["headGroupSpec"]["rayStartParams"]["num-gpus"] = head_gpus
     return cluster
 
 
@@ -92,6 +95,29 @@ CASES = [
     ),
     ("RayCluster num-gpus equal to the limit", ray("1", 1), set()),
     (
+        "PyTorchJob nprocPerNode differs from the Master's GPUs (torchrun starts as many there)",
+        torch(nproc="4", master=pod(container("pytorch", limits={GPU: 2}))),
+        {("spec.nprocPerNode", "process-count-mismatch")},
+    ),
+    (
+        "PyTorchJob elasticPolicy.nProcPerNode differs from the Master's GPUs",
+        torch(elastic=4, master=pod(container("pytorch", limits={GPU: 8}))),
+        {("spec.elasticPolicy.nProcPerNode", "process-count-mismatch")},
+    ),
+    ("PyTorchJob with a CPU-only Master", torch(nproc="4", master=pod(container("pytorch"))), set()),
+    (
+        "RayCluster head told num-gpus without a GPU",
+        ray("1", 1, head_gpus="2"),
+        {("spec.headGroupSpec.rayStartParams[num-gpus]", "process-count-mismatch")},
+    ),
+    (
+        "RayCluster head told num-gpus other than its limit",
+        ray("1", 1, head_gpus=1, head_limit=2),
+        {("spec.headGroupSpec.rayStartParams[num-gpus]", "process-count-mismatch")},
+    ),
+    ("RayCluster head told num-gpus=0 without a GPU", ray("1", 1, head_gpus="0"), set()),
+    ("RayCluster head told its own limit", ray("1", 1, head_gpus="2", head_limit=2), set()),
+    (
         "PyTorchJob replicas on different accelerators",
         torch(
             master=with_accelerator(pod(container("pytorch", limits={GPU: 4})), "nvidia-l4"),
@@ -112,17 +138,30 @@ def test_cross_field_checks(obj, expected):
     assert found(obj) == expected
 
 
-def test_defaults_deny_mixing_and_warn_on_the_rest():
+def test_the_process_count_messages_name_the_replica():
+    master = torch(nproc="4", master=pod(container("pytorch", limits={GPU: 2})))
+    assert decide(master, "kubeflow.org", "PyTorchJob", "default", DEFAULT).warnings == (
+        "spec.nprocPerNode: 4 processes per node but the Master container has 2 GPUs",)
+    head = ray("1", 1, head_gpus=1, head_limit=2)
+    assert decide(head, "ray.io", "RayCluster", "default", DEFAULT).warnings == (
+        "spec.headGroupSpec.rayStartParams[num-gpus]: the Ray head is told num-gpus=1 but its container's GPU limit "
+        "is 2",)
+
+
+def test_defaults_warn_on_mixing_and_the_rest():
+    """GPU plus MIG in one container is a device-plugin strategy choice, not a Kubernetes rule: warned about."""
     mixed = pod(
         container(limits={GPU: 1, "nvidia.com/mig-1g.5gb": 1}), initContainers=[container("i", limits={GPU: 1})]
     )
     answer = decide(mixed, "", "Pod", "default", DEFAULT)
-    assert not answer.allowed and "mixes nvidia.com/gpu with MIG slices (nvidia.com/mig-1g.5gb)" in answer.message
-    assert "init container" not in answer.message
+    assert answer.allowed
     assert answer.warnings == (
+        "spec.containers[0].resources: container \"main\" mixes nvidia.com/gpu with MIG slices (nvidia.com/mig-1g.5gb)",
         "spec.initContainers[0].resources: an init container asks for GPUs "
         "(1 nvidia.com/gpu); they stay reserved for the pod's lifetime",
     )
+    denying = decide(mixed, "", "Pod", "default", parse_policy("checks: {mixedGpuAndMig: deny}"))
+    assert not denying.allowed and "mixes nvidia.com/gpu with MIG slices (nvidia.com/mig-1g.5gb)" in denying.message
 
 
 @pytest.mark.parametrize("setting", ["off", "'off'", "false"])
@@ -142,7 +181,7 @@ def test_a_warn_check_can_be_made_to_deny():
 
 
 def test_warn_enforcement_softens_deny_checks_too():
-    policy = parse_policy("enforcement: warn")
+    policy = parse_policy("enforcement: warn\nchecks: {mixedGpuAndMig: deny}")
     answer = decide(pod(container(limits={GPU: 1, "nvidia.com/mig-1g.5gb": 1})), "", "Pod", "default", policy)
     assert answer.allowed and answer.warnings
 
@@ -151,7 +190,7 @@ def test_the_response_carries_each_violations_action():
     mixed = pod(
         container(limits={GPU: 1, "nvidia.com/mig-1g.5gb": 1}), initContainers=[container("i", limits={GPU: 1})]
     )
-    answer = decide(mixed, "", "Pod", "default", DEFAULT)
+    answer = decide(mixed, "", "Pod", "default", parse_policy("checks: {mixedGpuAndMig: deny}"))
     assert {(v.rule, action) for v, action in answer.judged()} == {
         ("mixed-gpu-and-mig", "deny"), ("init-container-gpus", "warn")
     }

@@ -83,7 +83,7 @@ _ROWS: tuple[Rule, ...] = (
     Rule("cpu-pod-on-gpu-nodes", "checks", "cpuPodOnGpuNodes", "warn",
          "a pod with no GPU that tolerates a GPU taint or selects an accelerator", "the toleration or selector",
          _MISTAKES, "native"),
-    Rule("mixed-gpu-and-mig", "checks", "mixedGpuAndMig", "deny",
+    Rule("mixed-gpu-and-mig", "checks", "mixedGpuAndMig", "warn",
          "one container asking for `nvidia.com/gpu` and `nvidia.com/mig-*` together", "the container's limits",
          _MISTAKES, "native"),
     Rule("init-container-gpus", "checks", "initContainerGpus", "warn",

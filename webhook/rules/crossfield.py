@@ -124,26 +124,41 @@ def check_process_count(obj: Mapping[str, Any], group: str, kind: str, policy: P
     spec = as_mapping(obj.get("spec"))
     out: list[Violation] = []
     if (group, kind) == ("kubeflow.org", "PyTorchJob"):
-        worker = as_mapping(as_mapping(spec.get("pytorchReplicaSpecs")).get("Worker"))
-        found = _gpu_limit(as_mapping(worker.get("template")), policy, prefer="pytorch")
-        for path, value in (
-            (FieldPath("spec").child("nprocPerNode"), spec.get("nprocPerNode")),
-            (
-                FieldPath("spec").child("elasticPolicy").child("nProcPerNode"),
-                as_mapping(spec.get("elasticPolicy")).get("nProcPerNode"),
-            ),
-        ):
-            procs = _number(value)
-            if procs is not None and found and found[1] and procs != found[1]:
-                out.append(
-                    Violation(
-                        path,
-                        "process-count-mismatch",
-                        f"{procs} processes per node but the Worker container has {found[1]} GPUs",
-                        f"{procs} != {found[1]}",
+        # torchrun starts nprocPerNode processes on every node of the job, the Master's as well as the Workers'.
+        replicas = as_mapping(spec.get("pytorchReplicaSpecs"))
+        for role in ("Master", "Worker"):
+            found = _gpu_limit(as_mapping(as_mapping(replicas.get(role)).get("template")), policy, prefer="pytorch")
+            for path, value in (
+                (FieldPath("spec").child("nprocPerNode"), spec.get("nprocPerNode")),
+                (
+                    FieldPath("spec").child("elasticPolicy").child("nProcPerNode"),
+                    as_mapping(spec.get("elasticPolicy")).get("nProcPerNode"),
+                ),
+            ):
+                procs = _number(value)
+                if procs is not None and found and found[1] and procs != found[1]:
+                    out.append(
+                        Violation(
+                            path,
+                            "process-count-mismatch",
+                            f"{procs} processes per node but the {role} container has {found[1]} GPUs",
+                            f"{procs} != {found[1]}" if role == "Worker" else f"{role}: {procs} != {found[1]}",
+                        )
                     )
-                )
     if (group, kind) == ("ray.io", "RayCluster"):
+        # The head node is a Ray node too: told num-gpus=N, Ray schedules N GPUs' worth of tasks on it.
+        head = as_mapping(spec.get("headGroupSpec"))
+        declared = _number(as_mapping(head.get("rayStartParams")).get("num-gpus"))
+        found = _gpu_limit(as_mapping(head.get("template")), policy)
+        if declared is not None and found and declared != found[1]:
+            out.append(
+                Violation(
+                    FieldPath("spec").child("headGroupSpec").child("rayStartParams").key("num-gpus"),
+                    "process-count-mismatch",
+                    f"the Ray head is told num-gpus={declared} but its container's GPU limit is {found[1]}",
+                    f"head: {declared} != {found[1]}",
+                )
+            )
         groups = spec.get("workerGroupSpecs")
         for i, worker_group in enumerate(groups if isinstance(groups, list) else []):
             params = as_mapping(as_mapping(worker_group).get("rayStartParams"))
