@@ -256,11 +256,29 @@ def test_the_table_is_grouped_by_namespace_and_rule(kube: FakeKube, monkeypatch:
 
 
 def test_json_lines_and_exit_zero_when_only_warnings(kube: FakeKube, monkeypatch: pytest.MonkeyPatch) -> None:
-    status, out, _ = run_command(kube, monkeypatch, "json", namespace="lab")
+    status, out, _ = run_command(kube, monkeypatch, "jsonl", namespace="lab")
     assert status == 0
     [record] = [json.loads(line) for line in out.splitlines()]
     assert record["name"] == "soft" and record["action"] == "warn" and set(record) == {
         "kind", "apiVersion", "namespace", "name", "uid", "path", "rule", "action", "message"}
+
+
+def test_fail_on_warning_makes_a_warning_exit_1(kube: FakeKube, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert run_command(kube, monkeypatch, "jsonl", namespace="lab")[0] == 0
+    assert run_command(kube, monkeypatch, "jsonl", namespace="lab", fail_on="warning")[0] == 1
+    assert run_command(kube, monkeypatch, "jsonl", namespace="team-b", fail_on="warning")[0] == 1  # a denial
+
+
+def test_json_is_one_document_with_a_summary(kube: FakeKube, monkeypatch: pytest.MonkeyPatch) -> None:
+    status, out, err = run_command(kube, monkeypatch, "json")
+    document = json.loads(out)
+    assert status == 1 and set(document) == {"findings", "summary"}
+    assert {(f["namespace"], f["name"], f["action"]) for f in document["findings"]} == {
+        ("team-a", "over-cap", "deny"), ("lab", "soft", "warn"), ("team-a", "wrong-acc", "deny"),
+        ("team-b", "train", "deny")}
+    summary = document["summary"]
+    assert (summary["objects"], summary["violations"], summary["deniedObjects"], summary["exitCode"]) == (6, 4, 3, 1)
+    assert err.splitlines()[-1].startswith(f"audit: 6 objects in {summary['resources']} resources, 4 violations")
 
 
 def test_report_output_is_a_list_kubectl_can_apply(kube: FakeKube, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -74,12 +74,12 @@ def test_check_prints_one_line_per_violation_and_exits_1(tmp_path):
     result = gpu_webhook("check", path)
     assert result.returncode == 1
     assert result.stdout.splitlines() == [
-        f'{path}: Pod/bad: spec.containers[0].resources.requests[{GPU}]: container "a": {GPU} is requested '
+        f'{path}: Pod default/bad: spec.containers[0].resources.requests[{GPU}]: container "a": {GPU} is requested '
         "without a limit, set it in limits (requests default to limits)",
-        f'{path}: Pod/bad: spec.containers[1].resources.limits[{GPU}]: container "b": "500m" is not a whole number '
-        "(GPUs cannot be shared)",
-        f'{path}: Deployment/web: spec.template.spec.containers[0].resources.requests[{GPU}]: container "main": '
-        f'{GPU} requests (1) must equal limits (2)',
+        f'{path}: Pod default/bad: spec.containers[1].resources.limits[{GPU}]: container "b": "500m" is not a whole '
+        "number (GPUs cannot be shared)",
+        f"{path}: Deployment default/web: spec.template.spec.containers[0].resources.requests[{GPU}]: container "
+        f'"main": {GPU} requests (1) must equal limits (2)',
     ]
 
 
@@ -87,13 +87,13 @@ def test_check_reads_json_and_stdin_and_custom_resources():
     job = pytorch_job(seed_pod(), pod(container(limits={GPU: "1.5"})))
     result = gpu_webhook("check", "-", stdin=json.dumps(job))
     assert result.returncode == 1
-    assert result.stdout.startswith("<stdin>: PyTorchJob/train: spec.pytorchReplicaSpecs.Worker.template.spec")
+    assert result.stdout.startswith("<stdin>: PyTorchJob default/train: spec.pytorchReplicaSpecs.Worker.template.spec")
 
 
 def test_check_expands_lists(tmp_path):
     listing = {"apiVersion": "v1", "kind": "List", "items": [pod(container(requests={GPU: 1}), name="in-list")]}
     result = gpu_webhook("check", write_manifests(tmp_path / "l.yaml", listing))
-    assert result.returncode == 1 and "Pod/in-list" in result.stdout
+    assert result.returncode == 1 and "Pod default/in-list" in result.stdout
 
 
 def test_check_uses_the_policy_and_its_namespaces(tmp_path):
@@ -123,7 +123,7 @@ def test_check_exits_2_on_a_missing_file_and_still_checks_the_others(tmp_path):
     bad = write_manifests(tmp_path / "bad.yaml", pod(container(requests={GPU: 1}), name="x"))
     result = gpu_webhook("check", str(tmp_path / "missing.yaml"), bad)
     assert result.returncode == 2
-    assert "cannot read" in result.stderr and "Pod/x" in result.stdout
+    assert "cannot read" in result.stderr and "Pod default/x" in result.stdout
 
 
 def test_check_exits_2_on_an_invalid_policy(tmp_path):
@@ -173,8 +173,8 @@ def cli(capsys, monkeypatch):
 GOOD = "apiVersion: v1\nkind: Pod\nmetadata: {name: good}\nspec: {containers: [{name: c, image: i}]}\n"
 BAD = ("apiVersion: v1\nkind: Pod\nmetadata: {name: bad}\n"
        "spec: {containers: [{name: c, image: i, resources: {requests: {nvidia.com/gpu: 1}}}]}\n")
-BAD_LINE = (": Pod/bad: spec.containers[0].resources.requests[nvidia.com/gpu]: container \"c\": nvidia.com/gpu is "
-            "requested without a limit, set it in limits (requests default to limits)")
+BAD_LINE = (": Pod default/bad: spec.containers[0].resources.requests[nvidia.com/gpu]: container \"c\": "
+            "nvidia.com/gpu is requested without a limit, set it in limits (requests default to limits)")
 NOTHING = "0 objects checked, 0 denied, 0 warned"
 
 
@@ -326,17 +326,33 @@ def test_check_expands_nested_lists(cli, tmp_path):
     assert (code, out.splitlines(), err) == (1, [f"{path}{BAD_LINE}"], ["1 object checked, 1 denied, 0 warned"])
 
 
-def test_check_writes_one_json_object_per_violation(cli, tmp_path):
+BAD_RECORD = {
+    "kind": "Pod", "name": "bad", "namespace": "default",
+    "path": "spec.containers[0].resources.requests[nvidia.com/gpu]", "rule": "requests-without-limits",
+    "action": "deny", "message": 'container "c": nvidia.com/gpu is requested without a limit, set it in limits '
+    "(requests default to limits)",
+}
+
+
+def test_check_writes_one_json_object_per_violation_and_line_with_jsonl(cli, tmp_path):
     path = tmp_path / "m.yaml"
     path.write_text(GOOD + "---\n" + BAD)
-    code, out, _ = cli("check", "-o", "json", str(path))
+    code, out, _ = cli("check", "-o", "jsonl", str(path))
     assert code == 1
-    assert [json.loads(line) for line in out.splitlines()] == [{
-        "file": str(path), "kind": "Pod", "name": "bad", "namespace": "default",
-        "path": "spec.containers[0].resources.requests[nvidia.com/gpu]", "rule": "requests-without-limits",
-        "action": "deny", "message": 'container "c": nvidia.com/gpu is requested without a limit, set it in limits '
-        "(requests default to limits)",
-    }]
+    assert [json.loads(line) for line in out.splitlines()] == [{"file": str(path), **BAD_RECORD}]
+
+
+def test_check_json_is_one_document_with_the_findings_the_problems_and_a_summary(cli, tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text(GOOD + "---\n" + BAD + "---\nkind: [\n")
+    code, out, err = cli("check", "-o", "json", str(path))
+    assert code == 2 and err[-1] == "2 objects checked, 1 denied, 0 warned"
+    assert json.loads(out) == {
+        "findings": [{"file": str(path), **BAD_RECORD, "line": 6}],
+        "problems": [{"file": str(path), "problem": err[0].removeprefix(f"{path}: ")}],
+        "summary": {"objects": 2, "denied": 1, "warned": 0, "denials": 1, "warnings": 0, "problems": 1,
+                    "failOn": "deny", "exitCode": 2},
+    }
 
 
 DIRECTORY_FILES = ["b.yaml", "a.yml", "c.json", "notes.txt", "sub/d.yaml", "sub/deeper/e.yml"]
@@ -351,7 +367,7 @@ DIRECTORIES = [  # (id, extra arguments, files checked in order)
 def test_check_reads_the_manifests_of_a_directory_like_kubectl(cli, tmp_path, extra, files):
     for name in DIRECTORY_FILES:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(BAD)
+        (tmp_path / name).write_text(json.dumps(yaml.safe_load(BAD)) if name.endswith(".json") else BAD)
     code, out, err = cli("check", *extra, str(tmp_path))
     assert code == 1
     assert out.splitlines() == [f"{tmp_path / name}{BAD_LINE}" for name in files]
@@ -385,7 +401,8 @@ def test_the_policy_may_still_switch_a_cluster_check_off(cli, tmp_path):
 
 NODE_FILES = [  # (id, nodes file content, the error after "gpu-webhook: --cluster-state: F: ")
     ("no Node objects", GOOD,
-     "no Node objects (save them with kubectl get nodes,resourceslices,deviceclasses,runtimeclasses -o yaml)"),
+     "no Node objects (save them with kubectl get nodes,resourceslices,deviceclasses,resourceclaims,"
+     "resourceclaimtemplates,runtimeclasses -A -o yaml)"),
     ("empty List", "kind: List\nitems: []\n", "no Kubernetes objects"),
     ("broken", "kind: [\n", "document 1: not valid YAML: "),
 ]
@@ -516,7 +533,8 @@ ARGUMENT_ERRORS = [  # (id, arguments, the error line; the usage above it is the
     ("certs without a service", ["certs", "--namespace", "ns", "--out-dir", "x"],
      "gpu-webhook certs: error: the following arguments are required: --service"),
     ("check with an unknown output", ["check", "-o", "yaml", "f.yaml"],
-     "gpu-webhook check: error: argument -o/--output: invalid choice: 'yaml' (choose from 'text', 'json')"),
+     "gpu-webhook check: error: argument -o/--output: invalid choice: 'yaml' (choose from 'text', 'json', 'jsonl', "
+     "'junit', 'sarif')"),
 ]
 
 
@@ -541,11 +559,11 @@ def test_check_reads_runtime_classes_beside_the_nodes(tmp_path):
                          write_manifests(tmp_path / "pods.yaml", conflicting, unknown))
     assert result.returncode == 1
     lines = result.stdout.splitlines()
-    assert any(line.startswith(f"{tmp_path}/pods.yaml: Pod/conflict: spec.runtimeClassName: runtimeClassName "
+    assert any(line.startswith(f"{tmp_path}/pods.yaml: Pod default/conflict: spec.runtimeClassName: runtimeClassName "
                                "nvidia-h100, whose scheduling.nodeSelector contradicts the pod's: "
                                "accelerator=nvidia-h100 (pod: nvidia-l4)") for line in lines), lines
-    assert any("Pod/unknown: spec.runtimeClassName: runtimeClassName nvidia, but no such RuntimeClass exists" in line
-               and "(RuntimeClasses: nvidia-h100)" in line for line in lines), lines
+    assert any("Pod default/unknown: spec.runtimeClassName: runtimeClassName nvidia, but no such RuntimeClass "
+               "exists" in line and "(RuntimeClasses: nvidia-h100)" in line for line in lines), lines
 
 
 def test_check_says_which_cpu_container_would_see_every_gpu(tmp_path):
@@ -553,9 +571,9 @@ def test_check_says_which_cpu_container_would_see_every_gpu(tmp_path):
     result = gpu_webhook("check", write_manifests(tmp_path / "leaky.yaml", leaky))
     assert result.returncode == 1
     assert result.stdout == (
-        f"{tmp_path}/leaky.yaml: Pod/leaky: spec.containers[0].env[0].value: container \"notebook\" uses no GPU but "
-        'sets NVIDIA_VISIBLE_DEVICES="all": the NVIDIA runtime would show it every GPU of its node, outside the '
-        "scheduler's accounting; remove it or set it to void\n"
+        f"{tmp_path}/leaky.yaml: Pod default/leaky: spec.containers[0].env[0].value: container \"notebook\" uses no "
+        'GPU but sets NVIDIA_VISIBLE_DEVICES="all": the NVIDIA runtime would show it every GPU of its node, outside '
+        "the scheduler's accounting; remove it or set it to void\n"
     )
 
 
@@ -584,11 +602,11 @@ def test_check_reads_resource_slices_and_device_classes_and_the_claims_beside_th
     result = gpu_webhook("check", "--policy", str(policy), "--cluster-state", state, manifests)
     assert result.returncode == 1, result.stderr
     assert result.stdout.splitlines() == [
-        f"{manifests}: ResourceClaimTemplate/six: spec.spec.devices.requests[0].exactly.count: 6 devices of class "
-        "gpu.example.com on one node, but the most any node has is 4 (1 node with such devices; counted its "
+        f"{manifests}: ResourceClaimTemplate default/six: spec.spec.devices.requests[0].exactly.count: 6 devices of "
+        "class gpu.example.com on one node, but the most any node has is 4 (1 node with such devices; counted its "
         "selectors (cel-python))",
-        f"{manifests}: Pod/wants-six: spec.resourceClaims[0]: 6 devices of class gpu.example.com on one node, but the "
-        "most any node has is 4 (1 node with such devices; counted its selectors (cel-python))",
+        f"{manifests}: Pod default/wants-six: spec.resourceClaims[0]: 6 devices of class gpu.example.com on one node, "
+        "but the most any node has is 4 (1 node with such devices; counted its selectors (cel-python))",
     ]
     # Without the state the DRA GPUs are unknown, so fits is not judged by capacity either way; the pod-only
     # rules still run against the template found beside it.
@@ -617,9 +635,9 @@ def test_the_readme_dra_example(tmp_path):
     assert with_dra.returncode == 1
     lines = with_dra.stdout.splitlines()
     assert [line.split(": ", 3)[1:3] for line in lines] == [
-        ["ResourceClaimTemplate/eight-gpus", "spec.spec.devices.requests[0].exactly.count"],
-        ["Pod/trainer", "spec.resourceClaims[0]"],
-        ["Pod/trainer", "spec.containers[0].resources.claims[0]"],
+        ["ResourceClaimTemplate default/eight-gpus", "spec.spec.devices.requests[0].exactly.count"],
+        ["Pod default/trainer", "spec.resourceClaims[0]"],
+        ["Pod default/trainer", "spec.containers[0].resources.claims[0]"],
     ]
     readme = (EXAMPLES.parent / "docs" / "dra.md").read_text()
     for line in lines:
@@ -628,4 +646,4 @@ def test_the_readme_dra_example(tmp_path):
     nodes_only.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List",
                                           "items": yaml.safe_load(Path(state).read_text())["items"][:1]}))
     before = gpu_webhook("check", "--policy", str(policy), "--nodes", str(nodes_only), manifests)
-    assert "Pod/inference: spec: no node advertises nvidia.com/gpu" in before.stdout
+    assert "Pod default/inference: spec: no node advertises nvidia.com/gpu" in before.stdout

@@ -122,8 +122,8 @@ def test_validation_after_mutation_never_finds_something_new(figures):
 
 def _check_says(obj: dict, policy_name: str, namespace: str) -> tuple[list[str], list[str]]:
     """(denials, warnings) as ``path: message`` strings, from the lines ``gpu-webhook check`` prints."""
-    name = obj["metadata"]["name"]
-    prefix = f"f.yaml: {obj['kind']}/{name}: "
+    name, own = obj["metadata"]["name"], obj["metadata"].get("namespace")
+    prefix = f"f.yaml: {obj['kind']} {own or namespace}/{name}: "
     denials, warnings = [], []
     for denied, line in check_objects([obj], "f.yaml", POLICIES[policy_name], namespace):
         assert line.startswith(prefix), line

@@ -1,12 +1,15 @@
-"""``gpu-webhook audit``: the audit of a live cluster as a command, printed as a table, JSON lines or reports.
+"""``gpu-webhook audit``: the audit of a live cluster as a command, printed as a table, one JSON document, JSON
+lines or reports.
 
-Exit codes as ``check``: 0 when nothing would be denied, 1 when something would, 2 when the audit could not
-run (no cluster, no permission to list a built-in pod kind, a bad policy). A progress line is drawn on
-stderr only when stderr is a terminal; the summary line is always written there.
+Exit codes as ``check``: 0 when nothing would be denied, 1 when something would (or, with ``--fail-on
+warning``, is warned about), 2 when the audit could not run (no cluster, no permission to list a built-in pod
+kind, a bad policy). A progress line is drawn on stderr only when stderr is a terminal; the summary line is
+always written there.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from typing import Any, TextIO
@@ -20,7 +23,7 @@ from webhook.core.policy import PolicySet
 from webhook.kube.client import ConfigError, Kube
 
 EXIT_ADMITTED, EXIT_DENIED, EXIT_FAILED = 0, 1, 2
-OUTPUTS = ("table", "json", "report")
+OUTPUTS = ("table", "json", "jsonl", "report")
 
 
 class ProgressLine:
@@ -81,6 +84,7 @@ def run(
     report_kind: str = "openreports",
     out: TextIO | None = None,
     err: TextIO | None = None,
+    fail_on: str = "deny",
 ) -> int:
     out, err = out or sys.stdout, err or sys.stderr
     started = time.monotonic()
@@ -93,12 +97,16 @@ def run(
     audit = Audit(kube, policies, namespace=namespace, selector=selector, on_page=bar)
     kept: list[reports.Finding] = []
     collected = reports.Collected()
-    denied = False
+    denied = warned = False
+    records: list[dict[str, Any]] = []
     try:
         for finding in audit.findings():
             denied = denied or finding.action == "deny"
-            if output == "json":
+            warned = warned or finding.action == "warn"
+            if output == "jsonl":
                 out.write(orjson.dumps(finding.record()).decode() + "\n")
+            elif output == "json":
+                records.append(finding.record())
             elif output == "table":
                 kept.append(finding)
             else:
@@ -112,12 +120,18 @@ def run(
         print("gpu-webhook: audit: interrupted", file=err)
         return 130
     bar.clear()
+    progress = audit.progress
+    status = EXIT_DENIED if denied or (fail_on == "warning" and warned) else EXIT_ADMITTED
     if output == "table" and kept:
         print("\n".join(table(kept)), file=out)
     elif output == "report":
         document = report_list(collected, report_kind, int(time.time()))
         out.write(yaml.safe_dump(document, sort_keys=False, allow_unicode=True))
-    progress = audit.progress
+    elif output == "json":
+        summary = {"objects": progress.objects, "resources": progress.resources, "violations": progress.findings,
+                   "deniedObjects": progress.denied_objects, "skipped": list(progress.skipped),
+                   "apiRequests": kube.requests, "failOn": fail_on, "exitCode": status}
+        out.write(json.dumps({"findings": records, "summary": summary}, indent=2) + "\n")
     for skipped in progress.skipped:
         print(f"gpu-webhook: audit: not audited: {skipped}", file=err)
     print(
@@ -126,4 +140,4 @@ def run(
         f"{time.monotonic() - started:.1f} s",
         file=err,
     )
-    return EXIT_DENIED if denied else EXIT_ADMITTED
+    return status

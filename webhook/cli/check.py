@@ -4,14 +4,18 @@ Each object goes through ``admission.decide``, the very function behind ``/valid
 so a manifest that passes here is admitted by the server with the same policy.
 
 Input is refused document by document: a broken document is reported by file and number and
-the others are still checked. Documents are loaded with libyaml when PyYAML has it, and a
-document whose aliases would expand past a bound is refused before it is built.
+the others are still checked. YAML documents are loaded with libyaml when PyYAML has it, and a
+document whose aliases would expand past a bound is refused before it is built. JSON (``*.json`` files,
+and any input that starts as a JSON object does) is read by orjson, as strictly as kubectl reads it.
+An AdmissionReview is decided as ``/validate`` decides it: its ``request.object``, in its namespace.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
+import math
 import os
 import re
 import sys
@@ -20,14 +24,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import orjson
 import yaml
 
+from webhook.cli import formats
+from webhook.cli.formats import Checked, FileReport, Finding, Tally
 from webhook.core.cluster import KIND_OF, ClusterState, ClusterView
 from webhook.core.podspecs import as_mapping, group_of
-from webhook.core.policy import PolicySet
-from webhook.rules.admission import decide
+from webhook.core.policy import PolicySet, yaml_error_line
+from webhook.rules.admission import CHECKED_OPERATIONS, decide, object_name, validate
 
-EXIT_ADMITTED, EXIT_DENIED, EXIT_UNREADABLE = 0, 1, 2
+EXIT_ADMITTED, EXIT_DENIED, EXIT_UNREADABLE = formats.EXIT_CLEAN, formats.EXIT_FINDINGS, formats.EXIT_UNREADABLE
+# What --cluster-state reads, and the command that saves all of it: the claims and templates too, or a pod's
+# missing claim template is never found missing (a kind the files lack is not judged missing).
+CLUSTER_STATE_KINDS = "nodes,resourceslices,deviceclasses,resourceclaims,resourceclaimtemplates,runtimeclasses"
+SAVE_CLUSTER_STATE = f"kubectl get {CLUSTER_STATE_KINDS} -A -o yaml"
 SUFFIXES = (".yaml", ".yml", ".json")  # what kubectl -f reads from a directory
 MAX_LIST_DEPTH = 8  # Lists inside Lists are expanded this deep
 # With its aliases expanded, a document may have this many nodes, or twice its own, whichever is more:
@@ -100,6 +111,7 @@ class Document:
     number: int  # 1-based, counting every document of the file
     value: object = None
     problem: str = ""
+    line: int = 1  # the file's line where the document starts, 1-based
 
 
 _DOCUMENT_START = re.compile(r"^---(?=[ \t\r\n]|$)", re.MULTILINE)
@@ -118,22 +130,8 @@ def may_alias(text: str) -> bool:
     return _has_token(text, _ALIAS) and _has_token(text, _ANCHOR)
 
 
-def _mark(mark: Any, first_line: int) -> str:
-    return f"line {mark.line + first_line + 1}, column {mark.column + 1}"
-
-
-def yaml_problem(exc: yaml.YAMLError, first_line: int = 0) -> str:
-    """A parser error on one line, its marks counted from the start of the file."""
-    if not isinstance(exc, yaml.MarkedYAMLError):
-        return " ".join(str(exc).split())
-    parts = []
-    if exc.context:
-        where = f" ({_mark(exc.context_mark, first_line)})" if exc.context_mark else ""
-        parts.append(f"{exc.context}{where}")
-    if exc.problem:
-        where = f" ({_mark(exc.problem_mark, first_line)})" if exc.problem_mark else ""
-        parts.append(f"{exc.problem}{where}")
-    return " ".join(": ".join(parts).split())
+# A parser error on one line, its marks counted from the start of the file.
+yaml_problem = yaml_error_line
 
 
 def _stream(text: str, first_line: int, before: int) -> tuple[list[Document], bool]:
@@ -162,17 +160,18 @@ def _stream(text: str, first_line: int, before: int) -> tuple[list[Document], bo
 def _build(loader: Any, node: yaml.Node, number: int, aliases: bool, first_line: int) -> Document:
     """The document's value, unless its aliases expand too far or the constructor refuses a value."""
     problem = alias_problem(node) if aliases else None
+    line = node.start_mark.line + first_line + 1
     if problem is not None:
-        return Document(number, problem=problem)
+        return Document(number, problem=problem, line=line)
     try:
-        return Document(number, loader.construct_document(node))
+        return Document(number, loader.construct_document(node), line=line)
     except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError) as exc:
         # A value the constructor refuses (a timestamp 2024-13-45, an int too long to convert):
         # reset the constructor so the next document starts clean.
         loader.constructed_objects, loader.recursive_objects, loader.state_generators = {}, {}, []
         loader.deep_construct = False
         reason = yaml_problem(exc, first_line) if isinstance(exc, yaml.YAMLError) else str(exc) or type(exc).__name__
-        return Document(number, problem=f"not valid YAML: {' '.join(reason.split())}")
+        return Document(number, problem=f"not valid YAML: {' '.join(reason.split())}", line=line)
 
 
 def _pieces(text: str) -> Iterator[tuple[int, str]]:
@@ -185,7 +184,7 @@ def _pieces(text: str) -> Iterator[tuple[int, str]]:
 
 
 def load(text: str) -> list[Document]:
-    """Every document in a YAML or JSON stream; one broken document does not hide the others."""
+    """Every document in a YAML stream; one broken document does not hide the others."""
     documents, broken = _stream(text, 0, 0)
     if not broken:
         return documents
@@ -196,7 +195,124 @@ def load(text: str) -> list[Document]:
     return documents
 
 
+# ---------------------------------------------------------------------------------------------- JSON
+
+# kubectl reads input as JSON when it starts as JSON; so do we: an object ({"... or {}) or an array. A YAML
+# flow mapping ({kind: Pod}) starts with an unquoted key and stays YAML.
+_JSON_START = re.compile(r'[ \t\r\n]*(?:\{[ \t\r\n]*["}]|\[)')
+_SPACE = re.compile(r"[ \t\r\n]*")
+
+
+def is_json(text: str, source: str = "") -> bool:
+    """Whether ``text`` is read as JSON: a ``*.json`` file, or input that starts as JSON does."""
+    return source.endswith(".json") or _JSON_START.match(text.removeprefix("\ufeff")) is not None
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is beyond a float64")
+    return value
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+# Strict as RFC 8259 and kubectl: no NaN or Infinity, no number beyond a float64 (the standard library takes both).
+_DECODER = json.JSONDecoder(parse_float=_finite, parse_constant=_no_constant)
+# A \uD800-\uDFFF escape: the standard library decodes a lone one into a string nothing can print.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _json_problem(text: str, start: int, exc: Exception) -> str:
+    """Why the value at ``start`` is not JSON, in orjson's words where it has them, with the line and column in
+    the file."""
+    at, reason = (exc.pos, exc.msg) if isinstance(exc, json.JSONDecodeError) else (start, str(exc))
+    if isinstance(exc, RecursionError):
+        reason = "nested too deeply"
+    try:
+        orjson.loads(text[start:])
+    except orjson.JSONDecodeError as strict:
+        if not isinstance(exc, json.JSONDecodeError) or start + strict.pos <= exc.pos:
+            at, reason = start + strict.pos, strict.msg
+    at = min(at, len(text))
+    line = text.count("\n", 0, at) + 1
+    column = at - (text.rfind("\n", 0, at) + 1) + 1
+    return f"invalid JSON: {reason} (line {line}, column {column})"
+
+
+def load_json(text: str) -> list[Document]:
+    """The JSON values in ``text``: one, or several one after the other as kubectl reads a JSON stream.
+
+    As strict as kubectl: a trailing comma, a comment, NaN or a number beyond a float64 is refused, and a broken
+    value ends the stream, as a syntax error ends a YAML stream. The standard library's decoder builds the values:
+    on a 38 MB ``List`` it peaks at two thirds of orjson's memory (orjson holds its own parse tree beside the
+    objects) for 20% more time. orjson, which refuses the same input, words the errors and vets escaped
+    surrogates.
+    """
+    text = text.removeprefix("\ufeff")
+    surrogates = _SURROGATE_ESCAPE.search(text) is not None
+    documents: list[Document] = []
+    line, counted = 1, 0
+    start = _SPACE.match(text).end()  # type: ignore[union-attr]  # the pattern matches the empty string
+    while start < len(text):
+        line, counted = line + text.count("\n", counted, start), start
+        number = len(documents) + 1
+        try:
+            value, end = _DECODER.raw_decode(text, start)
+            if surrogates and _SURROGATE_ESCAPE.search(text, start, end):
+                orjson.loads(text[start:end])  # a lone surrogate is refused; a pair is a character
+        except (ValueError, RecursionError) as exc:
+            documents.append(Document(number, problem=_json_problem(text, start, exc), line=line))
+            return documents
+        documents.append(Document(number, value, line=line))
+        start = _SPACE.match(text, end).end()  # type: ignore[union-attr]
+    return documents
+
+
+def load_any(text: str, source: str = "") -> list[Document]:
+    """The documents of one input, read as JSON or as YAML (:func:`is_json`)."""
+    return load_json(text) if is_json(text, source) else load(text)
+
+
 # ------------------------------------------------------------------------------------------- objects
+
+# A namespace is a DNS label (RFC 1123), as the apiserver and the policy's namespace keys hold it.
+NAMESPACE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
+NAMESPACE_RULE = "lowercase letters, digits and '-', at most 63"
+
+
+def namespace_arg(text: str) -> str:
+    """``--namespace`` for argparse: a namespace name, or a one-line error."""
+    if not NAMESPACE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a namespace name ({NAMESPACE_RULE})")
+    return text
+
+
+def namespace_problem(obj: Mapping[str, Any]) -> str | None:
+    """What is wrong with an object's ``metadata.namespace``, which kubectl and the apiserver would refuse."""
+    namespace = as_mapping(obj.get("metadata")).get("namespace")
+    if namespace is None or namespace == "":
+        return None
+    if not isinstance(namespace, str):
+        kind = "a boolean" if isinstance(namespace, bool) else (
+            "a number" if isinstance(namespace, (int, float)) else f"a {type(namespace).__name__}")
+        shown = json.dumps(namespace, default=str)
+        return f"metadata.namespace: {shown} is {kind}, not a namespace name (quote it)"
+    if not NAMESPACE.fullmatch(namespace):
+        return f"metadata.namespace: {json.dumps(namespace)} is not a namespace name ({NAMESPACE_RULE})"
+    return None
+
+
+@dataclass(frozen=True)
+class Item:
+    """One object to decide on: a manifest, or the AdmissionReview ``request`` it arrived in."""
+
+    obj: Mapping[str, Any]
+    line: int = 1  # the file's line where its document starts
+    request: Mapping[str, Any] | None = None  # set for an AdmissionReview: decided as /validate decides it
+
 
 
 @dataclass
@@ -204,8 +320,12 @@ class Manifest:
     """What one file holds: its Kubernetes objects and, one line each, what could not be read."""
 
     source: str
-    objects: list[Mapping[str, Any]] = field(default_factory=list)
+    items: list[Item] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def objects(self) -> list[Mapping[str, Any]]:
+        return [item.obj for item in self.items]
 
 
 def _is_object(value: object) -> bool:
@@ -213,30 +333,45 @@ def _is_object(value: object) -> bool:
 
 
 def _expand(
-    value: Mapping[str, Any], prefix: str, trail: str, objects: list[Mapping[str, Any]], problems: list[str]
+    value: Mapping[str, Any], prefix: str, trail: str, line: int, found: list[Item], problems: list[str]
 ) -> None:
-    """Add ``value`` to ``objects``, or the items of a ``List``, recursively but only so deep.
+    """Add ``value`` to ``found``, or the items of a ``List``, recursively but only so deep.
 
     ``trail`` numbers the item (``item 2.1`` is the first item of the List that is item 2).
     """
     items = value.get("items")
-    if not (str(value["kind"]).endswith("List") and isinstance(items, list)):
-        objects.append(value)
-        return
-    if trail and trail.count(".") + 1 >= MAX_LIST_DEPTH:
-        problems.append(f"{prefix}item {trail}: Lists nested more than {MAX_LIST_DEPTH} deep")
-        return
-    for number, item in enumerate(items, 1):
-        label = f"{trail}.{number}" if trail else str(number)
-        if _is_object(item):
-            _expand(item, prefix, label, objects, problems)
+    where = f"{prefix}item {trail}: " if trail else prefix
+    if str(value["kind"]).endswith("List") and isinstance(items, list):
+        if trail and trail.count(".") + 1 >= MAX_LIST_DEPTH:
+            problems.append(f"{where}Lists nested more than {MAX_LIST_DEPTH} deep")
+            return
+        for number, item in enumerate(items, 1):
+            label = f"{trail}.{number}" if trail else str(number)
+            if _is_object(item):
+                _expand(item, prefix, label, line, found, problems)
+            else:
+                problems.append(f"{prefix}item {label} is not a Kubernetes object (no kind)")
+    elif value["kind"] == "AdmissionReview" and group_of(value.get("apiVersion")) == "admission.k8s.io":
+        request = value.get("request")
+        operation = as_mapping(request).get("operation")
+        if not isinstance(request, Mapping):
+            problems.append(f"{where}AdmissionReview without a request")
+        elif operation in CHECKED_OPERATIONS and not isinstance(request.get("object"), Mapping):
+            problems.append(f"{where}AdmissionReview of a {operation} without request.object")
         else:
-            problems.append(f"{prefix}item {label} is not a Kubernetes object (no kind)")
+            found.append(Item(as_mapping(request.get("object")), line, request))
+    else:
+        problem = namespace_problem(value)
+        if problem:
+            problems.append(f"{where}{problem}")
+        else:
+            found.append(Item(value, line))
 
 
-def objects_of(documents: list[Document]) -> tuple[list[Mapping[str, Any]], list[str]]:
-    """The Kubernetes objects in a file's documents (``List`` kinds expanded), and the problems found."""
-    objects: list[Mapping[str, Any]] = []
+def items_of(documents: list[Document]) -> tuple[list[Item], list[str]]:
+    """The Kubernetes objects in a file's documents (``List`` kinds expanded, AdmissionReviews opened), and the
+    problems found."""
+    found: list[Item] = []
     problems: list[str] = []
     several = len(documents) > 1
     for document in documents:
@@ -248,8 +383,15 @@ def objects_of(documents: list[Document]) -> tuple[list[Mapping[str, Any]], list
             problems.append(f"document {document.number} is not a Kubernetes object (no kind)")
         else:
             assert isinstance(document.value, Mapping)
-            _expand(document.value, f"document {document.number}: " if several else "", "", objects, problems)
-    return objects, problems
+            prefix = f"document {document.number}: " if several else ""
+            _expand(document.value, prefix, "", document.line, found, problems)
+    return found, problems
+
+
+def objects_of(documents: list[Document]) -> tuple[list[Mapping[str, Any]], list[str]]:
+    """:func:`items_of`, the objects alone."""
+    found, problems = items_of(documents)
+    return [item.obj for item in found], problems
 
 
 def manifest_files(directory: Path, recursive: bool) -> Iterator[Path]:
@@ -270,14 +412,14 @@ def _read_text(path: str) -> str:
 
 def read_manifest(path: str) -> Manifest:
     """The objects of one file (``-`` is stdin); a file with none is a problem."""
-    manifest = Manifest("<stdin>" if path == "-" else path)
+    manifest = Manifest(formats.STDIN if path == "-" else path)
     try:
         text = _read_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         manifest.problems.append(f"cannot read: {exc}")
         return manifest
-    manifest.objects, manifest.problems = objects_of(load(text))
-    if not manifest.objects and not manifest.problems:
+    manifest.items, manifest.problems = items_of(load_any(text, "" if path == "-" else path))
+    if not manifest.items and not manifest.problems:
         manifest.problems.append("no Kubernetes objects")
     return manifest
 
@@ -296,8 +438,8 @@ def read_manifests(path: str, recursive: bool = False) -> list[Manifest]:
 
 
 def read_cluster_state(paths: list[str]) -> list[Mapping[str, Any]]:
-    """Saved objects (``kubectl get nodes,resourceslices,deviceclasses,runtimeclasses -o yaml``) for the
-    cluster view. Without a Node among them every GPU pod would be refused for want of one: an error."""
+    """Saved objects (``kubectl get -A -o yaml`` of :data:`CLUSTER_STATE_KINDS`) for the cluster view. Without a
+    Node among them every GPU pod would be refused for want of one: an error."""
     objects: list[Mapping[str, Any]] = []
     problems: list[str] = []
     for path in paths:
@@ -307,10 +449,7 @@ def read_cluster_state(paths: list[str]) -> list[Mapping[str, Any]]:
     if problems:
         raise UnreadableInput("; ".join(problems))
     if not any(o.get("kind") == "Node" for o in objects):
-        raise UnreadableInput(
-            f"{', '.join(paths)}: no Node objects (save them with kubectl get nodes,resourceslices,deviceclasses,"
-            "runtimeclasses -o yaml)"
-        )
+        raise UnreadableInput(f"{', '.join(paths)}: no Node objects (save them with {SAVE_CLUSTER_STATE})")
     return objects
 
 
@@ -360,27 +499,6 @@ def with_cluster_checks(policies: PolicySet) -> PolicySet:
 # ---------------------------------------------------------------------------------------- decisions
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One violation of one object, as ``check`` reports it."""
-
-    file: str
-    kind: str
-    name: str
-    namespace: str
-    path: str
-    rule: str
-    action: str  # deny or warn
-    message: str
-
-    def line(self) -> str:
-        note = "" if self.action == "deny" else "warning: "
-        return f"{self.file}: {self.kind}/{self.name}: {self.path}: {note}{self.message}"
-
-    def json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-
 def _identity(obj: Mapping[str, Any]) -> tuple[str, str]:
     metadata = as_mapping(obj.get("metadata"))
     name = metadata.get("name") or metadata.get("generateName") or "(unnamed)"
@@ -388,17 +506,35 @@ def _identity(obj: Mapping[str, Any]) -> tuple[str, str]:
     return str(name), namespace if isinstance(namespace, str) else ""
 
 
+def judge(item: Item, source: str, policies: PolicySet, namespace: str, view: ClusterView | None = None) -> Checked:
+    """One object and its violations, each with the action the decision took on it: ``admission.decide`` for a
+    manifest (in its namespace, else ``namespace``), ``admission.validate`` for an AdmissionReview."""
+    obj = item.obj
+    if item.request is not None:
+        request = item.request
+        requested = as_mapping(request.get("kind"))
+        kind = str(requested.get("kind") or obj.get("kind") or "AdmissionReview")
+        name = object_name(request, obj)
+        target = request.get("namespace") or _identity(obj)[1]
+        target = target if isinstance(target, str) else ""
+        answer = validate(request, policies, view)
+    else:
+        kind = str(obj["kind"])
+        name, own_namespace = _identity(obj)
+        target = own_namespace or namespace
+        answer = decide(obj, group_of(obj.get("apiVersion")), kind, target, policies, view)
+    found = tuple(
+        Finding(source, kind, name, target, str(v.path), v.rule, action, v.message, item.line)
+        for v, action in answer.judged()
+    )
+    return Checked(kind, name, target, item.line, found)
+
+
 def findings(
     obj: Mapping[str, Any], source: str, policies: PolicySet, namespace: str, view: ClusterView | None = None
 ) -> list[Finding]:
     """The violations of one object, each with the action ``admission.decide`` took on it."""
-    kind = str(obj["kind"])
-    name, own_namespace = _identity(obj)
-    target = own_namespace or namespace
-    answer = decide(obj, group_of(obj.get("apiVersion")), kind, target, policies, view)
-    return [
-        Finding(source, kind, name, target, str(v.path), v.rule, action, v.message) for v, action in answer.judged()
-    ]
+    return list(judge(Item(obj), source, policies, namespace, view).findings)
 
 
 def check_objects(
@@ -408,28 +544,10 @@ def check_objects(
     namespace: str,
     view: ClusterView | None = None,
 ) -> Iterator[tuple[bool, str]]:
-    """(denied?, line) for every violation, in the ``FILE: Kind/name: path: message`` form."""
+    """(denied?, line) for every violation, in the ``FILE: Kind namespace/name: path: message`` form."""
     for obj in objects:
         for finding in findings(obj, source, policies, namespace, view):
-            yield finding.action == "deny", finding.line()
-
-
-@dataclass
-class Tally:
-    objects: int = 0
-    denied: int = 0
-    warned: int = 0
-
-    def add(self, found: list[Finding]) -> None:
-        self.objects += 1
-        if any(f.action == "deny" for f in found):
-            self.denied += 1
-        elif found:
-            self.warned += 1
-
-    def __str__(self) -> str:
-        objects = f"{self.objects} object{'' if self.objects == 1 else 's'}"
-        return f"{objects} checked, {self.denied} denied, {self.warned} warned"
+            yield finding.action == "deny", finding.text()
 
 
 def run(
@@ -441,31 +559,34 @@ def run(
     recursive: bool = False,
     err: TextIO | None = None,
     cluster_state: list[Mapping[str, Any]] | None = None,
+    fail_on: str = "deny",
 ) -> int:
-    """Check every file; print each violation (text or JSON lines) on ``out``, problems and a summary on ``err``.
-    ``cluster_state`` holds Nodes, ResourceSlices, DeviceClasses, ... (from :func:`read_cluster_state`) for the
-    cluster-aware checks."""
+    """Check every file; write what was found on ``out`` in the ``output`` format (:mod:`webhook.cli.formats`),
+    each input problem and a summary on ``err``. ``cluster_state`` holds Nodes, ResourceSlices, DeviceClasses,
+    ... (from :func:`read_cluster_state`) for the cluster-aware checks. The exit code: 2 when an input could not
+    be read, else 1 when a violation is denied (or with ``fail_on="warning"``, warned about), else 0."""
     out, err = out or sys.stdout, err or sys.stderr
     node_label = policies.default.node_label
-    status = EXIT_ADMITTED
     tally = Tally()
+    writer = formats.writer(output, out, fail_on)
     for path in paths:
         for manifest in read_manifests(path, recursive):
             for problem in manifest.problems:
                 print(f"{manifest.source}: {problem}", file=err)
-                status = EXIT_UNREADABLE
+            tally.problems += len(manifest.problems)
             view: ClusterView | None
             if cluster_state is not None:
                 objects = [_with_namespace(o, namespace) for o in manifest.objects]
                 view = cluster_view(cluster_state, node_label, objects)
             else:
                 view = manifest_view(manifest.objects, namespace, node_label)
-            for obj in manifest.objects:
-                found = findings(obj, manifest.source, policies, namespace, view)
-                tally.add(found)
-                for finding in found:
-                    print(finding.json() if output == "json" else finding.line(), file=out)
-                    if finding.action == "deny" and status == EXIT_ADMITTED:
-                        status = EXIT_DENIED
+            report = FileReport(manifest.source, manifest.problems)
+            for item in manifest.items:
+                checked = judge(item, manifest.source, policies, namespace, view)
+                tally.add(checked)
+                report.objects.append(checked)
+            writer.add(report)
+    status = tally.status(fail_on)
+    writer.finish(tally, status)
     print(tally, file=err)
     return status

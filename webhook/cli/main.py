@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import datetime
+import math
 import os
 import shutil
 import sys
@@ -12,7 +13,7 @@ import tempfile
 from typing import TYPE_CHECKING
 
 from webhook import __version__
-from webhook.cli import check
+from webhook.cli import check, formats
 from webhook.core.policy import PolicyError, PolicySet, load_policy
 from webhook.serving import tls
 from webhook.serving.ports import port_problem
@@ -32,6 +33,28 @@ def _port(text: str) -> int:
     if not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
     return port
+
+
+def _positive(text: str) -> int:
+    """A count for argparse: a whole number, at least 1."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return number
+
+
+def _seconds(text: str) -> float:
+    """A duration for argparse: seconds, 0 or more."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 or more)")
+    return seconds
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
         "--threads", type=int, default=4, help="threads per worker, for request bodies over 256 KiB only (default 4)"
     )
     serve.add_argument(
-        "--max-body-bytes", type=int, default=7 * 1024 * 1024, help="larger bodies get 413 (default 7 MiB)"
+        "--max-body-bytes", type=_positive, default=7 * 1024 * 1024, help="larger bodies get 413 (default 7 MiB)"
     )
     serve.add_argument(
         "--kubeconfig", help="kubeconfig for cluster-aware checks (default: the in-cluster service account)"
@@ -69,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
         help="serve GET /metrics, /healthz and /readyz over plain HTTP on this port instead of the TLS port",
     )
     serve.add_argument(
-        "--drain-seconds", type=float, default=3.0, help="after SIGTERM, fail /readyz this long before stopping"
+        "--drain-seconds", type=_seconds, default=3.0, help="after SIGTERM, fail /readyz this long before stopping"
     )
     serve.add_argument(
         "--audit", action="store_true",
@@ -107,15 +130,24 @@ def _parser() -> argparse.ArgumentParser:
     lint = commands.add_parser("check", help="lint manifests offline with the webhook's rules")
     lint.set_defaults(subparser=lint)
     lint.add_argument("--policy", help="policy YAML file (default: built-in defaults)")
-    lint.add_argument("--namespace", default="default", help="namespace for objects that name none (default: default)")
+    lint.add_argument(
+        "--namespace", default="default", type=check.namespace_arg,
+        help="namespace for objects that name none (default: default)",
+    )
     lint.add_argument(
         "--cluster-state", "--nodes", dest="cluster_state", action="append", metavar="FILE",
         help="Nodes, ResourceSlices, DeviceClasses, ResourceClaims, ResourceClaimTemplates and RuntimeClasses "
-        "(kubectl get nodes,resourceslices,deviceclasses,runtimeclasses -o yaml); turns the cluster-aware checks "
-        "on and runs them against these; repeatable (--nodes is the old name)",
+        f"({check.SAVE_CLUSTER_STATE}); turns the cluster-aware checks on and runs them against these; repeatable "
+        "(--nodes is the old name)",
     )
     lint.add_argument(
-        "-o", "--output", choices=["text", "json"], default="text", help="text lines, or one JSON object per violation"
+        "-o", "--output", choices=formats.OUTPUTS, default="text",
+        help="text lines; json, one document with a summary; jsonl, one JSON object per violation; junit, JUnit "
+        "XML; sarif, SARIF 2.1.0",
+    )
+    lint.add_argument(
+        "--fail-on", choices=formats.FAIL_ON, default="deny",
+        help="exit 1 when something would be denied (default), or also when something is only warned about",
     )
     lint.add_argument(
         "-R", "--recursive", action="store_true", help="read directories' subdirectories too (as kubectl -R)"
@@ -137,8 +169,13 @@ def _parser() -> argparse.ArgumentParser:
         "--policy", help="policy YAML file to audit against, deployed or not (default: built-in defaults)"
     )
     audit.add_argument(
-        "-o", "--output", choices=["table", "json", "report"], default="table",
-        help="a table grouped by namespace and rule, one JSON object per violation, or policy reports (YAML)",
+        "-o", "--output", choices=["table", "json", "jsonl", "report"], default="table",
+        help="a table grouped by namespace and rule, one JSON document with a summary, one JSON object per "
+        "violation, or policy reports (YAML)",
+    )
+    audit.add_argument(
+        "--fail-on", choices=formats.FAIL_ON, default="deny",
+        help="exit 1 when something would be denied (default), or also when something is only warned about",
     )
     audit.add_argument(
         "--report-kind", choices=["openreports", "wgpolicyk8s"], default="openreports",
@@ -217,19 +254,21 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--cert-file and --key-file go together")
     if args.workers < 1 or args.threads < 1:
         parser.error("--workers and --threads must be at least 1")
-    _policy_or_exit(args.policy)
+    policies = _policy_or_exit(args.policy)
     # Workers share counters through files; this must be set before prometheus_client is imported (the audit
     # settings below import webhook.telemetry.metrics with the audit loop).
     os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", _temp_dir("gpu-webhook-metrics-"))
     audit = None
     if args.audit:
         audit = _audit_settings(args, parser)
+    if args.audit or policies.default.cluster_enabled:
         from webhook.kube.client import ConfigError, configuration
 
         try:
             configuration(args.kubeconfig)  # settings only: a missing or broken kubeconfig stops us here
         except ConfigError as exc:
-            print(f"gpu-webhook: cannot serve: --audit: {exc}", file=sys.stderr)
+            needs = "--audit" if args.audit else "cluster.enabled"
+            print(f"gpu-webhook: cannot serve: {needs}: {exc}", file=sys.stderr)
             return EXIT_USAGE
     cert_file, key_file = args.cert_file, args.key_file
     host = args.host or ("127.0.0.1" if args.self_signed else "0.0.0.0")
@@ -348,7 +387,8 @@ def _check(args: argparse.Namespace) -> int:
             return check.EXIT_UNREADABLE
         policies = check.with_cluster_checks(policies)
     return check.run(
-        args.paths, policies, args.namespace, output=args.output, recursive=args.recursive, cluster_state=state
+        args.paths, policies, args.namespace, output=args.output, recursive=args.recursive, cluster_state=state,
+        fail_on=args.fail_on,
     )
 
 
@@ -357,7 +397,7 @@ def _audit(args: argparse.Namespace) -> int:
 
     policies = _policy_or_exit(args.policy)
     return auditcmd.run(
-        policies, args.kubeconfig, args.namespace, args.selector, args.output, args.report_kind
+        policies, args.kubeconfig, args.namespace, args.selector, args.output, args.report_kind, fail_on=args.fail_on
     )
 
 

@@ -595,13 +595,32 @@ def build_policy(document: object, source: str = "policy", *, schema_checked: bo
     return PolicySet(default=default, by_namespace=by_namespace, document={**merged, "namespaces": overlays})
 
 
+def _at(mark: Any, first_line: int) -> str:
+    return f"line {mark.line + first_line + 1}, column {mark.column + 1}"
+
+
+def yaml_error_line(exc: Exception, first_line: int = 0) -> str:
+    """A YAML parser error as one line, ``(line N, column M)`` after each part instead of PyYAML's
+    multi-line ``in "<unicode string>", line N, column M``; lines are counted after ``first_line``."""
+    import yaml
+
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return " ".join(str(exc).split())
+    parts = []
+    if exc.context:
+        parts.append(exc.context + (f" ({_at(exc.context_mark, first_line)})" if exc.context_mark else ""))
+    if exc.problem:
+        parts.append(exc.problem + (f" ({_at(exc.problem_mark, first_line)})" if exc.problem_mark else ""))
+    return " ".join(": ".join(parts).split())
+
+
 def parse_policy(text: str, source: str = "policy", *, schema_checked: bool = False) -> PolicySet:
     import yaml
 
     try:
         document = yaml.load(text, Loader=_loader())  # a SafeLoader: keys as written
     except yaml.YAMLError as exc:
-        raise PolicyError(source, [f"not valid YAML: {exc}"]) from None
+        raise PolicyError(source, [f"not valid YAML: {yaml_error_line(exc)}"]) from None
     return build_policy(document, source, schema_checked=schema_checked)
 
 

@@ -59,8 +59,11 @@ _PRECISION = 100
 
 
 def quoted(value: object) -> str:
-    """A value as a user wrote it, double-quoted like kubectl's messages."""
-    return json.dumps(value) if isinstance(value, str) else str(value)
+    """A value as a user wrote it: strings double-quoted like kubectl's messages, ``true``, ``false`` and
+    ``null`` as YAML and JSON spell them (not Python's ``True``), numbers as they are."""
+    if isinstance(value, (str, bool)) or value is None:
+        return json.dumps(value)
+    return str(value)
 
 
 def shown(value: object) -> str:

@@ -22,6 +22,8 @@ from urllib.parse import quote, urlencode
 
 import orjson
 
+from webhook.core.policy import yaml_error_line
+
 JSON = "application/json"
 APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML: server-side apply takes a JSON body
 _MAX_THROTTLE_RETRIES = 3  # 429 (API Priority and Fairness): wait as told, at most this often
@@ -90,7 +92,12 @@ def configuration(kubeconfig: str | None = None) -> Any:
         raise
     except Exception as exc:  # ConfigException, OSError, YAML errors: one line for the user
         where = explicit or ("the in-cluster service account" if os.environ.get("KUBERNETES_SERVICE_HOST") else home)
-        message = " ".join(str(exc).split()) or type(exc).__name__
+        import yaml  # loaded by the kubernetes loader already; not at import time, which workers pay for
+
+        if isinstance(exc, yaml.YAMLError):  # (line N, column M), not PyYAML's 'in "<file>", line N, column M'
+            message = f"not valid YAML: {yaml_error_line(exc)}"
+        else:
+            message = " ".join(str(exc).split()) or type(exc).__name__
         raise ConfigError(f"cannot load {where}: {message}") from None
     return settings
 

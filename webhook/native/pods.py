@@ -250,8 +250,8 @@ def requests_without_limits(ctx: Ctx) -> str:
 
 
 def requests_differ(ctx: Ctx) -> str:
-    message = ("r.lab + ': ' + k + ' requests (' + " + quoted("x") + " + ') must equal limits (' + "
-               + quoted("r.lim[k]") + " + ')'")
+    message = ("r.lab + ': ' + k + ' requests (' + " + about("x") + " + ') must equal limits (' + "
+               + about("r.lim[k]") + " + ')'")
     value = "string(g.vr[k]) + ' != ' + string(g.vl[k])"
     found = violation("requests-differ", _res_path("requests"), _res_stable("requests"), value, message)
     body = f"r.req.transformList(k, x, k in g.vr && k in g.vl && g.vr[k] != g.vl[k], {found})"

@@ -115,7 +115,7 @@ def check_container(container: Container, policy: Policy, gpus: ContainerGPUs) -
                 Violation(
                     _at(container, "requests", name),
                     "requests-differ",
-                    f"{container.label}: {name} requests ({quoted(raw)}) must equal limits ({quoted(limits[name])})",
+                    f"{container.label}: {name} requests ({about(raw)}) must equal limits ({about(limits[name])})",
                     f"{count} != {limit_counts[name]}",
                 )
             )
