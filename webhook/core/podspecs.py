@@ -45,7 +45,7 @@ def as_mapping(value: object) -> Mapping[str, Any]:
     """``value`` if it is a mapping, else empty: objects from the wire may have any shape."""
     if type(value) is dict:  # what JSON and YAML give; the abstract check below costs several times more
         return value
-    return value if isinstance(value, Mapping) else {}
+    return value if value is not None and isinstance(value, Mapping) else {}
 
 
 def as_list(value: object) -> list[Any]:

@@ -569,7 +569,7 @@ def pod_violations(
     spec, path, policy, view, namespace = ctx.spec, ctx.path, ctx.policy, ctx.view, ctx.namespace
     out = check_node_name(spec, path, policy, uses_gpus)
     if not as_list(spec.get("resourceClaims")) and not any(
-        _container_claims(c) for c in ctx.containers if c.list_name in CLAIM_CONTAINER_LISTS
+        _container_claims(c) for c in ctx.containers if "claims" in c.resources and c.list_name in CLAIM_CONTAINER_LISTS
     ):
         return out, set()
     claims = pod_claims(spec, ctx.containers, namespace, view)

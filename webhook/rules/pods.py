@@ -33,7 +33,7 @@ from webhook.rules.crossfield import (
 from webhook.rules.isolation import check_container_isolation, check_isolation, hides_gpus
 
 
-@dataclass
+@dataclass(slots=True)
 class ContainerGPUs:
     """What one container asks for, as the scheduler will count it (requests, defaulted from limits)."""
 

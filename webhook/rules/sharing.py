@@ -4,7 +4,6 @@ names come from the registry, ``webhook.core.resources``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from webhook.core.field import FieldPath, Violation
@@ -16,24 +15,23 @@ from webhook.core.resources import EXCLUSIVE, VOLCANO_COUNT, Kind, VendorResourc
 Requested = tuple[str, str, Any, VendorResource]  # limits or requests, name, raw value, registry entry
 
 
-def requested(container: Container) -> list[Requested]:
-    """The container's registered names the checks below read (shared, a fractional scheduler's, monitoring)."""
-    return [r for r in _requested(container) if r[3].kind in _READ or r[3].scheduler]
-
-
 _READ = (Kind.SHARED, Kind.MONITORING)
 
 
-def _requested(container: Container) -> Iterator[Requested]:
-    """(limits or requests, name, raw value, entry) of every registered name in the container's limits, and in
-    its requests where limits do not name it: the apiserver copies limits into requests, and one problem is
-    told once (requests that differ from limits are refused by the apiserver itself)."""
+def requested(container: Container) -> list[Requested]:
+    """(limits or requests, name, raw value, entry) of the registered names the checks below read (shared, a
+    fractional scheduler's, monitoring) in the container's limits, and in its requests where limits do not name
+    them: the apiserver copies limits into requests, and one problem is told once (requests that differ from
+    limits are refused by the apiserver itself)."""
+    found: list[Requested] = []
     limits = container.limits
     for section, values in (("limits", limits), ("requests", container.requests)):
         for name, raw in values.items():
             entry = lookup(name) if isinstance(name, str) else None
-            if entry is not None and (section == "limits" or name not in limits):
-                yield section, name, raw, entry
+            if entry is not None and (entry.kind in _READ or entry.scheduler):
+                if section == "limits" or name not in limits:
+                    found.append((section, name, raw, entry))
+    return found
 
 
 def _at(path: FieldPath, section: str, name: str) -> FieldPath:
