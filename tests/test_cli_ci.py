@@ -102,6 +102,7 @@ def _snapshot(destination: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # pre-commit builds a virtualenv and pip installs the package and its dependencies
 def test_pre_commit_try_repo_fails_on_a_bad_manifest_and_passes_a_good_one(tmp_path):
     hooks = _snapshot(tmp_path / "gpu-webhook")
     work = tmp_path / "work"
