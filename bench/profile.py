@@ -1,8 +1,14 @@
 """Where a request's time goes: py-spy samples the worker (GIL holder only, so it is CPU, not waiting)
-while vegeta drives each endpoint at max throughput. Writes bench/results/profile-<endpoint>.txt."""
+while vegeta drives each endpoint at max throughput. Writes bench/results/profile-<endpoint>.txt for the seed pod,
+profile-<endpoint>-<body>.txt for another body.
+
+    python -m bench --profile                                   # every endpoint, the seed pod
+    python -m bench.profile --body pod50 --endpoint validate    # one body, some endpoints
+"""
 
 from __future__ import annotations
 
+import argparse
 import collections
 import re
 import shutil
@@ -45,7 +51,8 @@ def collapse(raw: Path, top: int = 40) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(source: Path | None = None) -> int:
+def main(source: Path | None = None, body: str = "seed", endpoints: tuple[str, ...] = ("noop", "validate", "mutate"),
+         seconds: int = SECONDS) -> int:
     spy = py_spy()
     vegeta = loadgen.find_vegeta()
     pins = harness.pinning()
@@ -56,22 +63,32 @@ def main(source: Path | None = None) -> int:
         server = harness.start_server(work, certs, server_pin, source)
         try:
             worker = server.workers()[0]
-            seed = bodies.bodies()["seed"]
-            for endpoint in ("noop", "validate", "mutate"):
+            variants = bodies.bodies()[body]
+            for endpoint in endpoints:
                 targets = loadgen.write_targets(work / f"{endpoint}.json",
-                                                f"https://127.0.0.1:{server.port}/{endpoint}", seed)
-                spec = loadgen.Attack(targets, rate=0, duration=SECONDS + 3, workers=8,
+                                                f"https://127.0.0.1:{server.port}/{endpoint}", variants)
+                spec = loadgen.Attack(targets, rate=0, duration=seconds + 3, workers=8,
                                       max_connections=server.threads)
                 load = subprocess.Popen([*loadgen_pin, *loadgen.command(vegeta, spec, server.ca, work / "out.bin")])
                 time.sleep(1.5)
                 raw = work / f"{endpoint}.raw"
-                subprocess.run([*loadgen_pin, spy, "record", "--pid", str(worker), "--duration", str(SECONDS),
+                subprocess.run([*loadgen_pin, spy, "record", "--pid", str(worker), "--duration", str(seconds),
                                 "--rate", "250", "--gil", "--nonblocking", "--format", "raw", "--output", str(raw)],
                                check=True, capture_output=True)
                 load.wait()
-                out = RESULTS / f"profile-{endpoint}.txt"
-                out.write_text(f"/{endpoint}, seed pod, max throughput; {pinning}\n" + collapse(raw))
+                out = RESULTS / (f"profile-{endpoint}.txt" if body == "seed" else f"profile-{endpoint}-{body}.txt")
+                out.write_text(f"/{endpoint}, {body} body, max throughput; {pinning}\n" + collapse(raw))
                 print(f"wrote {out}", file=sys.stderr)
         finally:
             server.stop()
     return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m bench.profile")
+    parser.add_argument("--body", default="seed", choices=list(bodies.BODIES))
+    parser.add_argument("--endpoint", nargs="+", default=["noop", "validate", "mutate"])
+    parser.add_argument("--seconds", type=int, default=SECONDS)
+    parser.add_argument("--source", type=Path, help="profile the webhook package in this directory instead")
+    args = parser.parse_args()
+    sys.exit(main(args.source, args.body, tuple(args.endpoint), args.seconds))

@@ -20,13 +20,12 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
-from webhook.core import resources as registry
 from webhook.core.cluster import ClusterView
 from webhook.core.field import Violation
 from webhook.core.podspecs import Container, PodSpecRef, affinity_keys, as_list, as_mapping
 from webhook.core.policy import Policy
 from webhook.core.quantity import shown
-from webhook.rules.context import GpuUse, PodContext, nonzero
+from webhook.rules.context import GpuUse, Named, PodContext
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 MIG_CONFIG_DEVICES = "NVIDIA_MIG_CONFIG_DEVICES"
@@ -126,30 +125,26 @@ def check_visible_devices(container: Container, policy: Policy, holds_gpu: bool,
     return out
 
 
-def check_zero_gpu_limits(container: Container, policy: Policy) -> list[Violation]:
+def check_zero_gpu_limits(container: Container, names: tuple[Named, ...], policy: Policy) -> list[Violation]:
     """A GPU count of 0 allocates nothing, yet brings GPU tolerations (ExtendedResourceToleration, our own
     injection) and the accelerator selector: a pod with no GPU placed on a GPU node."""
     if not policy.checks("zero-gpu-limit"):
         return []
-    limits = container.limits
     out = []
-    for section, values in (("limits", limits), ("requests", container.requests)):
-        for name, raw in values.items():
-            if not isinstance(name, str) or (section == "requests" and name in limits):
-                continue
-            if not (policy.is_gpu(name) or (registry.known(name) and registry.counts_gpus(name))):
-                continue
-            if nonzero(raw):
-                continue
-            out.append(
-                Violation(
-                    container.path.child("resources").child(section).key(name),
-                    "zero-gpu-limit",
-                    f"{container.label}: {name}: 0 allocates no GPU but may still tolerate GPU taints "
-                    "and select GPU nodes; leave the resource out",
-                    name,
-                )
+    for n in names:
+        if n.nonzero or (n.section == "requests" and n.name in container.limits):
+            continue
+        if not (n.gpu or (n.entry is not None and n.entry.kind.counts)):
+            continue
+        out.append(
+            Violation(
+                container.path.child("resources").child(n.section).key(n.name),
+                "zero-gpu-limit",
+                f"{container.label}: {n.name}: 0 allocates no GPU but may still tolerate GPU taints "
+                "and select GPU nodes; leave the resource out",
+                n.name,
             )
+        )
     return out
 
 
@@ -381,10 +376,12 @@ def hides_gpus(policy: Policy, use: GpuUse) -> bool:
     return policy.hide_gpus != "off" and not use.fractional
 
 
-def check_container_isolation(container: Container, ctx: PodContext, hidden: bool) -> list[Violation]:
-    """The isolation rules on one container (``pods`` calls it from its own pass over the containers);
-    ``hidden``: whether isolation.hideGpus sets the pod's variable (``hides_gpus``)."""
-    out = check_zero_gpu_limits(container, ctx.policy)
+def check_container_isolation(
+    container: Container, names: tuple[Named, ...], ctx: PodContext, hidden: bool
+) -> list[Violation]:
+    """The isolation rules on one container (``pods`` calls it from its own pass over the containers, with the
+    container's ``names``); ``hidden``: whether isolation.hideGpus sets the pod's variable (``hides_gpus``)."""
+    out = check_zero_gpu_limits(container, names, ctx.policy)
     if not ctx.trusted:
         holds = ctx.use.holds(container.list_name, container.position)
         out.extend(check_visible_devices(container, ctx.policy, holds, hidden))

@@ -14,7 +14,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.core import quantity
 from webhook.core.cluster import ClusterView
 from webhook.core.field import FieldPath, Violation
 from webhook.core.podspecs import Container, PodSpecRef, find_pod_specs, read_containers
@@ -22,7 +21,7 @@ from webhook.core.policy import Policy, gpu_entries
 from webhook.core.quantity import quoted, shown
 from webhook.rules import claims, sharing
 from webhook.rules.capacity import check_cluster
-from webhook.rules.context import PodContext, pod_context
+from webhook.rules.context import Named, PodContext, pod_context
 from webhook.rules.crossfield import (
     check_cpu_pod_on_gpu_nodes,
     check_init_container_gpus,
@@ -76,60 +75,62 @@ def _at(container: Container, section: str, name: str) -> FieldPath:
     return container.path.child("resources").child(section).key(name)
 
 
-def check_container(container: Container, policy: Policy, gpus: ContainerGPUs) -> list[Violation]:
-    """Requests and limits of every GPU resource in one container; fills ``gpus`` with valid counts. Paths
-    and the container's label are built only for a violation."""
+def _invalid(container: Container, n: Named) -> Violation:
+    return Violation(_at(container, n.section, n.name), "invalid-quantity", f"{container.label}: {n.problem}",
+                     about(n.raw))
+
+
+def check_container(
+    container: Container, names: tuple[Named, ...], policy: Policy, gpus: ContainerGPUs
+) -> list[Violation]:
+    """Requests and limits of every GPU resource in one container (``names``: its, from the context); fills
+    ``gpus`` with valid counts. Paths and the container's label are built only for a violation."""
     out: list[Violation] = []
     _odd_resources(container, out)
-    limits = gpu_entries(container.limits, policy)
-    requests = gpu_entries(container.requests, policy)
+    limits = {n.name: n for n in names if n.gpu and n.section == "limits"}
+    requests = [n for n in names if n.gpu and n.section == "requests"]
     if not limits and not requests:
         return out
-    gpus.named.update(limits, requests)
-    limit_counts: dict[str, int] = {}
-    for name, raw in limits.items():
-        try:
-            limit_counts[name] = quantity.gpu_count(raw)
-        except quantity.QuantityError as exc:
-            out.append(Violation(_at(container, "limits", name), "invalid-quantity", f"{container.label}: {exc}",
-                                 about(raw)))
-    for name, raw in requests.items():
-        count: int | None = None
-        try:
-            count = quantity.gpu_count(raw)
-        except quantity.QuantityError as exc:
-            out.append(Violation(_at(container, "requests", name), "invalid-quantity",
-                                 f"{container.label}: {exc}", about(raw)))
-        if name not in limits:
+    gpus.named.update(limits, (n.name for n in requests))
+    for n in limits.values():
+        if n.number is None:
+            out.append(_invalid(container, n))
+    for n in requests:
+        if n.number is None:
+            out.append(_invalid(container, n))
+        limit = limits.get(n.name)
+        if limit is None:
             out.append(
                 Violation(
-                    _at(container, "requests", name),
+                    _at(container, "requests", n.name),
                     "requests-without-limits",
-                    f"{container.label}: {name} is requested without a limit, set it in limits (requests default "
+                    f"{container.label}: {n.name} is requested without a limit, set it in limits (requests default "
                     "to limits)",
-                    about(raw),
+                    about(n.raw),
                 )
             )
-        elif count is not None and name in limit_counts and count != limit_counts[name]:
+        elif n.number is not None and limit.number is not None and n.number != limit.number:
             out.append(
                 Violation(
-                    _at(container, "requests", name),
+                    _at(container, "requests", n.name),
                     "requests-differ",
-                    f"{container.label}: {name} requests ({about(raw)}) must equal limits ({about(limits[name])})",
-                    f"{count} != {limit_counts[name]}",
+                    f"{container.label}: {n.name} requests ({about(n.raw)}) must equal limits ({about(limit.raw)})",
+                    f"{n.number} != {limit.number}",
                 )
             )
-        if count is not None:
-            gpus.counts[name] = count
-    for name, count in limit_counts.items():
-        gpus.counts.setdefault(name, count)
-        if policy.per_container and count > policy.per_container:
+        if n.number is not None:
+            gpus.counts[n.name] = n.number
+    for n in limits.values():
+        if n.number is None:
+            continue
+        gpus.counts.setdefault(n.name, n.number)
+        if policy.per_container and n.number > policy.per_container:
             out.append(
                 Violation(
-                    _at(container, "limits", name),
+                    _at(container, "limits", n.name),
                     "per-container-limit",
-                    f"{container.label}: {count} {name} is over the limit of {policy.per_container} per container",
-                    str(count),
+                    f"{container.label}: {n.number} {n.name} is over the limit of {policy.per_container} per container",
+                    str(n.number),
                 )
             )
     return out
@@ -186,14 +187,14 @@ def check_containers(ctx: PodContext, gpus: PodGPUs) -> list[Violation]:
     policy = ctx.policy
     hidden = hides_gpus(policy, ctx.use)
     buckets = {"containers": gpus.app, "initContainers": gpus.init, "ephemeralContainers": gpus.ephemeral}
-    for container in ctx.containers:
+    for container, names in zip(ctx.containers, ctx.names, strict=True):
         list_name = container.list_name
         c = ContainerGPUs(sidecar=container.fields.get("restartPolicy") == "Always", slot=container.slot)
-        out.extend(check_container(container, policy, c))
+        out.extend(check_container(container, names, policy, c))
         if len(c.counts) > 1:  # whole GPUs and MIG slices: two names at least
             out.extend(check_mixed_gpu_and_mig(container.fields, container.path, set(c.counts), policy))
-        out.extend(sharing.check_vendor_resources(container, policy, ctx.trusted))
-        out.extend(check_container_isolation(container, ctx, hidden))
+        out.extend(sharing.check_vendor_resources(container, names, policy, ctx.trusted))
+        out.extend(check_container_isolation(container, names, ctx, hidden))
         if list_name == "initContainers" and c.counts:
             out.extend(check_init_container_gpus(container.path, c.counts, c.sidecar, policy))
         buckets[list_name].append(c)
