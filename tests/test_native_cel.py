@@ -88,13 +88,15 @@ def test_an_exponent_is_sensible_up_to_the_webhooks_bound_whatever_its_leading_z
 
 
 def test_literals_are_cel_strings_and_values_by_namespace_fall_back_to_the_global_one():
+    assert celtext.lit("a b") == "'a b'"
+    assert celtext.lit("it's") == '"it\'s"'
     assert celtext.lit('a "b"\n') == '"a \\"b\\"\\n"'
     from webhook.core.policy import parse_policy
 
     policies = parse_policy("limits: {perPod: 2}\nnamespaces: {a: {limits: {perPod: 4}}, b: {limits: {perPod: 4}}, "
                             "c: {limits: {perPod: 8}}, d: {enforcement: warn}}\n")
     text = celtext.by_namespace(policies, lambda p: str(p.per_pod))
-    assert text == '(request.namespace in ["a", "b"] ? 4 : (request.namespace == "c" ? 8 : 2))'
+    assert text == "(request.namespace in ['a', 'b'] ? 4 : (request.namespace == 'c' ? 8 : 2))"
     assert celtext.by_namespace(policies, lambda p: "x") == "x"
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
 import pytest
 import yaml
 
@@ -54,6 +55,9 @@ checks: {{initContainerGpus: deny, cpuPodOnGpuNodes: warn}}
 dra:
   allowedDeviceClasses: [gpu.nvidia.com, "mig.*"]
   adminAccessNamespaces: [{ADMIN}]
+nativePolicies:
+  customKinds:
+  - {{group: example.com, resource: trainjobs, kind: TrainJob, templates: ["spec.roles[*].template", "spec.launcher"]}}
 namespaces:
   {RESEARCH}: {{accelerator: {{default: nvidia-l4}}, limits: {{perPod: 8}}}}
   {LAB}: {{enforcement: warn}}
@@ -251,6 +255,14 @@ def as_jobset(name: str, s: dict, annotations: dict) -> dict:
                 "parallelism": 2, "template": template(s, annotations)}}}]}}
 
 
+def as_trainjob(name: str, s: dict, annotations: dict) -> dict:
+    """A kind no one knows but the policy (nativePolicies.customKinds): roles[*].template and a bare launcher spec."""
+    return {"apiVersion": "example.com/v1", "kind": "TrainJob", "metadata": {"name": name},
+            "spec": {"launcher": spec(ctr("launch")), "roles": [
+                {"name": "ps", "template": template(spec(ctr("ps")), {})},
+                {"name": "worker", "template": template(s, annotations)}]}}
+
+
 def as_lws(name: str, s: dict, annotations: dict) -> dict:
     return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "metadata": {"name": name},
             "spec": {"replicas": 1, "leaderWorkerTemplate": {"size": 2, "leaderTemplate": template(spec(ctr("l")), {}),
@@ -258,7 +270,7 @@ def as_lws(name: str, s: dict, annotations: dict) -> dict:
 
 
 # Which kinds each pod spec goes into: every spec into a Pod and a PyTorchJob, and in turn into one more kind.
-ROTATION = (as_deployment, as_raycluster, as_jobset, as_cronjob, as_lws, as_tfjob, as_rayjob)
+ROTATION = (as_deployment, as_raycluster, as_jobset, as_cronjob, as_lws, as_tfjob, as_rayjob, as_trainjob)
 
 
 def claim(name: str, *requests: dict, template_of: bool = False) -> dict:
@@ -366,7 +378,7 @@ class Answer:
 
 PLURALS = {"Pod": "pods", "Deployment": "deployments", "CronJob": "cronjobs", "PyTorchJob": "pytorchjobs",
            "TFJob": "tfjobs", "RayCluster": "rayclusters", "RayJob": "rayjobs", "JobSet": "jobsets",
-           "LeaderWorkerSet": "leaderworkersets", "ResourceClaim": "resourceclaims",
+           "LeaderWorkerSet": "leaderworkersets", "TrainJob": "trainjobs", "ResourceClaim": "resourceclaims",
            "ResourceClaimTemplate": "resourceclaimtemplates"}
 
 
@@ -514,9 +526,13 @@ def test_the_apiserver_decides_every_object_of_the_corpus_as_the_webhook_does(be
     assert len(cases) >= 200
     disagreements, messages, sources, decoded = [], [], [], []
     started = time.monotonic()
+    admitted = with_warnings = ours = 0
     for case in cases:
         answer = api.create(case.obj, case.namespace)
         expected = decide(policies, case)
+        admitted += int(answer.admitted)
+        with_warnings += int(answer.admitted and any("gpu-webhook" in w for w in answer.warnings))
+        ours += int("ValidatingAdmissionPolicy 'gpu-webhook-deny'" in answer.message)
         if answer.admitted and not expected.allowed and case.kind in BUILTIN:
             # The webhook sees a built-in object as the apiserver decoded it (a null limit dropped, say): judge that.
             seen = Case(case.name, case.namespace, answer.body)
@@ -544,9 +560,196 @@ def test_the_apiserver_decides_every_object_of_the_corpus_as_the_webhook_does(be
             if action == "warn" and said not in warned:
                 messages.append(f"{case.name}: no warning {said!r} in {warned!r}")
     elapsed = time.monotonic() - started
-    summary = (f"{len(cases)} objects in {elapsed:.1f} s, {len(disagreements)} verdicts differ; "
+    summary = (f"{len(cases)} objects in {elapsed:.1f} s: {admitted} admitted ({with_warnings} with warnings), "
+               f"{len(cases) - admitted} refused ({ours} by gpu-webhook-deny); {len(disagreements)} verdicts differ; "
                f"{len(decoded)} judged as the apiserver decoded them: {', '.join(decoded)}")
     print(summary)
     assert not disagreements, summary + "\n" + "\n".join(disagreements)
+    assert admitted >= 100 and len(cases) - admitted >= 150 and with_warnings >= 30, summary
     assert not sources, "\n".join(sources)
     assert not messages, "\n".join(messages[:40])
+
+
+# Pods for the mutation: what /mutate changes (selector, tolerations, hideGpus) and what it must leave alone.
+def mutation_pods() -> list[Case]:
+    specs = [
+        ("gpu", spec(gpu(1)), {}),
+        ("gpu-annotated", spec(gpu(1)), {"gpu-webhook/accelerator": "nvidia-l4"}),
+        ("gpu-annotation-not-allowed", spec(gpu(1)), {"gpu-webhook/accelerator": "nvidia-a100"}),
+        ("gpu-selector-other-key", spec(gpu(1), nodeSelector={"zone": "a"}), {}),
+        ("gpu-selector-own", spec(gpu(1), nodeSelector={"accelerator": "nvidia-l4"}), {}),
+        ("gpu-affinity", spec(gpu(1), affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "accelerator", "operator": "In",
+                                                         "values": ["nvidia-l4"]}]}]}}}), {}),
+        ("gpu-tolerated", spec(gpu(1), tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}]), {}),
+        ("gpu-other-toleration", spec(gpu(1), tolerations=[{"key": "x", "operator": "Exists"}]), {}),
+        ("gpu-two-resources", spec(gpu(1, "a"), gpu(1, "b", resource="amd.com/gpu")), {}),
+        ("gpu-zero", spec(gpu(0)), {}),
+        ("gpu-init", spec(ctr("a"), initContainers=[gpu(1, "warm")]), {}),
+        ("cpu", spec(ctr("a"), ctr("b")), {}),
+        ("cpu-env", spec(ctr("a", env=[{"name": "X", "value": "1"}])), {}),
+        ("cpu-visible-void", spec(ctr("a", env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}])), {}),
+        ("mixed", spec(gpu(2, "train"), ctr("side"), initContainers=[ctr("init")]), {}),
+        ("hami", spec(ctr("a", limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}), ctr("b")), {}),
+        ("kai", spec(ctr("a"), ctr("b")), {"gpu-fraction": "0.5"}),
+        ("dcgm", spec(ctr("a"), serviceAccountName="dcgm"), {}),
+        ("shared", spec(gpu(1, resource="nvidia.com/gpu.shared"), ctr("b")), {}),
+    ]
+    cases = []
+    for namespace in (NS, RESEARCH, HIDE, TRUSTED, LAB):
+        for name, s, meta in specs:
+            cases.append(Case(f"m-{name}", namespace, as_pod(f"m-{name}", s, meta)))
+    return cases
+
+
+def labelled_raw(obj: dict) -> dict:
+    raw = copy.deepcopy(obj)
+    raw["metadata"].setdefault("labels", {})[RAW] = "true"
+    return raw
+
+
+def test_the_mutating_policy_patches_pods_as_mutate_does(bed):
+    _, api, policies = bed
+    cases = mutation_pods()
+    compared, differ, changed = 0, [], 0
+    for case in cases:
+        mutated = api.create(case.obj, case.namespace)
+        raw = api.create(labelled_raw(case.obj), case.namespace)
+        assert mutated.admitted == raw.admitted, (case.name, mutated.message, raw.message)
+        if not mutated.admitted:
+            continue
+        # What /mutate gets: the pod as the apiserver decoded and defaulted it, before any mutation of ours.
+        seen = copy.deepcopy(raw.body)
+        del seen["metadata"]["labels"][RAW]
+        request = {"uid": "u", "operation": "CREATE", "namespace": case.namespace,
+                   "kind": {"group": "", "version": "v1", "kind": "Pod"}, "object": seen}
+        response = admission.mutate(request, policies)
+        expected = jsonpatch.apply_patch(seen, list(response.patch))
+        compared += 1
+        changed += bool(response.patch)
+        if expected["spec"] != mutated.body["spec"]:
+            differ.append(f"{case.namespace}/{case.name}: /mutate {json.dumps(list(response.patch))}\n"
+                          f"  expected {json.dumps(expected['spec'], sort_keys=True)}\n"
+                          f"  got      {json.dumps(mutated.body['spec'], sort_keys=True)}")
+    print(f"{compared} pods compared, {changed} patched by /mutate, {len(differ)} differ")
+    assert compared >= 80 and changed >= 40
+    assert not differ, "\n".join(differ)
+
+
+def test_the_runtime_class_is_injected_and_the_apiserver_applies_it(bed):
+    _, api, policies = bed
+    answer = api.create(as_pod("rt", spec(gpu(1)), {}), RUNTIME)
+    assert answer.admitted, answer.message
+    got = answer.body["spec"]
+    assert got["runtimeClassName"] == "nvidia"
+    # The RuntimeClass admission plugin ran after the MutatingAdmissionPolicy: its overhead and selector are there.
+    assert got["overhead"] == {"cpu": "100m"} and got["nodeSelector"]["runtime"] == "nvidia"
+    cpu = api.create(as_pod("rt-cpu", spec(ctr()), {}), RUNTIME).body["spec"]
+    assert "runtimeClassName" not in cpu
+
+
+def test_a_warn_namespace_gets_warnings_and_no_refusal(bed):
+    _, api, policies = bed
+    obj = as_pytorchjob("warned", spec(gpu(5, securityContext={"privileged": True})), {})
+    refused = api.create(obj, NS)
+    assert not refused.admitted and "ValidatingAdmissionPolicy 'gpu-webhook-deny'" in refused.message
+    answer = api.create(obj, LAB)
+    assert answer.admitted, answer.message
+    texts = [warning_text(w) for w in answer.warnings]
+    denied = [t for t in texts if "'gpu-webhook-deny' with binding 'gpu-webhook-deny-warn'" in t]
+    assert len(denied) == 1, texts
+    expected = decide(policies, Case("warned", LAB, obj))
+    assert expected.allowed and expected.warnings
+    for line in expected.warnings:
+        assert line in denied[0], (line, denied[0])
+
+
+def test_an_update_is_held_only_to_what_it_changes(bed):
+    cluster, api, policies = bed
+    namespace = "np-update"
+    cluster.kubectl("create", "namespace", namespace)
+    try:
+        # Stored while the policies leave its namespace out (nativePolicies.excludeNamespaces), as an object
+        # created before they were installed is.
+        excluded = POLICY.replace("nativePolicies:\n",
+                                  f"nativePolicies:\n  excludeNamespaces: [kube-system, {namespace}]\n")
+        apply(cluster, generated(excluded))
+        old = as_pytorchjob("legacy", spec(gpu("500m")), {})
+        deadline = time.monotonic() + 30
+        while not (stored := api.create(old, namespace, dry_run=False)).admitted:
+            assert time.monotonic() < deadline, stored.message
+            time.sleep(0.2)
+        apply(cluster, generated(POLICY))
+        deadline = time.monotonic() + 30
+        while "gpu-webhook-deny" not in api.create(as_pytorchjob("new", spec(gpu("500m")), {}), namespace).message:
+            assert time.monotonic() < deadline, "the policy never covered the namespace again"
+            time.sleep(0.2)
+        current = stored.body
+        # A label: the old problem is the same problem, at the same place; the update is admitted.
+        current["metadata"].setdefault("labels", {})["team"] = "a"
+        relabelled = api.update(current, namespace)
+        assert relabelled.admitted, relabelled.message
+        expected = admission.decide(current, "kubeflow.org", "PyTorchJob", namespace, policies, old=stored.body)
+        assert expected.allowed
+        # A different value is a new problem: refused, as the webhook refuses it.
+        changed = copy.deepcopy(relabelled.body)
+        changed["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"][
+            "limits"]["nvidia.com/gpu"] = "1500m"
+        answer = api.update(changed, namespace)
+        verdict = admission.decide(changed, "kubeflow.org", "PyTorchJob", namespace, policies, old=relabelled.body)
+        assert not answer.admitted and not verdict.allowed
+        assert str(verdict.violations[0]) in answer.message
+        assert '"500m"' not in answer.message
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def test_a_policy_change_reaches_the_objects(bed):
+    cluster, api, _ = bed
+    five = as_raycluster("five", spec(gpu(3, "a"), gpu(2, "b")), {})
+    assert api.create(five, NS).admitted  # 5 GPUs: within perPod 6
+    stricter = POLICY.replace("perPod: 6", "perPod: 4")
+    start = time.monotonic()
+    apply(cluster, generated(stricter))
+    try:
+        while True:
+            answer = api.create(five, NS)
+            if not answer.admitted:
+                break
+            assert time.monotonic() - start < 30, "the new limit never reached the apiserver"
+            time.sleep(0.1)
+        took = time.monotonic() - start
+        print(f"perPod 6 -> 4 refused the 5-GPU RayCluster {took:.2f} s after kubectl apply")
+        expected = decide(parse_policy(stricter), Case("five", NS, five))
+        assert not expected.allowed and str(expected.violations[0]) in answer.message
+    finally:
+        apply(cluster, generated(POLICY))
+        wait_until_enforced(api)
+        while not api.create(five, NS).admitted:
+            assert time.monotonic() - start < 60
+            time.sleep(0.1)
+
+
+def big_pod(containers: int, up: bool) -> dict:
+    """Many containers, each with a GPU, environment and mounts, and a deep hostPath: the cost budget's test. The
+    apiserver refuses ``..`` in a Pod's hostPath itself; custom resources may have it (``up``)."""
+    items = []
+    for i in range(containers):
+        env = [{"name": f"V{k}", "value": str(k)} for k in range(20)]
+        items.append(gpu(1, f"c{i}", env=env, volumeMounts=[{"name": "data", "mountPath": f"/data/{i}"}]))
+    deep = "/" + "/".join(f"d{k}" for k in range(36)) + ("/../.." if up else "") + "/x"
+    return spec(*items, volumes=[{"name": "data", "hostPath": {"path": deep}}])
+
+
+def test_a_large_pod_stays_within_the_cost_budget(bed):
+    _, api, policies = bed
+    for n in (6, 40):
+        for obj in (as_pod(f"big-{n}", big_pod(n, False), {}), as_pytorchjob(f"big-{n}", big_pod(n, True), {})):
+            case = Case(obj["metadata"]["name"], RESEARCH, obj)
+            expected = decide(policies, case)
+            started = time.monotonic()
+            answer = api.create(obj, RESEARCH)
+            took = time.monotonic() - started
+            assert "cost" not in answer.message.lower(), answer.message
+            assert answer.admitted == expected.allowed, (answer.message, expected.message)
+            print(f"{case.kind} with {n} containers: {answer.status} in {took * 1000:.0f} ms")

@@ -20,7 +20,10 @@ from webhook.core.policy import Policy, PolicySet
 
 
 def lit(text: str) -> str:
-    """A CEL string literal (double-quoted; JSON's escapes are CEL's)."""
+    """A CEL string literal: single-quoted when nothing in it needs an escape (it reads better in YAML and JSON),
+    else double-quoted with JSON's escapes, which are CEL's."""
+    if all(c not in "'\\" and c.isprintable() for c in text):
+        return f"'{text}'"
     return json.dumps(text, ensure_ascii=False)
 
 

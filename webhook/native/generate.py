@@ -115,6 +115,8 @@ def _validating_policy(name: str, policies: PolicySet, action: str, custom_kinds
     every = join_lists([f"variables.{var}" for _, var, _ in current])
     variables = [
         ("dra", "request.kind.group == 'resource.k8s.io'"),
+        ("kindkey", kinds.KIND_KEY),
+        ("resourcekey", kinds.RESOURCE_KEY),
         ("custom", kinds.is_custom(custom_kinds)),
         *_shared_variables(ctx, custom_kinds),
         *[(var, text) for _, var, text in current],
@@ -232,7 +234,10 @@ def _mutating_policy(policies: PolicySet, exclude: Sequence[str]) -> list[dict[s
             "reinvocationPolicy": "Never",
             "matchConstraints": constraints,
             "variables": [{"name": n, "expression": e} for n, e in variables],
-            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": text}} for _, text in patches],
+            # One expression: every mutation of a policy evaluates its variables afresh, and these four add disjoint
+            # fields (nodeSelector, tolerations, env, runtimeClassName) from the same pod.
+            "mutations": [{"patchType": "JSONPatch",
+                           "jsonPatch": {"expression": " + ".join(f"({text})" for _, text in patches)}}],
         },
     }
     binding = {"apiVersion": API, "kind": "MutatingAdmissionPolicyBinding",

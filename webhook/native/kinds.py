@@ -110,30 +110,43 @@ def is_pod_spec(x: str) -> str:
             f"size({x}.containers) > 0 && {x}.containers.all(c0, type(c0) == map))")
 
 
-def _entries(root: str, path: str, depth: int = 0) -> str:
-    """A CEL list of ``{p, sp, v}``: every node at ``path`` under ``root``, with its path and stable path."""
-    segments = path.split(".") if path else []
+def shape(path: str) -> tuple[str, ...]:
+    """The structure of a template path: ``field``, ``items`` (``name[*]``) or ``values`` (``*``) per segment."""
+    if not path:
+        return ()
+    return tuple("values" if s == "*" else "items" if s.endswith("[*]") else "field" for s in path.split("."))
+
+
+def field_names(path: str) -> list[str]:
+    """The field names of a template path, in order (``*`` has none)."""
+    return [s.removesuffix("[*]") for s in path.split(".") if s != "*"] if path else []
+
+
+def _entries(root: str, segments: tuple[str, ...], names: str, depth: int = 0) -> str:
+    """A CEL list of ``{p, sp, v}``: every node under ``root`` at a path of this shape whose field names are the
+    CEL list ``names``, with its path and stable path. One text serves every path of a shape: the apiserver's
+    compile time grew faster than the text with a comprehension chain per path of every kind (seconds)."""
     if not segments:
         return f"[{record(p=lit(''), sp=lit(''), v=root)}]"
-    first, rest = segments[0], segments[1:]
-    name = first.removesuffix("[*]")
-    start = f"[{record(p=lit(name), sp=lit(name), v=f'{root}[{lit(name)}]')}]"
-    current = f"({lit(name)} in {root} ? {start} : [])"
-    if first.endswith("[*]"):
+    first = f"{names}[0]"
+    start = f"[{record(p=first, sp=first, v=f'{root}[{first}]')}]"
+    current = f"(type({root}) == map && {first} in {root} ? {start} : [])"
+    field = 1
+    if segments[0] == "items":
         current = _items(current, depth)
-    for n, segment in enumerate(rest, start=1):
+    for n, segment in enumerate(segments[1:], start=1):
         e = f"e{depth}_{n}"
-        if segment == "*":
+        if segment == "values":
             k, x = f"k{depth}_{n}", f"x{depth}_{n}"
             value = record(p=e + ".p + '.' + " + k, sp=e + ".sp + '.' + " + k, v=x)
             current = (f"{current}.filter({e}, type({e}.v) == map).map({e}, {e}.v.transformList({k}, {x}, {value}))"
                        f".flatten()")
             continue
-        field = segment.removesuffix("[*]")
-        value = record(p=e + ".p + " + lit("." + field), sp=e + ".sp + " + lit("." + field),
-                       v=e + ".v[" + lit(field) + "]")
-        current = f"{current}.filter({e}, type({e}.v) == map && {lit(field)} in {e}.v).map({e}, {value})"
-        if segment.endswith("[*]"):
+        name = f"{names}[{field}]"
+        field += 1
+        value = record(p=f"{e}.p + '.' + {name}", sp=f"{e}.sp + '.' + {name}", v=f"{e}.v[{name}]")
+        current = f"{current}.filter({e}, type({e}.v) == map && {name} in {e}.v).map({e}, {value})"
+        if segment == "items":
             current = _items(current, depth, n)
     return current
 
@@ -158,35 +171,45 @@ def template_records(nodes: str, origin: str) -> str:
     template = record(p=child + " + 'spec'", sp=stable_child + " + 'spec'", mp=child + " + 'metadata'", s="n.v.spec",
                       m=guarded("n.v", "metadata", "map", "{}"), o=origin)
     bare = record(p="n.p", sp="n.sp", mp=child + " + 'metadata'", s="n.v", m="{}", o=origin)
-    return (f"{nodes}.filter(n, type(n.v) == map).map(n, 'spec' in n.v && {is_pod_spec('n.v.spec')} ? [{template}] : "
+    return (f"({nodes}).filter(n, type(n.v) == map).map(n, 'spec' in n.v && {is_pod_spec('n.v.spec')} ? [{template}] : "
             f"{is_pod_spec('n.v')} ? [{bare}] : []).flatten()")
 
 
 def nodes(root: str, paths: Sequence[str]) -> str:
-    """Every node at any of ``paths`` (in order), ``{p, sp, v}``; the empty path is the object itself."""
-    parts = [_entries(root, p, d) for d, p in enumerate(paths)]
-    return " + ".join(parts) if parts else "[]"
+    """Every node at any of ``paths``, ``{p, sp, v}``; the empty path is the object itself."""
+    return _by_shape(root, [(lit("*"), path) for path in paths], lit("*"))
+
+
+def _by_shape(root: str, keyed: Sequence[tuple[str, str]], *keys: str) -> str:
+    """The nodes at the paths of ``keyed`` ((key literal, path)) whose key is one of ``keys`` (CEL strings): per
+    shape of path, a literal map from key to the field names of its paths of that shape, and one chain."""
+    shapes: dict[tuple[str, ...], dict[str, list[list[str]]]] = {}
+    for key, path in keyed:
+        shapes.setdefault(shape(path), {}).setdefault(key, []).append(field_names(path))
+    parts = []
+    for depth, (segments, by_key) in enumerate(shapes.items()):
+        table = "{" + ", ".join(f"{key}: [{', '.join(lits(n) for n in lists)}]" for key, lists in by_key.items()) + "}"
+        names = f"N{depth}"
+        found = f"[{', '.join(keys)}].map(key, {table}[?key].orValue([])).flatten()"
+        parts.append(f"{found}.map({names}, {_entries(root, segments, names, depth)}).flatten()")
+    return "(" + " + ".join(parts) + ")" if parts else "[]"
 
 
 def dispatch(root: str, kinds: Sequence[CustomKind], builtin: bool = True) -> str:
-    """The template nodes of the object ``root`` by the request's kind (built-in) or resource (custom)."""
-    branches: list[tuple[str, str]] = []
+    """The template nodes of the object ``root``: built-in kinds by ``request.kind``, custom kinds by
+    ``request.resource`` (the variables ``kindkey`` and ``resourcekey``), through one table per path shape."""
+    keyed: list[tuple[str, str]] = []
     if builtin:
-        by_path: dict[tuple[str, str], list[str]] = {}
         for group, kind, _, path in BUILTIN_KINDS:
-            by_path.setdefault((group, path), []).append(kind)
-        for (group, path), names in by_path.items():
-            kind_test = (f"request.kind.kind == {lit(names[0])}" if len(names) == 1
-                         else f"request.kind.kind in {lits(names)}")
-            test = f"request.kind.group == {lit(group)} && {kind_test}"
-            branches.append((test, nodes(root, [path])))
+            keyed.append((lit(f"kind:{group}/{kind}"), path))
     for k in kinds:
-        test = f"request.resource.group == {lit(k.group)} && request.resource.resource == {lit(k.resource)}"
-        branches.append((test, nodes(root, list(k.templates))))
-    expression = "[]"
-    for test, value in reversed(branches):
-        expression = f"({test} ? {value} : {expression})"
-    return expression
+        for path in k.templates:
+            keyed.append((lit(f"resource:{k.group}/{k.resource}"), path))
+    return _by_shape(root, keyed, "variables.kindkey", "variables.resourcekey")
+
+
+KIND_KEY = "'kind:' + request.kind.group + '/' + request.kind.kind"
+RESOURCE_KEY = "'resource:' + request.resource.group + '/' + request.resource.resource"
 
 
 def pod_template(root: str) -> str:
@@ -198,10 +221,8 @@ def is_custom(kinds: Sequence[CustomKind]) -> str:
     """The request is for one of the custom kinds (the quantity rules the apiserver leaves to us apply)."""
     if not kinds:
         return "false"
-    tests = [f"(request.resource.group == {lit(k.group)} && request.resource.resource == {lit(k.resource)})"
-             for k in kinds]
-    return "(" + " || ".join(tests) + ")"
+    return f"variables.resourcekey in {lits([f'resource:{k.group}/{k.resource}' for k in kinds])}"
 
 
-__all__ = ["BUILTIN_KINDS", "KNOWN_KINDS", "CustomKind", "custom_kinds", "dispatch", "is_custom", "nodes",
-           "path_problem", "pod_template", "template_records"]
+__all__ = ["BUILTIN_KINDS", "KIND_KEY", "KNOWN_KINDS", "RESOURCE_KEY", "CustomKind", "custom_kinds", "dispatch",
+           "is_custom", "nodes", "path_problem", "pod_template", "template_records"]

@@ -9,8 +9,8 @@ The variables every builder reads (``Ctx.v``), computed once per admission and o
 - ``gx``: aligned with ``ctr``: ``{t, l, i, side, vl, vr, named, holds, counted, frac}`` (valid GPU counts
   in limits and requests, whether it names a GPU, holds a GPU of any kind, holds a counted one, asks a
   fractional scheduler: ``webhook.rules.isolation.container_gpus``);
-- ``px``: aligned with ``tpl``: ``{uses, any, frac, counted, trusted, claims}`` (``PodGPUs.uses_gpus``,
-  ``GpuUse``, ``Policy.trusts``, and whether it declares claims).
+- ``px``: aligned with ``tpl``: ``{uses, any, frac, counted, trusted, claims, dra}`` (``PodGPUs.uses_gpus``,
+  ``GpuUse``, ``Policy.trusts``, whether it declares claims, and whether it declares or references any).
 
 Each builder returns a CEL list of violation records (``snippets.violation``), worded as the Python rule
 words them, at the same paths.
@@ -24,6 +24,7 @@ from webhook.core.policy import Policy
 from webhook.core.resources import EXCLUSIVE, FRACTION_ANNOTATIONS, VOLCANO_COUNT
 from webhook.native.celtext import boolean, lit, lits, matches, record
 from webhook.native.snippets import (
+    COUNTING_REGISTERED,
     MONITORING,
     PERCENT,
     READ_BY_SHARING,
@@ -44,7 +45,6 @@ from webhook.native.snippets import (
     tolerates_gpu_taint,
     type_name,
     violation,
-    zero_counting,
 )
 
 # The webhook's constants (webhook.rules.isolation); tests/test_native_pods.py holds them equal.
@@ -109,12 +109,13 @@ def entry(ctx: Ctx) -> str:
     flags = {
         "g": is_gpu(ctx, "k"),
         "h": holds_name(ctx, "k"),
-        "zc": zero_counting(ctx, "k"),
         "rd": matches("k", READ_BY_SHARING),
     }
+    # zero_counting's names are is_gpu's and the registered counts, which holds_name covers.
     relevant = "(" + " || ".join(f"F.{name}" for name in flags) + ")"
     fields = record(
         **{name: f"F.{name}" for name in flags},
+        zc=f"(F.g || {matches('k', COUNTING_REGISTERED)})",  # zero_counting
         sch=matches("k", SCHEDULER), shr=matches("k", SHARED), mon=matches("k", MONITORING),
         pct=matches("k", PERCENT),
         e="E", c=f"(E == '' && {relevant} ? {count('x')} : 0)", z=f"(E == '' && {relevant} && {count('x')} == 0)",
@@ -130,8 +131,7 @@ def entry(ctx: Ctx) -> str:
 def entries(ctx: Ctx) -> str:
     """``ent``: aligned with ``ctr``, ``{l, r}``: the entries of its limits and of its requests, by name."""
     one = entry(ctx)
-    return (f"{ctx.v('ctr')}.map(r, {{'l': r.lim.transformMap(k, x, {one}), "
-            f"'r': r.req.transformMap(k, x, {one})}})")
+    return f"{ctx.v('ctr')}.map(r, [r.lim, r.req].map(m, m.transformMap(k, x, {one}))).map(L, {{'l': L[0], 'r': L[1]}})"
 
 
 def gpu_facts(ctx: Ctx) -> str:
@@ -181,6 +181,7 @@ def pod_facts(ctx: Ctx) -> str:
         counted=f"{gx}.exists(g, g.t == t && g.counted)",
         trusted=trusted(ctx, "T.s"),
         claims=f"size({guarded('T.s', 'resourceClaims', 'list', '[]')}) > 0",
+        dra=_has_claims(),
     )
     return f"{ctx.v('tpl')}.transformList(t, T, {fields})"
 
@@ -361,25 +362,24 @@ def accelerator_conflict(ctx: Ctx) -> str:
 
 def _mapping_problem(parent: str, key: str, base: str, stable: str, origin: str = "T.o") -> str:
     """``_mapping_at``: ``parent[key]`` is neither absent, null nor a mapping."""
-    value = f"{parent}[{lit(key)}]"
     path = base + " + " + lit("." + key)
     stable_path = stable + " + " + lit("." + key)
-    found = violation("structure", path, stable_path, type_name(value), lit("must be a mapping, not ") + " + "
-                      + type_name(value), origin)
-    return f"({lit(key)} in {parent} && {value} != null && type({value}) != map ? [{found}] : [])"
+    found = violation("structure", path, stable_path, type_name("sv"), lit("must be a mapping, not ") + " + "
+                      + type_name("sv"), origin)
+    return (f"[{parent}].map(sp, type(sp) == map && {lit(key)} in sp ? [sp[{lit(key)}]] : [])[0]"
+            f".filter(sv, sv != null && type(sv) != map).map(sv, {found})")
 
 
 def _string_problem(mapping: str, key: str, base: str, truthy: bool = False) -> str:
     """``accelerator_of``: the annotation (when truthy) or the selector value is not a string."""
-    value = f"{mapping}[{lit(key)}]"
-    present = f"{value} != null"
+    present = "sv != null"
     if truthy:
-        present = (f"!({value} == null || {value} == false || (type({value}) == int && {value} == 0) || "
-                   f"(type({value}) == double && {value} == 0.0) || (type({value}) == list && size({value}) == 0) || "
-                   f"(type({value}) == map && size({value}) == 0))")
+        present = ("!(sv == null || sv == false || (type(sv) == int && sv == 0) || (type(sv) == double && sv == 0.0) "
+                   "|| (type(sv) == list && size(sv) == 0) || (type(sv) == map && size(sv) == 0))")
     path = base + " + " + lit("[" + key + "]")
-    found = tviolation("structure", path, path, type_name(value), lit("must be a string"))
-    return f"({lit(key)} in {mapping} && {present} && type({value}) != string ? [{found}] : [])"
+    found = tviolation("structure", path, path, type_name("sv"), lit("must be a string"))
+    return (f"[{mapping}].map(sp, {lit(key)} in sp ? [sp[{lit(key)}]] : [])[0]"
+            f".filter(sv, {present} && type(sv) != string).map(sv, {found})")
 
 
 def structure(ctx: Ctx) -> str:
@@ -793,7 +793,7 @@ def claim_source(ctx: Ctx) -> str:
     found = tviolation("claim-source", path, stable, "w", message)
     body = (f"{claims}.transformList(i, x, type(x) == map && size({named}) != 1, "
             f"[size({named}) == 2 ? 'both' : 'neither'].map(w, [{name}].map(N, {found})[0])[0])")
-    return _per_template(ctx, body, _has_claims())
+    return _per_template(ctx, body, f"{ctx.v('px')}[t].dra")
 
 
 def undeclared_claim(ctx: Ctx) -> str:
@@ -805,7 +805,7 @@ def undeclared_claim(ctx: Ctx) -> str:
     message = (f"'claim ' + {quoted('N')} + ' is not declared in ' + T.p + '.resourceClaims (declared: ' + "
                f"{listed} + ')'")
     found = violation("undeclared-claim", path, stable, plain("N"), message)
-    body = (f"({_has_claims()} ? {_container_claims('r.c')}.transformList(k, x, type(x) == map && "
+    body = (f"(P.dra ? {_container_claims('r.c')}.transformList(k, x, type(x) == map && "
             f"!({name} in {declared}), [{name}].map(N, {found})[0]) : [])")
     return _per_container(ctx, body, "r.l != 'ephemeralContainers'")
 
@@ -824,7 +824,7 @@ def unused_claim(ctx: Ctx) -> str:
     first = f"{claims}.transformList(i2, y, type(y) == map && 'name' in y && y.name == x.name, i2)[0] == i"
     body = (f"[{used}].map(U, {claims}.transformList(i, x, type(x) == map && 'name' in x && type(x.name) == string && "
             f"{first} && !(x.name in U), {found}))[0]")
-    return _per_template(ctx, body, _has_claims())
+    return _per_template(ctx, body, f"{ctx.v('px')}[t].dra")
 
 
 # Builders of the pod-template rules, by rule id.

@@ -9,6 +9,7 @@ is held only to the violations its old object did not have.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from webhook.core import quantity
@@ -132,15 +133,15 @@ def escaped(s: str) -> str:
 
 
 def quoted(v: str) -> str:
-    """``webhook.core.quantity.quoted``: strings in double quotes, numbers and booleans as Python prints them."""
+    """``webhook.core.quantity.quoted``: strings in double quotes, ``true``/``false``/``null`` as JSON spells
+    them, numbers as they are."""
     return (f"(type({v}) == string ? '\"' + {escaped(v)} + '\"' : {plain(v)})")
 
 
 def plain(v: str) -> str:
-    """``str(value)`` in Python for the scalars JSON has; a short stand-in for lists and maps."""
-    return (f"(type({v}) == string ? {v} : type({v}) == bool ? ({v} ? 'True' : 'False') : "
-            f"type({v}) == null_type ? 'None' : type({v}) == int || type({v}) == uint || type({v}) == double ? "
-            f"string({v}) : type({v}) == list ? '[…]' : '{{…}}')")
+    """A scalar as JSON spells it (strings unquoted); a short stand-in for lists and maps."""
+    return (f"(type({v}) == string ? {v} : type({v}) == null_type ? 'null' : type({v}) == bool || type({v}) == int "
+            f"|| type({v}) == uint || type({v}) == double ? string({v}) : type({v}) == list ? '[…]' : '{{…}}')")
 
 
 def shown(v: str) -> str:
@@ -224,10 +225,19 @@ def violation(rule: str, path: str, stable: str, value: str, message: str, origi
             f"'m': dyn({path} + ': ' + {message}), 'o': dyn({origin})}}")
 
 
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*|\[[0-9]+\])*")
+
+
 def guarded(parent: str, key: str, kind: str, default: str) -> str:
-    """``parent[key]`` when ``parent`` is a map holding ``key`` of CEL type ``kind``, else ``default``."""
-    return (f"(type({parent}) == map && {lit(key)} in {parent} && type({parent}[{lit(key)}]) == {kind} ? "
-            f"{parent}[{lit(key)}] : {default})")
+    """``parent[key]`` when ``parent`` is a map holding ``key`` of CEL type ``kind``, else ``default``.
+
+    A ``parent`` that is more than a field read is evaluated once (bound by a one-element list), so guards can
+    nest without the text, or the cost, growing with every level.
+    """
+    if not _PLAIN.fullmatch(parent):
+        return f"[{parent}].map(gv, {guarded('gv', key, kind, default)})[0]"
+    value = f"{parent}[{lit(key)}]"
+    return f"(type({parent}) == map && {lit(key)} in {parent} && type({value}) == {kind} ? {value} : {default})"
 
 
 def stable_item(path: str, index: str, item: str, by: str) -> str:
