@@ -147,6 +147,7 @@ def _validating_policy(name: str, policies: PolicySet, action: str, custom_kinds
             # stop an object.
             "failurePolicy": "Fail" if action == "deny" else "Ignore",
             "matchConstraints": _match_constraints(custom_kinds, exclude),
+            "matchConditions": [{"name": "may-concern-gpus", "expression": pods.matters(ctx, rules)}],
             "variables": [{"name": n, "expression": e} for n, e in variables],
             "validations": validations,
         },
@@ -233,6 +234,7 @@ def _mutating_policy(policies: PolicySet, exclude: Sequence[str]) -> list[dict[s
             "failurePolicy": "Ignore",
             "reinvocationPolicy": "Never",
             "matchConstraints": constraints,
+            "matchConditions": [{"name": "may-concern-gpus", "expression": mutations.matters(ctx)}],
             "variables": [{"name": n, "expression": e} for n, e in variables],
             # One expression: every mutation of a policy evaluates its variables afresh, and these four add disjoint
             # fields (nodeSelector, tolerations, env, runtimeClassName) from the same pod.

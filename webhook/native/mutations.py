@@ -138,3 +138,14 @@ MUTATIONS = {
 
 def _policies(ctx: Ctx) -> list[Policy]:
     return [ctx.policies.default, *ctx.policies.by_namespace.values()]
+
+
+def matters(ctx: Ctx) -> str:
+    """``matchConditions`` of the MutatingAdmissionPolicy: a pod with an extended resource in a container or init
+    container (every GPU name has a domain), or any pod where ``hideGpus`` applies; the rest skip it."""
+    hidden = ctx.ns(lambda p: boolean(p.hide_gpus in ("void", "none")))
+    extended = " || ".join(f"(has(c.resources.{s}) && c.resources.{s}.exists(k, k.contains('/')))"
+                           for s in ("limits", "requests"))
+    gpu = (f"['containers', 'initContainers'].exists(l, l in object.spec && object.spec[l].exists(c, "
+           f"has(c.resources) && ({extended})))")
+    return gpu if hidden == "false" else f"{hidden} || {gpu}"

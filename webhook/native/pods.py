@@ -18,6 +18,7 @@ words them, at the same paths.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from webhook.core.policy import Policy
@@ -26,8 +27,11 @@ from webhook.native.celtext import boolean, lit, lits, matches, record
 from webhook.native.snippets import (
     COUNTING_REGISTERED,
     MONITORING,
+    NOT_COUNTING,
     PERCENT,
+    PRIORITY,
     READ_BY_SHARING,
+    REGISTERED,
     SCHEDULER,
     SHARED,
     Ctx,
@@ -35,8 +39,9 @@ from webhook.native.snippets import (
     count,
     escaped,
     guarded,
-    holds_name,
+    implicit_gpu,
     is_gpu,
+    names_gpu,
     plain,
     quantity_error,
     quoted,
@@ -83,7 +88,9 @@ def container_records(ctx: Ctx) -> str:
     path = f"{t}.p + '.' + l + '[' + string(i) + ']'"
     named = f"('name' in {c} && type({c}.name) == string && {c}.name != '')"
     resources = guarded(c, "resources", "map", "{}")
-    label = f"({named} ? 'container \"' + {escaped(c + '.name')} + '\"' : 'container ' + {path})"
+    # Pods' container names need no escaping (DNS labels): only other names pay for it.
+    shown_name = f"({matches(c + '.name', '^[-a-z0-9.]*$')} ? {c}.name : {escaped(c + '.name')})"
+    label = f"({named} ? 'container \"' + {shown_name} + '\"' : 'container ' + {path})"
     fields = record(
         t="t", o=f"{t}.o", l="l", i="i", p=path,
         sp=stable_item(f"{t}.sp + '.' + l", "i", c, "name"),
@@ -98,40 +105,46 @@ def container_records(ctx: Ctx) -> str:
             f".flatten().flatten()")
 
 
-def entry(ctx: Ctx) -> str:
-    """One resource name ``k`` with its value ``x``: what every rule asks of it, computed once.
-
-    ``g`` a policy GPU count (``Policy.is_gpu``), ``h`` a name that holds a GPU of some kind, ``zc`` a name
-    ``zero-gpu-limit`` reads, ``rd`` a name the vendor-name checks read, ``sch``/``shr``/``mon``/``pct`` its
-    registry kind; ``e`` the quantity error (``gpu_count``'s message, '' when valid) and ``c`` the count, both
-    only for the names above; ``x`` the value.
-    """
-    flags = {
-        "g": is_gpu(ctx, "k"),
-        "h": holds_name(ctx, "k"),
-        "rd": matches("k", READ_BY_SHARING),
-    }
-    # zero_counting's names are is_gpu's and the registered counts, which holds_name covers.
-    relevant = "(" + " || ".join(f"F.{name}" for name in flags) + ")"
+def classes(ctx: Ctx) -> str:
+    """``cls``: every resource name with a domain in the object's containers (every GPU name, registered or in
+    ``resources``, has one; cpu and memory do not), once, to what the rules ask of a name: ``g`` a policy GPU count
+    (``Policy.is_gpu``), ``h`` a name that holds a GPU of some kind, ``zc`` a name ``zero-gpu-limit`` reads, ``rd``
+    a name the vendor-name checks read, ``sch``/``shr``/``mon``/``pct`` its registry kind. A name repeats in every
+    container; its regular expressions run once."""
+    facts = record(named=names_gpu(ctx, "k"), implicit=implicit_gpu(ctx, "k"), reg=matches("k", REGISTERED))
     fields = record(
-        **{name: f"F.{name}" for name in flags},
-        zc=f"(F.g || {matches('k', COUNTING_REGISTERED)})",  # zero_counting
-        sch=matches("k", SCHEDULER), shr=matches("k", SHARED), mon=matches("k", MONITORING),
-        pct=matches("k", PERCENT),
+        g=f"((F.named && !(F.reg && {matches('k', NOT_COUNTING)})) || F.implicit)",
+        h=f"(F.reg ? !{matches('k', PRIORITY)} : (F.named || F.implicit))",
+        rd=f"(F.reg && {matches('k', READ_BY_SHARING)})",
+        zc=f"(((F.named && !(F.reg && {matches('k', NOT_COUNTING)})) || F.implicit) || "
+           f"(F.reg && {matches('k', COUNTING_REGISTERED)}))",  # zero_counting
+        sch=f"(F.reg && {matches('k', SCHEDULER)})", shr=f"(F.reg && {matches('k', SHARED)})",
+        mon=f"(F.reg && {matches('k', MONITORING)})", pct=f"(F.reg && {matches('k', PERCENT)})",
+    )
+    names = (f"{ctx.v('ctr')}.map(r, r.lim.map(k, k) + r.req.map(k, k)).flatten()"
+             f".filter(k, type(k) == string && k.contains('/')).distinct()")
+    return f"{names}.transformMapEntry(i, k, {{k: [{facts}].map(F, {fields})[0]}})"
+
+
+def entry(ctx: Ctx) -> str:
+    """One resource name ``k`` with a domain and its value ``x``: its classes (``cls``), ``e`` the quantity error
+    (``gpu_count``'s message, '' when valid) and ``c`` the count for the names a rule reads, ``z`` a valid 0, and
+    ``x`` the value."""
+    relevant = "(C.g || C.h || C.rd)"
+    fields = record(
+        g="C.g", h="C.h", rd="C.rd", zc="C.zc", sch="C.sch", shr="C.shr", mon="C.mon", pct="C.pct",
         e="E", c=f"(E == '' && {relevant} ? {count('x')} : 0)", z=f"(E == '' && {relevant} && {count('x')} == 0)",
         x="x",
     )
-    facts = "{" + ", ".join(f"{lit(n)}: {t}" for n, t in flags.items()) + "}"
-    return (f"(type(k) == string ? [{facts}].map(F, [{relevant} ? {quantity_error('x')} : ''].map(E, {fields})[0])[0] "
-            f": {{'g': dyn(false), 'h': dyn(false), 'zc': dyn(false), 'rd': dyn(false), 'sch': dyn(false), "
-            f"'shr': dyn(false), 'mon': dyn(false), 'pct': dyn(false), 'e': dyn(''), 'c': dyn(0), 'z': dyn(false), "
-            f"'x': dyn(x)}})")
+    return f"[{ctx.v('cls')}[k]].map(C, [{relevant} ? {quantity_error('x')} : ''].map(E, {fields})[0])[0]"
 
 
 def entries(ctx: Ctx) -> str:
-    """``ent``: aligned with ``ctr``, ``{l, r}``: the entries of its limits and of its requests, by name."""
+    """``ent``: aligned with ``ctr``, ``{l, r}``: the entries of its limits and of its requests, by name (names
+    with a domain only: no rule reads cpu or memory)."""
     one = entry(ctx)
-    return f"{ctx.v('ctr')}.map(r, [r.lim, r.req].map(m, m.transformMap(k, x, {one}))).map(L, {{'l': L[0], 'r': L[1]}})"
+    return (f"{ctx.v('ctr')}.map(r, [r.lim, r.req].map(m, m.transformMap(k, x, type(k) == string && "
+            f"k.contains('/'), {one}))).map(L, {{'l': L[0], 'r': L[1]}})")
 
 
 def gpu_facts(ctx: Ctx) -> str:
@@ -192,6 +205,7 @@ def variables(ctx: Ctx, templates: str, with_roots: bool = True) -> list[tuple[s
     return out + [
         ("tpl", template_list(templates)),
         ("ctr", container_records(ctx)),
+        ("cls", classes(ctx)),
         ("ent", entries(ctx)),
         ("gx", gpu_facts(ctx)),
         ("px", pod_facts(ctx)),
@@ -204,14 +218,18 @@ def variables(ctx: Ctx, templates: str, with_roots: bool = True) -> list[tuple[s
 def _per_container(ctx: Ctx, body: str, where: str = "true") -> str:
     """``body`` (a list of records, reading ``r``, ``j``, ``g`` = gx[j], ``P`` = px[r.t], ``T`` = tpl[r.t],
     ``E`` = ent[j]) for each container."""
-    inner = (f"[{ctx.v('gx')}[j]].map(g, [{ctx.v('px')}[r.t]].map(P, [{ctx.v('tpl')}[r.t]].map(T, "
-             f"[{ctx.v('ent')}[j]].map(E, {body})[0])[0])[0])[0]")
+    inner = body
+    # Only what the body reads is bound (each binding is a list and a comprehension per container and rule).
+    for name, value in (("E", f"{ctx.v('ent')}[j]"), ("T", f"{ctx.v('tpl')}[r.t]"), ("P", f"{ctx.v('px')}[r.t]"),
+                        ("g", f"{ctx.v('gx')}[j]")):
+        if re.search(rf"(?<![\w.]){name}\.", inner):
+            inner = f"[{value}].map({name}, {inner})[0]"
     return f"{ctx.v('ctr')}.transformList(j, r, {where}, {inner}).flatten()"
 
 
 def _per_template(ctx: Ctx, body: str, where: str = "true") -> str:
     """``body`` for each template (``T``, its index ``t``, ``P`` = px[t])."""
-    inner = f"[{ctx.v('px')}[t]].map(P, {body})[0]"
+    inner = f"[{ctx.v('px')}[t]].map(P, {body})[0]" if re.search(r"(?<![\w.])P\.", body) else body
     return f"{ctx.v('tpl')}.transformList(t, T, {where}, {inner}).flatten()"
 
 
@@ -647,8 +665,10 @@ def gpu_device_mount(ctx: Ctx) -> str:
     vmessage = ("'hostPath ' + " + shown("h") + " + ' exposes the node\\'s GPU devices to the pod, outside the "
                 "scheduler\\'s accounting; GPUs come from resources'")
     vfound = tviolation("gpu-device-mount", vpath, vstable, "h", vmessage)
-    host_paths = (f"{volumes}.transformList(i, x, type(x) == map && {host} != null, [{host}].map(h, "
-                  f"[{normalised_path('h')}].filter(N, {exposes}).map(N, {vfound}))[0]).flatten()")
+    # Only a path that names dev, climbs (..) or is all slashes and dots can normalise to a device directory or /.
+    suspect = f"(h.contains('dev') || h.contains('..') || !{matches('h', '[^/.]')})"
+    host_paths = (f"{volumes}.transformList(i, x, type(x) == map && {host} != null, [{host}].map(h, {suspect} ? "
+                  f"[{normalised_path('h')}].filter(N, {exposes}).map(N, {vfound}) : [])[0]).flatten()")
     per_template = _per_template(ctx, host_paths, f"!{ctx.v('px')}[t].trusted")
     mounts = guarded("r.c", "volumeMounts", "list", "[]")
     mount_path = guarded("x", "mountPath", "string", "null")
@@ -657,7 +677,9 @@ def gpu_device_mount(ctx: Ctx) -> str:
     mmessage = ("r.lab + ': a mount at ' + " + shown("h") + " + ' asks the NVIDIA runtime (volume-mounts device list "
                 "strategy) for the GPUs it names, outside the scheduler\\'s accounting'")
     mfound = violation("gpu-device-mount", mpath, mstable, "h", mmessage)
-    mount_list = (f"{mounts}.transformList(k, x, type(x) == map && {mount_path} != null, [{mount_path}].map(h, "
+    # A path under the device-list directory names it (normalising keeps the segments that survive).
+    mount_list = (f"{mounts}.transformList(k, x, type(x) == map && {mount_path} != null && "
+                  f"{mount_path}.contains('nvidia-container-devices'), [{mount_path}].map(h, "
                   f"[{normalised_path('h')}].filter(N, {_under('N', DEVICE_LIST_DIRECTORIES)}).map(N, {mfound}))[0])"
                   f".flatten()")
     per_container = _per_container(ctx, mount_list, f"!{ctx.v('px')}[r.t].trusted")
@@ -861,3 +883,103 @@ BUILDERS: dict[str, Callable[[Ctx], str]] = {
 # Rules the apiserver already enforces on Pods and built-in templates (validateResourceRequirements; their shape is
 # the schema's): only custom resources need them from us.
 CUSTOM_ONLY = frozenset({"requests-without-limits", "requests-differ", "structure"})
+
+
+# --- what can matter at all (matchConditions) -------------------------------------------------------------------
+
+_BUILTIN_TEMPLATE = (
+    "request.kind.kind == 'Pod' ? [object] : request.kind.kind == 'PodTemplate' ? (has(object.template) ? "
+    "[object.template] : []) : request.kind.kind == 'CronJob' ? (has(object.spec.jobTemplate.spec.template) ? "
+    "[object.spec.jobTemplate.spec.template] : []) : (has(object.spec.template) ? [object.spec.template] : [])"
+)
+
+
+def _any_container(test: str, lists: tuple[str, ...] = CONTAINER_LISTS) -> str:
+    """Some container of template ``t`` (in ``lists``), ``c``, passes ``test``."""
+    return f"{lits(lists)}.exists(l, l in t.spec && t.spec[l].exists(c, {test}))"
+
+
+def _extended(resources: str, value_test: str = "true") -> str:
+    """A resource map in ``resources`` (limits or requests) names an extended resource (every GPU name has a
+    domain) whose value ``v`` passes ``value_test``."""
+    return " || ".join(f"(has({resources}.{s}) && {resources}.{s}.exists(k, k.contains('/') && "
+                       f"[{resources}.{s}[k]].exists(v, {value_test})))" for s in ("limits", "requests"))
+
+
+def _triggers(ctx: Ctx) -> dict[str, str]:
+    """Per kind of thing a rule reads, a cheap test on template ``t`` of a Pod or built-in workload that is true
+    whenever the rule could find something (false may skip it: matchConditions)."""
+    taints = sorted({t.key for t in ctx.policy.gpu_taints})
+    toleration = "has(x.key) && (x.key.contains('/')" + (f" || x.key in {lits(taints)}" if taints else "") + ")"
+    cdi = " || ".join([f"k.startsWith({lit(p)})" for p in CDI_PREFIXES] + [f"k == {lit(k)}" for k in CDI_KEYS])
+    extended = _any_container(f"has(c.resources) && ({_extended('c.resources')})")
+    positive = "!" + matches("string(v)", "^[1-9][0-9]{0,5}$")
+    gpu_named = " || ".join(f"(has(c.resources.{s}) && c.resources.{s}.exists(k, {is_gpu(ctx, 'k')}))"
+                            for s in ("limits", "requests"))
+    claims = ("(has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0) || "
+              + _any_container("has(c.resources) && has(c.resources.claims) && size(c.resources.claims) > 0",
+                               ("containers", "initContainers")))
+    return {
+        "extended": f"({extended} || (has(t.spec.resources) && ({_extended('t.spec.resources')})))",
+        # A value that is not a positive count of at most 6 digits (a 0, an odd spelling): what zero-gpu-limit reads.
+        "zero": _any_container(f"has(c.resources) && ({_extended('c.resources', positive)})"),
+        "init": _any_container(f"has(c.resources) && ({_extended('c.resources')})", ("initContainers",)),
+        "claims": f"({claims})",
+        "devices": _any_container(f"has(c.env) && c.env.exists(e, e.name in {lits(DEVICE_VARIABLES)})"),
+        "unread": _any_container(f"(has(c.envFrom) && size(c.envFrom) > 0) || (has(c.env) && c.env.exists(e, "
+                                 f"e.name in {lits(DEVICE_VARIABLES)} && has(e.valueFrom)))"),
+        "privileged": _any_container("has(c.securityContext) && has(c.securityContext.privileged) && "
+                                     "c.securityContext.privileged"),
+        "mounts": ("(has(t.spec.volumes) && t.spec.volumes.exists(v, has(v.hostPath))) || "
+                   + _any_container("has(c.volumeMounts) && c.volumeMounts.exists(v, "
+                                    "v.mountPath.contains('nvidia-container-devices'))")),
+        "cdi": f"(has(t.metadata.annotations) && t.metadata.annotations.exists(k, {cdi}))",
+        "runtime": (f"(has(t.spec.runtimeClassName) && "
+                    f"t.spec.runtimeClassName.startsWith({lit(NVIDIA_RUNTIME_PREFIX)}))"),
+        # cpu-pod-on-gpu-nodes speaks only of pods that name no GPU (a GPU pod carries the accelerator selector the
+        # MutatingAdmissionPolicy injected).
+        "gpu-nodes": (f"((has(t.spec.tolerations) && t.spec.tolerations.exists(x, {toleration})) || "
+                      f"(has(t.spec.nodeSelector) && {lit(ctx.policy.node_label)} in t.spec.nodeSelector)) && "
+                      f"!{_any_container(f'has(c.resources) && ({gpu_named})')}"),
+        "node-name": "(has(t.spec.nodeName) && t.spec.nodeName != '')",
+        "never": "false",
+    }
+
+
+# What each pod rule reads, as _triggers names it: a Pod or built-in template none of them matches is skipped.
+READS: dict[str, tuple[str, ...]] = {
+    "invalid-quantity": ("extended",), "requests-without-limits": ("extended",), "requests-differ": ("extended",),
+    "per-container-limit": ("extended",), "per-pod-limit": ("extended",), "accelerator-not-allowed": ("extended",),
+    "accelerator-conflict": ("extended",), "ephemeral-gpu": ("extended",), "pod-level-gpu": ("extended",),
+    "mixed-gpu-and-mig": ("extended",), "shared-gpu-over-one": ("extended",), "fractional-gpu-request": ("extended",),
+    "gpu-monitoring-resource": ("extended",),
+    "structure": ("never",),  # custom resources only: Pods have a schema
+    "zero-gpu-limit": ("zero",), "init-container-gpus": ("init",),
+    "visible-devices-without-gpu": ("devices",), "visible-devices-unread": ("unread",),
+    "privileged-gpu": ("privileged",), "gpu-device-mount": ("mounts",), "cdi-annotation": ("cdi",),
+    "runtime-class-without-gpu": ("runtime",), "cpu-pod-on-gpu-nodes": ("gpu-nodes",),
+    "claim-source": ("claims",), "undeclared-claim": ("claims",), "unused-claim": ("claims",),
+    "node-name-with-gpus": ("node-name",),
+}
+
+
+def matters(ctx: Ctx, rules: list[str]) -> str:
+    """A ``matchConditions`` expression for a policy holding ``rules``: false only for a Pod or built-in workload
+    whose template has nothing those rules read, so the ordinary CPU pods of a cluster (and, for the warn policy,
+    most GPU pods) cost the policy one cheap expression. Custom kinds and claims always go on: CEL cannot tell
+    without reading their templates."""
+    triggers = _triggers(ctx)
+    wanted = sorted({name for rule in rules for name in READS.get(rule, ("extended",))} - {"never"})
+    checks = " || ".join(f"({triggers[name]})" for name in wanted) or "false"
+    builtin = " || ".join(f"(request.kind.group == {lit(g)} && request.kind.kind in {lits(ks)})"
+                          for g, ks in _builtin_by_group().items())
+    return f"!({builtin}) || ({_BUILTIN_TEMPLATE}).exists(t, has(t.spec) && ({checks}))"
+
+
+def _builtin_by_group() -> dict[str, list[str]]:
+    from webhook.native.kinds import BUILTIN_KINDS
+
+    out: dict[str, list[str]] = {}
+    for group, kind, _, _ in BUILTIN_KINDS:
+        out.setdefault(group, []).append(kind)
+    return out

@@ -183,10 +183,14 @@ def _string_error(v: str) -> str:
     )
 
 
+# The usual spelling (what a Pod's quantities are canonicalised to): a whole count of at most 6 digits.
+DIGITS = "^[0-9]{1,6}$"
+
+
 def quantity_error(v: str) -> str:
     """The message ``gpu_count`` raises for ``v`` (the value itself, not a string of it), or ``''``."""
     return (
-        f"(type({v}) == string ? {_string_error(v)} : "
+        f"(type({v}) == string ? ({matches(v, DIGITS)} ? '' : {_string_error(v)}) : "
         f"type({v}) == int ? ({v} > {CEILING} || {v} < -{CEILING} ? string({v}) + {lit(NOT_SENSIBLE)} : "
         f"{v} < 0 ? string({v}) + ' is negative (GPU counts are zero or more)' : '') : "
         f"type({v}) == double ? ({v} < 0.0 ? string({v}) + ' is negative (GPU counts are zero or more)' : "
@@ -198,7 +202,8 @@ def quantity_error(v: str) -> str:
 
 def count(v: str) -> str:
     """The GPU count of ``v``; only where ``quantity_error(v)`` is empty."""
-    return (f"(type({v}) == string ? int(quantity({v}).asApproximateFloat() + 0.5) : "
+    parsed = f"int(quantity({v}).asApproximateFloat() + 0.5)"
+    return (f"(type({v}) == string ? ({matches(v, DIGITS)} ? int({v}) : {parsed}) : "
             f"type({v}) == int ? int({v}) : int({v}))")
 
 
