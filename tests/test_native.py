@@ -302,3 +302,22 @@ def test_a_bad_policy_is_one_line_and_exit_2(tmp_path):
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
     assert "resource" in done.stderr
+
+
+def test_each_policy_asks_first_whether_a_pod_holds_anything_its_rules_read():
+    names = by_name(objects())
+    deny = names["ValidatingAdmissionPolicy/gpu-webhook-deny"]["spec"]["matchConditions"][0]["expression"]
+    warn = names["ValidatingAdmissionPolicy/gpu-webhook-warn"]["spec"]["matchConditions"][0]["expression"]
+    # Custom kinds and claims always go on; Pods and built-in templates only when something matters.
+    assert deny.startswith("!((request.kind.group == '' && request.kind.kind in ['Pod', 'PodTemplate', ")
+    for read in ("k.contains('/')", "c.securityContext.privileged", "v.hostPath", "'cdi.k8s.io/'",
+                 "'NVIDIA_VISIBLE_DEVICES'", "'nvidia-container-devices'"):
+        assert read in deny, read
+    # The warn policy's rules read other things: an envFrom, a zero count, a node name, GPU tolerations.
+    assert "c.envFrom" in warn and "t.spec.nodeName" in warn and "t.spec.tolerations" in warn
+    assert "c.securityContext.privileged" not in warn
+    mutating = names["MutatingAdmissionPolicy/gpu-webhook"]["spec"]["matchConditions"][0]["expression"]
+    # hideGpus applies everywhere in POLICY: every pod goes to the mutation.
+    assert mutating.startswith("true || ")
+    gpu_only = by_name(objects("accelerator: {default: nvidia-l4}\n"))["MutatingAdmissionPolicy/gpu-webhook"]
+    assert gpu_only["spec"]["matchConditions"][0]["expression"].startswith("['containers', 'initContainers']")
