@@ -25,7 +25,6 @@ NEEDS_CLUSTER = (
 )
 FOLLOWS_CLAIMS = "follows a pod's claims to the ResourceClaims and templates they name, which CEL cannot read"
 CROSS_REPLICA = "compares the replicas of one workload kind by kind; not generated"
-NOT_GENERATED = "expressible in CEL, not generated: the webhook keeps it"
 
 
 @dataclass(frozen=True, slots=True)
