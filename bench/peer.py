@@ -180,7 +180,9 @@ def parity_cases() -> list[tuple[str, dict, bool]]:
         ("amd.com/gpu, requests = limits", _pod(_gpu({"amd.com/gpu": "2"}, {"amd.com/gpu": "2"})), True),
         ("gpu.intel.com/i915 in limits", _pod(_gpu({"gpu.intel.com/i915": "1"})), True),
         ("nvidia.com/mig-1g.5gb in limits", _pod(_gpu({"nvidia.com/mig-1g.5gb": "2"})), True),
-        ("whole GPU and MIG slice in one container", _pod(_gpu({GPU: "1", "nvidia.com/mig-1g.5gb": "1"})), True),
+        # Ours warns by default (checks.mixedGpuAndMig: warn, a policy choice, not a Kubernetes rule); the peer,
+        # which has no warnings, still denies it.
+        ("whole GPU and MIG slice in one container", _pod(_gpu({GPU: "1", "nvidia.com/mig-1g.5gb": "1"})), False),
         ("annotation, no nodeSelector", _pod(_gpu({GPU: "1"}), annotations=a100), True),
         ("annotation conflicts with nodeSelector",
          _pod(_gpu({GPU: "1"}), annotations=a100, nodeSelector={"accelerator": "nvidia-t4"}), True),

@@ -96,3 +96,24 @@ def test_an_unreadable_file_and_a_failed_check_are_policy_errors(tmp_path, monke
     monkeypatch.setattr(sys, "executable", "/bin/false")  # a child that says nothing and exits 1
     with pytest.raises(PolicyError, match=r"its check failed \(exit 1\)"):
         policies.load(tmp_path / "policy.yaml")
+
+
+def test_serve_checks_its_policy_without_importing_jsonschema_into_the_master(tmp_path):
+    """The CLI's serve path loads the policy as the server does: a bad file is still refused in one line, and
+    the process that goes on to become gunicorn's master has not imported jsonschema."""
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text("limits: {perContainer: 2}\n")
+    bad.write_text("limits: {perContainr: 2}\n")
+    script = (
+        "import sys\n"
+        "from webhook.cli import main\n"
+        "policies = main._policy_or_exit(sys.argv[1], serving=True)\n"
+        "assert policies.default.per_container == 2\n"
+        "print('jsonschema' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(good)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+    refused = subprocess.run([sys.executable, "-c", script, str(bad)], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1 and "perContainr" in refused.stderr

@@ -221,9 +221,15 @@ def _admission_policies(args: argparse.Namespace, parser: argparse.ArgumentParse
     return 0
 
 
-def _policy_or_exit(path: str | None) -> PolicySet:
-    """The policy in ``path``; one line naming every bad key and exit 2 when it cannot be used."""
+def _policy_or_exit(path: str | None, serving: bool = False) -> PolicySet:
+    """The policy in ``path``; one line naming every bad key and exit 2 when it cannot be used. For ``serve``
+    the JSON schema is checked in a child process (``webhook.serving.policies``), so the master, whose modules
+    every worker inherits, never imports jsonschema."""
     try:
+        if serving:
+            from webhook.serving import policies as serving_policies
+
+            return serving_policies.load(path)
         return load_policy(path)
     except PolicyError as exc:
         print(f"gpu-webhook: {exc}", file=sys.stderr)
@@ -254,7 +260,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--cert-file and --key-file go together")
     if args.workers < 1 or args.threads < 1:
         parser.error("--workers and --threads must be at least 1")
-    policies = _policy_or_exit(args.policy)
+    policies = _policy_or_exit(args.policy, serving=True)
     # Workers share counters through files; this must be set before prometheus_client is imported (the audit
     # settings below import webhook.telemetry.metrics with the audit loop).
     os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", _temp_dir("gpu-webhook-metrics-"))
