@@ -65,12 +65,14 @@ def gpu_webhook(cluster, tmp_path_factory):
     policy = tmp / "policy.yaml"
     policy.write_text(E2E_POLICY)
     server = start_webhook(tmp, "--policy", str(policy), certs=make_certs(tmp / "tls", "127.0.0.1"))
-    for namespace in ("research", "lab"):
-        cluster.kubectl("create", "namespace", namespace)
-    register_webhook(cluster, server)
-    yield server
-    unregister_webhook(cluster)
-    server.stop()
+    try:  # a registration that fails must not leave the server running
+        for namespace in ("research", "lab"):
+            cluster.kubectl("create", "namespace", namespace)
+        register_webhook(cluster, server)
+        yield server
+    finally:
+        unregister_webhook(cluster)
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -134,17 +134,19 @@ def bed(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory):
            deployment("wrong-acc", "audit-fix", "nvidia-a100"), gpujob("big-worker", "audit-fix", 6),
            over_cap("over-cap", "audit-fix"))
     server = start_webhook(tmp, "--policy", str(policy), certs=make_certs(tmp / "tls", "127.0.0.1"))
-    register_webhook(cluster, server, webhook={"customResources": [*CUSTOM_RESOURCES, GPUJOBS]})
-    # Through the webhook, in warn mode: admitted, and kubectl says why.
-    cron = placed(workload("CronJob", pod(container(limits={GPU: 1}), name="x", restartPolicy="OnFailure",
-                                          nodeSelector={"accelerator": "nvidia-h100"}), name="h100-nightly"),
-                  "audit-warn")
-    warned = create(cluster, over_cap("over-cap-warned", "audit-warn"), cron)
-    assert "Warning: spec: pod asks for 5 nvidia.com/gpu, over the limit of 4 per pod" in warned.stderr
-    assert 'accelerator "nvidia-h100" is not allowed here' in warned.stderr
-    yield {"policy": policy, "stricter": stricter, "tmp": tmp, "server": server}
-    unregister_webhook(cluster)
-    server.stop()
+    try:  # a failure before the yield must not leave the server running
+        register_webhook(cluster, server, webhook={"customResources": [*CUSTOM_RESOURCES, GPUJOBS]})
+        # Through the webhook, in warn mode: admitted, and kubectl says why.
+        cron = placed(workload("CronJob", pod(container(limits={GPU: 1}), name="x", restartPolicy="OnFailure",
+                                              nodeSelector={"accelerator": "nvidia-h100"}), name="h100-nightly"),
+                      "audit-warn")
+        warned = create(cluster, over_cap("over-cap-warned", "audit-warn"), cron)
+        assert "Warning: spec: pod asks for 5 nvidia.com/gpu, over the limit of 4 per pod" in warned.stderr
+        assert 'accelerator "nvidia-h100" is not allowed here' in warned.stderr
+        yield {"policy": policy, "stricter": stricter, "tmp": tmp, "server": server}
+    finally:
+        unregister_webhook(cluster)
+        server.stop()
     # No namespace controller runs here: deleting a namespace would leave its pods, and the scheduler other
     # modules start would place them. Unbound pods go at once.
     for namespace in ("audit-old", "audit-warn", "audit-fix"):
@@ -152,7 +154,7 @@ def bed(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_what_was_never_refused_is_found_with_exact_paths(cluster, bed) -> None:
-    status, stdout, stderr = audit(cluster, bed["policy"], "-o", "json")
+    status, stdout, stderr = audit(cluster, bed["policy"], "-o", "jsonl")
     assert status == 1, stderr  # something in audit-old would be denied now
     assert found(stdout, "audit-old", "audit-warn") == DEPLOYED_FINDINGS
     assert stderr.splitlines()[-1].startswith("audit: ")
@@ -169,10 +171,10 @@ def test_what_was_never_refused_is_found_with_exact_paths(cluster, bed) -> None:
     assert len(rows) == 4
 
     # Only warnings in audit-warn: exit 0.
-    assert audit(cluster, bed["policy"], "--namespace", "audit-warn", "-o", "json")[0] == 0
+    assert audit(cluster, bed["policy"], "--namespace", "audit-warn", "-o", "jsonl")[0] == 0
     # A label selector narrows every list.
     cluster.kubectl("label", "-n", "audit-old", "pod/over-cap", "team=vision", check=True)
-    status, stdout, _ = audit(cluster, bed["policy"], "-l", "team=vision", "-o", "json")
+    status, stdout, _ = audit(cluster, bed["policy"], "-l", "team=vision", "-o", "jsonl")
     assert found(stdout, "audit-old", "audit-warn") == {
         ("Pod", "audit-old", "over-cap", "spec", "per-pod-limit", "deny")}
 
@@ -213,7 +215,7 @@ def test_a_stricter_policy_shows_what_it_would_deny_read_only_and_changes_nothin
         answer = cluster.kubectl("auth", "can-i", verb, resource, "-A", auditor).stdout.strip()
         assert answer == allowed, (verb, resource)
     before = versions(cluster)
-    status, stdout, stderr = audit(cluster, bed["stricter"], "-o", "json", kubeconfig=config)
+    status, stdout, stderr = audit(cluster, bed["stricter"], "-o", "jsonl", kubeconfig=config)
     assert status == 1, stderr
     assert found(stdout, "audit-old", "audit-warn") == {
         ("Pod", "audit-old", "over-cap", "spec", "per-pod-limit", "deny"),

@@ -25,10 +25,12 @@ def aware_webhook(cluster, tmp_path_factory):
     add_gpu_node(cluster, "l4-node", "nvidia-l4", gpus=4)
     server = start_webhook(tmp, "--policy", str(policy), "--kubeconfig", str(cluster.kubeconfig),
                            certs=make_certs(tmp / "tls", "127.0.0.1"))
-    register_webhook(cluster, server)
-    yield server
-    unregister_webhook(cluster)
-    server.stop()
+    try:  # a registration that fails must not leave the server running
+        register_webhook(cluster, server)
+        yield server
+    finally:
+        unregister_webhook(cluster)
+        server.stop()
 
 
 def try_create(cluster, obj):

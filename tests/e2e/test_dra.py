@@ -134,10 +134,12 @@ def dra_bed(cluster, tmp_path_factory):
                            certs=make_certs(tmp / "tls", "127.0.0.1"))
     custom = CUSTOM_RESOURCES + [{"apiGroups": ["kubeflow.org"], "apiVersions": ["v1"], "resources": ["pytorchjobs"]}]
     # The chart renders its matchConditions from the policy: example.com/gpu must be a GPU name there too.
-    register_webhook(cluster, server, webhook={"customResources": custom}, policy=yaml.safe_load(POLICY))
-    yield server
-    unregister_webhook(cluster)
-    server.stop()
+    try:  # a registration that fails must not leave the server running
+        register_webhook(cluster, server, webhook={"customResources": custom}, policy=yaml.safe_load(POLICY))
+        yield server
+    finally:
+        unregister_webhook(cluster)
+        server.stop()
 
 
 def test_a_gpu_served_only_by_dra_is_admitted_and_the_scheduler_binds_it(cluster, dra_bed):

@@ -53,10 +53,12 @@ def isolating_webhook(cluster, tmp_path_factory):
                                                           "items": RUNTIME_CLASSES}), check=True)
     server = start_webhook(tmp, "--policy", str(policy), "--kubeconfig", str(cluster.kubeconfig),
                            certs=make_certs(tmp / "tls", "127.0.0.1"))
-    register_webhook(cluster, server, policy=POLICY)  # the chart renders its matchConditions from the same policy
-    yield server
-    unregister_webhook(cluster)
-    server.stop()
+    try:  # a registration that fails must not leave the server running
+        register_webhook(cluster, server, policy=POLICY)  # the chart renders its matchConditions from the same policy
+        yield server
+    finally:
+        unregister_webhook(cluster)
+        server.stop()
 
 
 def create(cluster, obj, namespace="default", *args):
