@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from webhook.core import catalog
+from webhook.core import resources as registry
 from webhook.core.policy import CLUSTER_RULES, PolicyError, parse_policy
 from webhook.native import claims, kinds, pods, snippets
 from webhook.native.generate import LABELS, RULES_ANNOTATION, generate, to_yaml
@@ -263,15 +264,11 @@ def test_stderr_lists_every_webhook_rule_and_why():
     assert "pod templates in other kinds" in left and "audit, policy reports, gpu-webhook check" in left
 
 
-def test_the_generator_keeps_the_webhooks_constants():
-    assert pods.VISIBLE_DEVICES == isolation.VISIBLE_DEVICES
-    assert pods.DEVICE_VARIABLES == isolation.DEVICE_VARIABLES
-    assert set(pods.NO_DEVICES) == set(isolation.NO_DEVICES)
-    assert pods.DEVICE_DIRECTORIES == isolation.DEVICE_DIRECTORIES
-    assert pods.NVIDIA_DEVICE_PREFIX == isolation.NVIDIA_DEVICE_PREFIX
-    assert pods.DEVICE_LIST_DIRECTORIES == isolation.DEVICE_LIST_DIRECTORIES
-    assert pods.CDI_PREFIXES == isolation.CDI_PREFIXES and pods.CDI_KEYS == isolation.CDI_KEYS
-    assert pods.NVIDIA_RUNTIME_PREFIX == isolation.NVIDIA_RUNTIME_PREFIX
+def test_the_generator_and_the_webhook_read_one_definition_of_the_device_names():
+    """The isolation rules' device names live in the registry (webhook.core.resources), once for both engines."""
+    for name in ("VISIBLE_DEVICES", "DEVICE_VARIABLES", "NO_DEVICES", "DEVICE_DIRECTORIES", "NVIDIA_DEVICE_PREFIX",
+                 "DEVICE_LIST_DIRECTORIES", "CDI_PREFIXES", "CDI_KEYS", "NVIDIA_RUNTIME_PREFIX"):
+        assert getattr(pods, name) is getattr(isolation, name) is getattr(registry, name), name
     assert set(claims.BUILDERS) <= set(BUILDERS)
 
 

@@ -123,3 +123,21 @@ def known(name: object) -> bool:
 def cel_pattern() -> str:
     """One anchored regular expression for every registered name, as the chart's CEL ``matches`` reads it."""
     return "^(?:" + "|".join(entry.pattern for entry in REGISTRY) + ")$"
+
+
+# --- how a container reaches GPUs without asking for a resource (the isolation rules and their CEL) ---
+
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+MIG_CONFIG_DEVICES = "NVIDIA_MIG_CONFIG_DEVICES"
+DEVICE_VARIABLES = (VISIBLE_DEVICES, MIG_CONFIG_DEVICES)
+# The toolkit's "no GPU" values: void (or empty) behaves as runc; none gives no GPU but the driver's libraries.
+NO_DEVICES = ("", "void", "none")
+# Host device nodes: NVIDIA (/dev/nvidia0, nvidiactl, nvidia-uvm, nvidia-caps/…), DRM (Intel, AMD), AMD KFD.
+DEVICE_DIRECTORIES = ("/dev/dri", "/dev/kfd")
+NVIDIA_DEVICE_PREFIX = "/dev/nvidia"
+# The device plugin's volume-mounts strategy: the runtime injects the GPUs named by mounts here.
+DEVICE_LIST_DIRECTORIES = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
+# Annotation keys containerd/CRI-O and NVIDIA's NRI plugin read CDI device names from.
+CDI_PREFIXES = ("cdi.k8s.io/", "nvidia.cdi.k8s.io/")
+CDI_KEYS = ("nvidia.cdi.k8s.io",)
+NVIDIA_RUNTIME_PREFIX = "nvidia"

@@ -21,8 +21,22 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from webhook.core.podspecs import CONTAINER_LISTS
 from webhook.core.policy import Policy
-from webhook.core.resources import EXCLUSIVE, FRACTION_ANNOTATIONS, VOLCANO_COUNT
+from webhook.core.resources import (
+    CDI_KEYS,
+    CDI_PREFIXES,
+    DEVICE_DIRECTORIES,
+    DEVICE_LIST_DIRECTORIES,
+    DEVICE_VARIABLES,
+    EXCLUSIVE,
+    FRACTION_ANNOTATIONS,
+    NO_DEVICES,
+    NVIDIA_DEVICE_PREFIX,
+    NVIDIA_RUNTIME_PREFIX,
+    VISIBLE_DEVICES,
+    VOLCANO_COUNT,
+)
 from webhook.native.celtext import boolean, lit, lits, matches, record
 from webhook.native.snippets import (
     COUNTING_REGISTERED,
@@ -52,17 +66,6 @@ from webhook.native.snippets import (
     violation,
 )
 
-# The webhook's constants (webhook.rules.isolation); tests/test_native_pods.py holds them equal.
-VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-DEVICE_VARIABLES = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_MIG_CONFIG_DEVICES")
-NO_DEVICES = ("", "void", "none")
-DEVICE_DIRECTORIES = ("/dev/dri", "/dev/kfd")
-NVIDIA_DEVICE_PREFIX = "/dev/nvidia"
-DEVICE_LIST_DIRECTORIES = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
-CDI_PREFIXES = ("cdi.k8s.io/", "nvidia.cdi.k8s.io/")
-CDI_KEYS = ("nvidia.cdi.k8s.io",)
-NVIDIA_RUNTIME_PREFIX = "nvidia"
-CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 # Paths with more segments than this are normalised conservatively (see normalised_path).
 MAX_PATH_SEGMENTS = 40
 

@@ -25,22 +25,18 @@ from webhook.core.field import Violation
 from webhook.core.podspecs import Container, PodSpecRef, affinity_keys, as_list, as_mapping
 from webhook.core.policy import Policy
 from webhook.core.quantity import shown
+from webhook.core.resources import (
+    CDI_KEYS,
+    CDI_PREFIXES,
+    DEVICE_DIRECTORIES,
+    DEVICE_LIST_DIRECTORIES,
+    DEVICE_VARIABLES,
+    NO_DEVICES,
+    NVIDIA_DEVICE_PREFIX,
+    NVIDIA_RUNTIME_PREFIX,
+    VISIBLE_DEVICES,
+)
 from webhook.rules.context import GpuUse, Named, PodContext
-
-VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-MIG_CONFIG_DEVICES = "NVIDIA_MIG_CONFIG_DEVICES"
-DEVICE_VARIABLES = (VISIBLE_DEVICES, MIG_CONFIG_DEVICES)
-# The toolkit's "no GPU" values: void (or empty) behaves as runc; none gives no GPU but the driver's libraries.
-NO_DEVICES = frozenset({"", "void", "none"})
-# Host device nodes: NVIDIA (/dev/nvidia0, nvidiactl, nvidia-uvm, nvidia-caps/…), DRM (Intel, AMD), AMD KFD.
-DEVICE_DIRECTORIES = ("/dev/dri", "/dev/kfd")
-NVIDIA_DEVICE_PREFIX = "/dev/nvidia"
-# The device plugin's volume-mounts strategy: the runtime injects the GPUs named by mounts here.
-DEVICE_LIST_DIRECTORIES = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
-# Annotation keys containerd/CRI-O and NVIDIA's NRI plugin read CDI device names from.
-CDI_PREFIXES = ("cdi.k8s.io/", "nvidia.cdi.k8s.io/")
-CDI_KEYS = ("nvidia.cdi.k8s.io",)
-NVIDIA_RUNTIME_PREFIX = "nvidia"
 
 
 def _source(env_source: Mapping[str, Any]) -> str:
