@@ -152,3 +152,37 @@ def test_a_client_hello_trickled_a_byte_at_a_time_completes_once_whole(tls):
     gathering, started, first = run(scenario, tls, Limits())
     assert gathering == [True] and started == [True]
     assert first == b"\x16"  # answered with a handshake record
+
+
+def test_a_drain_lets_a_connection_mid_handshake_finish_and_closes_one_that_never_does():
+    """A connection accepted just before the listener closed was failing its client's one try (SSLEOFError under
+    load in the worker-respawn test): now it may finish its handshake; a client that never does is still cut."""
+    from webhook.serving import connections as conn_mod
+
+    class Fake:
+        def __init__(self, front, finishes_after):
+            self.front, self.finishes_after, self.handshaken, self.closed = front, finishes_after, False, False
+
+        def close_quietly(self):
+            self.closed = True
+            self.front.connections.discard(self)
+
+    async def scenario():
+        front = object.__new__(conn_mod.Front)
+        front.connections = set()
+        arriving, stuck = Fake(front, 0.2), Fake(front, None)
+        front.connections.update({arriving, stuck})
+
+        async def finish():
+            await asyncio.sleep(arriving.finishes_after)
+            arriving.handshaken = True
+            await asyncio.sleep(0.1)  # its request answered with Connection: close
+            front.connections.discard(arriving)
+
+        task = asyncio.create_task(finish())
+        cut = await front.drain(5.0)
+        await task
+        return arriving.closed, stuck.closed, cut
+
+    arriving_closed, stuck_closed, cut = asyncio.run(scenario())
+    assert not arriving_closed and stuck_closed and cut == 0

@@ -161,7 +161,7 @@ def test_raw_bodies_get_a_200_or_a_4xx_and_never_a_5xx(fuzzed, figures):
 
 
 def _cli_lines(path, policy) -> tuple[int, dict[str, list[tuple[bool, str]]]]:
-    """Exit code and, per ``Kind/name``, the lines of ``gpu-webhook check`` (denied?, ``path: message``)."""
+    """Exit code and, per ``Kind namespace/name``, the lines of ``gpu-webhook check`` (denied?, ``path: message``)."""
     result = subprocess.run([*GPU_WEBHOOK, "check", "--policy", str(policy), "--namespace", "default", str(path)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode in (0, 1), result.stderr
@@ -199,7 +199,7 @@ def test_the_check_cli_and_the_server_agree(fuzzed, tmp_path, figures):
             assert status == 200
             response = json.loads(data)["response"]
             any_denied |= not response["allowed"]
-            said = lines.get(f"{obj['kind']}/{obj['metadata']['name']}", [])
+            said = lines.get(f"{obj['kind']} default/{obj['metadata']['name']}", [])
             denials = [text for denied, text in said if denied]
             warnings = [text for denied, text in said if not denied]
             assert response["allowed"] is (not denials), (obj, said, response)

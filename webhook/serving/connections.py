@@ -84,6 +84,10 @@ class _Request:
     version: str
 
 
+# How long a drain waits for connections still in their TLS handshake before closing them.
+HANDSHAKE_SETTLE = 1.0
+
+
 class Front:
     """What every connection of one worker shares: the app, the pool, the limits and the drain state."""
 
@@ -130,6 +134,12 @@ class Front:
         right then, and it does not retry those. Connections still open at ``timeout`` are closed.
         """
         self.closing = True
+        # A connection accepted just before the listener closed may be mid-handshake: a client's one try, which
+        # closing it would fail. It gets a moment to finish (its answer says close); one still shaking hands
+        # after that is a slow client, and goes.
+        settle = time.monotonic() + min(timeout, HANDSHAKE_SETTLE)
+        while any(not c.handshaken for c in self.connections) and time.monotonic() < settle:
+            await asyncio.sleep(0.05)
         for connection in list(self.connections):
             if not connection.handshaken:
                 connection.close_quietly()
