@@ -117,6 +117,9 @@ _TAINT = {
     },
 }
 
+# The settings a namespace may override as they are, in the order both levels list them.
+_PER_NAMESPACE = {"limits": _LIMITS, "tolerations": {"type": "boolean"}, "enforcement": _ENFORCEMENT}
+
 # nativePolicies: what `gpu-webhook admission-policies` needs beyond the rules (webhook.native reads it). A
 # template path is dot-separated field names, `*` for every value of a map, `name[*]` for every item of a list.
 _TEMPLATE_PATH = {
@@ -165,9 +168,7 @@ SCHEMA: dict[str, Any] = {
             },
         },
         "gpuTaints": {"type": "array", "items": _TAINT},
-        "limits": _LIMITS,
-        "tolerations": {"type": "boolean"},
-        "enforcement": _ENFORCEMENT,
+        **_PER_NAMESPACE,
         "isolation": {
             "type": "object",
             "additionalProperties": False,
@@ -213,9 +214,7 @@ SCHEMA: dict[str, Any] = {
                         "additionalProperties": False,
                         "properties": {"allowed": _STRINGS, "default": {"type": "string"}},
                     },
-                    "limits": _LIMITS,
-                    "tolerations": {"type": "boolean"},
-                    "enforcement": _ENFORCEMENT,
+                    **_PER_NAMESPACE,
                     "isolation": {
                         "type": "object",
                         "additionalProperties": False,
