@@ -114,7 +114,8 @@ def section(s: dict, png: str | None) -> str:
     parts = [
         f"Machine: {machine_line(s)}",
         "",
-        "Seed pod, one worker (8 threads), keep-alive unless noted; latencies from vegeta (client side, "
+        "Seed pod, one worker (its event loop; 8 threads for bodies over 256 KiB), keep-alive unless noted; "
+        "latencies from vegeta (client side, "
         "TLS included), pooled over rounds; ranges are over rounds, endpoints interleaved.",
         "",
         main_table(s),
