@@ -12,7 +12,8 @@ log() { printf '[%s] %s\n' "$(date '+%Y-%m-%d %H:%M:%S')" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 VERSIONS_FILE="${HERE}/versions.env"
-VERSION_KEYS=(KUBERNETES_VERSION ETCD_VERSION HELM_VERSION CONTAINERD_VERSION CNI_PLUGINS_VERSION GOTOOLCHAIN)
+VERSION_KEYS=(KUBERNETES_VERSION ETCD_VERSION HELM_VERSION CONTAINERD_VERSION CNI_PLUGINS_VERSION CERT_MANAGER_VERSION
+  GOTOOLCHAIN)
 
 read_versions() { # KEY=value lines, parsed here (no `source`) the way tests/tools.py parses them; all exported
   local line key

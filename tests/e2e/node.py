@@ -454,7 +454,7 @@ class NodeBed:
         assert self.holder is not None
         return ["nsenter", f"--target={self.holder.pid}", "--mount", "--net", "--", *args]
 
-    def _spawn(self, name: str, args: list[str]) -> Process:
+    def spawn(self, name: str, args: list[str]) -> Process:
         """Start a process of the bed: in its namespaces and in its tracking cgroup, output to <name>.log."""
         log = self.workdir / "logs" / f"{name}.log"
         procs = self.cgroups.tracking / "cgroup.procs"
@@ -545,7 +545,7 @@ class NodeBed:
         self._write_pki()
         self.timings["namespaces"] = time.monotonic() - t0
 
-        etcd = self._spawn("etcd", [
+        etcd = self.spawn("etcd", [
             self.binary("etcd"), "--name=gw-e2e", f"--data-dir={w / 'etcd'}",
             "--listen-client-urls=http://127.0.0.1:2379", "--advertise-client-urls=http://127.0.0.1:2379",
             "--listen-peer-urls=http://127.0.0.1:2380", "--initial-advertise-peer-urls=http://127.0.0.1:2380",
@@ -556,7 +556,7 @@ class NodeBed:
              ".open('http://127.0.0.1:2379/health', timeout=2).read().decode())"], check=False).stdout.encode(),
               60, diagnose=lambda: self.logs("etcd"))
 
-        apiserver = self._spawn("kube-apiserver", [
+        apiserver = self.spawn("kube-apiserver", [
             self.binary("kube-apiserver"), "--etcd-servers=http://127.0.0.1:2379",
             f"--bind-address={self.node_ip}", f"--secure-port={API_PORT}", f"--advertise-address={self.node_ip}",
             f"--tls-cert-file={w / 'pki/apiserver.crt'}", f"--tls-private-key-file={w / 'pki/apiserver.key'}",
@@ -582,7 +582,7 @@ class NodeBed:
         until("kube-apiserver /readyz", ready, 180, diagnose=lambda: self.logs("kube-apiserver"))
         self.timings["apiserver ready"] = time.monotonic() - t0
 
-        self._spawn("kube-controller-manager", [
+        self.spawn("kube-controller-manager", [
             self.binary("kube-controller-manager"), f"--kubeconfig={w / 'kubeconfig/kube-controller-manager'}",
             "--leader-elect=false", "--secure-port=0", "--use-service-account-credentials=true",
             f"--service-account-private-key-file={w / 'pki/sa.key'}", f"--root-ca-file={w / 'pki/ca.crt'}",
@@ -590,12 +590,12 @@ class NodeBed:
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--controllers=*",
             # Its default, /usr/libexec/kubernetes/..., is created on the host otherwise.
             f"--flex-volume-plugin-dir={w / 'volume-plugins'}"])
-        self._spawn("kube-scheduler", [
+        self.spawn("kube-scheduler", [
             self.binary("kube-scheduler"), f"--kubeconfig={w / 'kubeconfig/kube-scheduler'}",
             "--leader-elect=false", "--secure-port=0"])
 
         self._write_containerd_config()
-        containerd = self._spawn("containerd", [self.binary("containerd"), f"--config={w / 'containerd/config.toml'}"])
+        containerd = self.spawn("containerd", [self.binary("containerd"), f"--config={w / 'containerd/config.toml'}"])
         until("containerd socket", lambda: self._alive(containerd) and self.containerd_socket.exists()
               and run([self.binary("ctr"), f"--address={self.containerd_socket}", "version"], check=False,
                       timeout=10).returncode == 0, 60, diagnose=lambda: self.logs("containerd"))
@@ -604,13 +604,13 @@ class NodeBed:
         self.timings["containerd ready, images imported"] = time.monotonic() - t0
 
         self._write_kubelet_config()
-        kubelet = self._spawn("kubelet", [
+        kubelet = self.spawn("kubelet", [
             self.binary("kubelet"), f"--config={w / 'kubelet/config.yaml'}",
             f"--kubeconfig={w / 'kubeconfig/kubelet'}", f"--root-dir={w / 'kubelet/root'}",
             f"--cert-dir={w / 'kubelet/pki'}", f"--hostname-override={NODE_NAME}", f"--node-ip={self.node_ip}",
             "--v=1"])
         self._write_kube_proxy_config()
-        proxy = self._spawn("kube-proxy", [self.binary("kube-proxy"), f"--config={w / 'kube-proxy.yaml'}", "--v=1"])
+        proxy = self.spawn("kube-proxy", [self.binary("kube-proxy"), f"--config={w / 'kube-proxy.yaml'}", "--v=1"])
 
         def node_ready() -> bool:
             self._alive(kubelet)
