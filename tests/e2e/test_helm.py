@@ -28,8 +28,8 @@ Other ways to do it:
 
 - ``webhook.url``, the chart's test-bed switch (``clientConfig.url``): works, but skips the Service and the
   certificate's DNS names and needs an IP SAN. The first test below uses it, together with ``certs.mode=secret``,
-  so that cert mode gets a live install too. cert-manager mode needs cert-manager's controllers; only
-  tests/chart renders it.
+  so that cert mode gets a live install too. cert-manager mode needs cert-manager's controllers:
+  test_node_cert_manager.py installs it on the node bed.
 
 The releases are called ``gw-url`` and ``gw-helm``, not ``gpu-webhook``. tests/e2e/bed.py deletes configurations
 by ``app.kubernetes.io/instance=gpu-webhook``, and its module fixture has already unregistered its own webhooks
