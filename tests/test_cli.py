@@ -660,3 +660,23 @@ def test_the_readme_dra_example(tmp_path):
                                           "items": yaml.safe_load(Path(state).read_text())["items"][:1]}))
     before = gpu_webhook("check", "--policy", str(policy), "--nodes", str(nodes_only), manifests)
     assert "Pod default/inference: spec: no node advertises nvidia.com/gpu" in before.stdout
+
+
+def test_every_kubeconfig_option_and_the_metrics_port_help_say_what_the_code_does():
+    """The help is the reference users read (docs/cli.md is generated from it): every --kubeconfig names the order
+    webhook.kube.client finds credentials in, the same for each subcommand, and --metrics-port says that only
+    /metrics leaves the TLS port (the probes answer on both: test_http's metrics-port test)."""
+    from webhook.cli.main import _parser
+
+    parser = _parser()
+    subcommands = {a.dest: a for a in parser._actions if a.dest == "command"}["command"].choices  # type: ignore[attr-defined]
+
+    def option_help(command: str, option: str) -> str:
+        (action,) = [a for a in subcommands[command]._actions if option in a.option_strings]
+        return " ".join(str(action.help).split())
+
+    helps = {command: option_help(command, "--kubeconfig") for command in ("serve", "audit", "admission-policies")}
+    for command, text in helps.items():
+        assert "$KUBECONFIG, the in-cluster service account, ~/.kube/config" in text, (command, text)
+    metrics = option_help("serve", "--metrics-port")
+    assert "/healthz and /readyz" in metrics and "on both" in metrics, metrics

@@ -57,6 +57,11 @@ def _seconds(text: str) -> float:
     return seconds
 
 
+# Where credentials come from without --kubeconfig, in webhook.kube.client's order (kubectl's and
+# controller-runtime's), the same for every subcommand.
+_CREDENTIALS = "$KUBECONFIG, the in-cluster service account, ~/.kube/config"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-webhook", description="Kubernetes admission webhook for GPU resources.")
     parser.add_argument("--version", action="version", version=f"gpu-webhook {__version__}")
@@ -84,12 +89,13 @@ def _parser() -> argparse.ArgumentParser:
         "--max-body-bytes", type=_positive, default=7 * 1024 * 1024, help="larger bodies get 413 (default 7 MiB)"
     )
     serve.add_argument(
-        "--kubeconfig", help="kubeconfig for cluster-aware checks (default: the in-cluster service account)"
+        "--kubeconfig", help=f"kubeconfig file for the cluster-aware checks (default: {_CREDENTIALS})"
     )
     serve.add_argument(
         "--metrics-port",
         type=_port,
-        help="serve GET /metrics, /healthz and /readyz over plain HTTP on this port instead of the TLS port",
+        help="serve GET /metrics over plain HTTP on this port instead of the TLS port; /healthz and /readyz "
+        "answer on both",
     )
     serve.add_argument(
         "--drain-seconds", type=_seconds, default=3.0, help="after SIGTERM, fail /readyz this long before stopping"
@@ -161,7 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     audit.set_defaults(subparser=audit)
     audit.add_argument(
-        "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else the in-cluster account)"
+        "--kubeconfig", help=f"kubeconfig file (default: {_CREDENTIALS})"
     )
     audit.add_argument("--namespace", help="audit this namespace only (default: all namespaces)")
     audit.add_argument("--selector", "-l", help="label selector of the objects to audit, as kubectl -l takes it")
@@ -194,8 +200,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     native.add_argument("--delete", action="store_true", help="delete every object this command labelled, and exit")
     native.add_argument(
-        "--kubeconfig", help="with --apply/--delete: kubeconfig file (default: $KUBECONFIG, the in-cluster account, "
-        "~/.kube/config)",
+        "--kubeconfig", help=f"with --apply/--delete: kubeconfig file (default: {_CREDENTIALS})"
     )
     return parser
 

@@ -57,7 +57,7 @@ class ServeConfig:
     # After SIGTERM, /readyz fails for this long while requests are still served, so endpoints drain.
     drain_seconds: float = 3.0
     reload_interval: float = 1.0
-    # For cluster-aware checks (policy cluster.enabled): None means the in-cluster service account.
+    # For cluster-aware checks (policy cluster.enabled): None finds credentials as webhook.kube.client does.
     kubeconfig: str | None = None
     # A TLS handshake, and a request from its first byte to its last, must finish within this.
     read_timeout: float = 10.0
