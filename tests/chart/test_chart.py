@@ -1101,6 +1101,18 @@ def test_notes_test_pod_is_denied_as_the_notes_say(helm: Helm) -> None:
     assert "WARNING" not in text
 
 
+def test_the_readme_cluster_quick_start_verifies_with_the_notes_command_and_its_answer(helm: Helm) -> None:
+    """The README's "Quick start: cluster" dry run and the denial it shows are the NOTES' (held to the real
+    decision above and, through the apiserver, by tests/e2e/test_helm.py), so the README cannot drift."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Quick start: cluster", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```console\n", 1)[1].split("```", 1)[0].splitlines()
+    assert block[0].startswith("$ kubectl ") and len(block) == 2, block
+    text = [ln.strip() for ln in notes(helm).splitlines()]
+    assert block[0].removeprefix("$ ") in text
+    assert block[1] in text and block[1].startswith("Error from server (Forbidden): ")
+
+
 def test_notes_warn_about_test_settings_and_avoid_excluded_namespaces(helm: Helm) -> None:
     text = notes(helm, *RENDERS["url"], "--set", "webhook.failurePolicy=Ignore", "--namespace", "default")
     assert "webhook.url is set" in text and "failurePolicy is Ignore" in text
