@@ -1,0 +1,88 @@
+"""The README's local and CI quick starts, run as written: every ``$ command`` of their console blocks is run by
+bash from the repository's root and must print exactly the lines shown under it. (The cluster quick start's dry
+run is the chart NOTES' one, held by tests/chart/test_chart.py and tests/e2e/test_helm.py.)"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.server import GPU_WEBHOOK, WebhookProcess, free_port, wait_ready
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def section(title: str) -> str:
+    return README.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def sessions(text: str) -> list[tuple[str, list[str]]]:
+    """(command, the lines it prints) for each ``$ `` line of the console blocks in ``text``."""
+    found: list[tuple[str, list[str]]] = []
+    for block in re.findall(r"```console\n(.*?)```", text, flags=re.S):
+        for line in block.splitlines():
+            if line.startswith("$ "):
+                found.append((line[2:], []))
+            elif line:
+                found[-1][1].append(line)
+    return found
+
+
+def run(command: str, env: dict[str, str]) -> list[str]:
+    """What a terminal shows: stdout and stderr in the order they were written."""
+    done = subprocess.run(["bash", "-c", command], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=60, env={**os.environ, **env})
+    return done.stdout.splitlines()
+
+
+@pytest.fixture(scope="module")
+def self_signed(tmp_path_factory):
+    """``gpu-webhook serve --self-signed`` as the README starts it, on a free port instead of 8443."""
+    tmp = tmp_path_factory.mktemp("readme")
+    port = free_port()
+    log = tmp / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([*GPU_WEBHOOK, "serve", "--self-signed", "--port", str(port)], stdout=out,
+                                stderr=subprocess.STDOUT, cwd=ROOT)
+    deadline = time.monotonic() + 30
+    while not (printed := re.search(r"^self-signed CA: (\S+)$", log.read_text(), flags=re.M)):
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+    server = WebhookProcess(port, Path(printed[1]), Path(), Path(), log, proc)
+    try:
+        wait_ready(server)
+        yield server
+    finally:
+        server.stop()
+
+
+def test_the_local_quick_start_prints_what_the_readme_shows(self_signed):
+    shown = sessions(section("Quick start: local"))
+    assert [command.split()[-1].rsplit("/", 1)[1] for command, _ in shown] == ["validate", "mutate", "validate"]
+    for command, expected in shown:
+        assert "https://localhost:8443/" in command
+        got = run(command.replace(":8443/", f":{self_signed.port}/"), {"CA": str(self_signed.ca)})
+        assert got == expected, command
+
+
+def test_the_patch_the_readme_decodes_is_the_one_mutate_returns():
+    (_, [mutated]), = [s for s in sessions(section("Quick start: local")) if s[0].endswith("/mutate")]
+    patch = base64.b64decode(json.loads(mutated)["response"]["patch"]).decode()
+    assert f"The patch decodes to `{patch}`." in " ".join(section("Quick start: local").split())
+
+
+def test_the_ci_quick_start_prints_what_the_readme_shows():
+    shown = sessions(section("Quick start: CI"))
+    assert shown and all(command.startswith("gpu-webhook check ") for command, _ in shown)
+    bin_dir = str(Path(sys.executable).parent)  # the venv's gpu-webhook script sits beside its python
+    for command, expected in shown:
+        assert run(command, {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}) == expected, command
