@@ -1,6 +1,7 @@
-"""The README's local and CI quick starts, run as written: every ``$ command`` of their console blocks is run by
-bash from the repository's root and must print exactly the lines shown under it. (The cluster quick start's dry
-run is the chart NOTES' one, held by tests/chart/test_chart.py and tests/e2e/test_helm.py.)"""
+"""The README's local and CI quick starts and its native-policies example, run as written: every ``$ command``
+of their console blocks is run by bash from the repository's root and must print exactly the lines shown under
+it. (The cluster quick start's dry run is the chart NOTES' one, held by tests/chart/test_chart.py and
+tests/e2e/test_helm.py.)"""
 
 from __future__ import annotations
 
@@ -80,9 +81,11 @@ def test_the_patch_the_readme_decodes_is_the_one_mutate_returns():
     assert f"The patch decodes to `{patch}`." in " ".join(section("Quick start: local").split())
 
 
-def test_the_ci_quick_start_prints_what_the_readme_shows():
-    shown = sessions(section("Quick start: CI"))
-    assert shown and all(command.startswith("gpu-webhook check ") for command, _ in shown)
+@pytest.mark.parametrize("title, tool", [("Quick start: CI", "gpu-webhook check "),
+                                         ("Native admission policies", "gpu-webhook admission-policies ")])
+def test_the_cli_sessions_print_what_the_readme_shows(title, tool):
+    shown = sessions(section(title))
+    assert shown and all(command.startswith(tool) for command, _ in shown)
     bin_dir = str(Path(sys.executable).parent)  # the venv's gpu-webhook script sits beside its python
     for command, expected in shown:
         assert run(command, {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}) == expected, command
