@@ -668,8 +668,7 @@ def test_every_kubeconfig_option_and_the_metrics_port_help_say_what_the_code_doe
     /metrics leaves the TLS port (the probes answer on both: test_http's metrics-port test)."""
     from webhook.cli.main import _parser
 
-    parser = _parser()
-    subcommands = {a.dest: a for a in parser._actions if a.dest == "command"}["command"].choices  # type: ignore[attr-defined]
+    subcommands = next(a for a in _parser()._actions if a.dest == "command").choices
 
     def option_help(command: str, option: str) -> str:
         (action,) = [a for a in subcommands[command]._actions if option in a.option_strings]

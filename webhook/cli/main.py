@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from webhook import __version__
 from webhook.cli import check, formats
 from webhook.core.policy import PolicyError, PolicySet, load_policy
+from webhook.kube.client import DEFAULT_CREDENTIALS
 from webhook.serving import tls
 from webhook.serving.ports import port_problem
 
@@ -57,11 +58,6 @@ def _seconds(text: str) -> float:
     return seconds
 
 
-# Where credentials come from without --kubeconfig, in webhook.kube.client's order (kubectl's and
-# controller-runtime's), the same for every subcommand.
-_CREDENTIALS = "$KUBECONFIG, the in-cluster service account, ~/.kube/config"
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-webhook", description="Kubernetes admission webhook for GPU resources.")
     parser.add_argument("--version", action="version", version=f"gpu-webhook {__version__}")
@@ -89,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
         "--max-body-bytes", type=_positive, default=7 * 1024 * 1024, help="larger bodies get 413 (default 7 MiB)"
     )
     serve.add_argument(
-        "--kubeconfig", help=f"kubeconfig file for the cluster-aware checks (default: {_CREDENTIALS})"
+        "--kubeconfig", help=f"kubeconfig file for the cluster-aware checks (default: {DEFAULT_CREDENTIALS})"
     )
     serve.add_argument(
         "--metrics-port",
@@ -167,7 +163,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     audit.set_defaults(subparser=audit)
     audit.add_argument(
-        "--kubeconfig", help=f"kubeconfig file (default: {_CREDENTIALS})"
+        "--kubeconfig", help=f"kubeconfig file (default: {DEFAULT_CREDENTIALS})"
     )
     audit.add_argument("--namespace", help="audit this namespace only (default: all namespaces)")
     audit.add_argument("--selector", "-l", help="label selector of the objects to audit, as kubectl -l takes it")
@@ -200,7 +196,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     native.add_argument("--delete", action="store_true", help="delete every object this command labelled, and exit")
     native.add_argument(
-        "--kubeconfig", help=f"with --apply/--delete: kubeconfig file (default: {_CREDENTIALS})"
+        "--kubeconfig", help=f"with --apply/--delete: kubeconfig file (default: {DEFAULT_CREDENTIALS})"
     )
     return parser
 

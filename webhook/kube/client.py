@@ -68,6 +68,11 @@ def error_for(status: int, reason: str, message: str, body: Mapping[str, Any] | 
     return ApiError(status, reason, message, body)
 
 
+# Where credentials come from without an explicit kubeconfig, in the order configuration() tries them; the CLI's
+# --kubeconfig help of every subcommand says it with these words.
+DEFAULT_CREDENTIALS = "$KUBECONFIG, the in-cluster service account, ~/.kube/config"
+
+
 def configuration(kubeconfig: str | None = None) -> Any:
     """Connection settings, found as controller-runtime finds them: ``kubeconfig``, else $KUBECONFIG, else the
     pod's service account, else ~/.kube/config. :class:`ConfigError` in one line when none is usable."""
