@@ -79,8 +79,13 @@ def test_the_policy_settings_and_defaults_are_the_tables():
                                               "write it as dra.allocationModeAll)"),
         ("cluster: {privilegedGpu: off}", "'privilegedGpu' (a setting of checks.*: write it as checks.privilegedGpu)"),
         ("dra: {unknownDeviceClass: warn}", "(a setting of cluster.*: write it as cluster.unknownDeviceClass)"),
+        ("namespaces: {team-a: {checks: {unknownAccelerator: off}}}",
+         "namespaces.team-a.checks: unknown key(s) 'unknownAccelerator' (a setting of namespaces.team-a.cluster.*: "
+         "write it as namespaces.team-a.cluster.unknownAccelerator)"),
+        # dra.adminAccess is no namespace's to set: the hint does not send it to namespaces.team-a.dra
         ("namespaces: {team-a: {checks: {adminAccess: off}}}",
-         "namespaces.team-a.checks: unknown key(s) 'adminAccess' (a setting of dra.*"),
+         "namespaces.team-a.checks: unknown key(s) 'adminAccess' (not per namespace: dra.adminAccess is set at the "
+         "top level)"),
         # a near miss in the right section still gets the spelling hint
         ("checks: {privilegedGPU: off}", "'privilegedGPU' (did you mean 'privilegedGpu'?)"),
     ],

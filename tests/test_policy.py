@@ -1,11 +1,15 @@
 """The policy file: defaults, overlays, and refusals that name the bad key."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from webhook.core.policy import PolicyError, build_policy, load_policy, parse_policy
+from webhook.core.policy import DEFAULTS, PolicyError, build_policy, load_policy, parse_policy
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_no_file_means_the_documented_defaults():
@@ -45,10 +49,8 @@ def test_glob_patterns_name_gpu_resources():
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
-        ("enforcment: warn", "(top level): unknown key(s) 'enforcment' (did you mean 'enforcement'?)"),
         ("checks: {cpuPodOnGPUNodes: warn}",
          "checks: unknown key(s) 'cpuPodOnGPUNodes' (did you mean 'cpuPodOnGpuNodes'?)"),
-        ("accelerator: {label: x}", "accelerator: unknown key(s) 'label'"),  # nothing close enough to suggest
         ("enforcement: block", "enforcement: block is not a setting; use deny or warn"),
         ("checks: {mixedGpuAndMig: on}", "checks.mixedGpuAndMig: true is not a setting; use deny, warn or off"),
         ("cluster: {unknownAccelerator: yes}", "cluster.unknownAccelerator: true is not a setting; use deny, warn"),
@@ -76,10 +78,150 @@ def test_a_bad_policy_is_refused_naming_the_key(text, problem):
     assert any(problem in p for p in caught.value.problems), caught.value.problems
 
 
-def test_every_problem_is_reported_at_once():
+NOT_A_NAME = "is not a namespace name (lowercase letters, digits and '-', at most 63)"
+
+# Each bad policy -> every problem it has, all at once: the schema's and those after it (namespace names, GPU
+# resource names, the default accelerator of the policy and of each namespace), each naming its key, in the order
+# the reference lists the keys (namespace names and list items in their own order).
+ALL_AT_ONCE = [
+    ("a bad namespace name and a default outside the allowed list",
+     "accelerator: {allowed: [nvidia-l4], default: nvidia-a100}\nnamespaces: {Research: {enforcement: warn}}",
+     ["accelerator.default: 'nvidia-a100' is not in the allowed list ['nvidia-l4']",
+      f"namespaces: 'Research' {NOT_A_NAME}"]),
+    ("schema problems and the checks after the schema together",
+     'enforcement: x\nlimits: {perPod: -1}\nfoo: 1\nresources: ["*"]\nnamespaces: {A: {}}\n'
+     "accelerator: {allowed: [a], default: b}",
+     ["(top level): unknown key(s) 'foo'",
+      "resources[0]: '*' matches cpu, ephemeral-storage, hugepages-*, memory, pods, storage, which are not GPUs",
+      "accelerator.default: 'b' is not in the allowed list ['a']",
+      "limits.perPod: -1 is less than the minimum of 0",
+      "enforcement: x is not a setting; use deny or warn",
+      f"namespaces: 'A' {NOT_A_NAME}"]),
+    ("the same mistakes written in another order: the same list",
+     "namespaces: {A: {}}\naccelerator: {allowed: [a], default: b}\nresources: [\"*\"]\nfoo: 1\n"
+     "limits: {perPod: -1}\nenforcement: x",
+     ["(top level): unknown key(s) 'foo'",
+      "resources[0]: '*' matches cpu, ephemeral-storage, hugepages-*, memory, pods, storage, which are not GPUs",
+      "accelerator.default: 'b' is not in the allowed list ['a']",
+      "limits.perPod: -1 is less than the minimum of 0",
+      "enforcement: x is not a setting; use deny or warn",
+      f"namespaces: 'A' {NOT_A_NAME}"]),
+    ("every namespace's overlay is checked, each in name order, its keys in the reference's order",
+     "namespaces:\n  team-b: {enforcement: block, accelerator: {allowed: [a], default: b}}\n"
+     "  team-a: {limits: {perPod: two}, accelerator: {allowed: [c], default: d}}",
+     ["namespaces.team-a.accelerator.default: 'd' is not in the allowed list ['c']",
+      "namespaces.team-a.limits.perPod: 'two' is not of type 'integer'",
+      "namespaces.team-b.accelerator.default: 'b' is not in the allowed list ['a']",
+      "namespaces.team-b.enforcement: block is not a setting; use deny or warn"]),
+    ("the overlay of a namespace key that is no name is checked too",
+     "namespaces: {Team_A: {enforcement: block, accelerator: {allowed: [a], default: b}}}",
+     [f"namespaces: 'Team_A' {NOT_A_NAME}",
+      "namespaces.Team_A.accelerator.default: 'b' is not in the allowed list ['a']",
+      "namespaces.Team_A.enforcement: block is not a setting; use deny or warn"]),
+    ("a namespace's default against the policy's allowed list, its allowed list against the policy's default",
+     "accelerator: {allowed: [a, b], default: a}\n"
+     "namespaces: {x: {accelerator: {default: c}}, y: {accelerator: {allowed: [b]}}, z: {enforcement: warn}}",
+     ["namespaces.x.accelerator.default: 'c' is not in the allowed list ['a', 'b'] (accelerator.allowed)",
+      "namespaces.y.accelerator.allowed: ['b'] leaves out the default 'a' (accelerator.default)"]),
+    ("a default outside the allowed list is named once, not again for each namespace that inherits it",
+     "accelerator: {allowed: [a], default: b}\nnamespaces: {x: {enforcement: warn}, y: {}}",
+     ["accelerator.default: 'b' is not in the allowed list ['a']"]),
+    ("a value the schema refuses is not checked again against the rest",
+     "accelerator: {allowed: a, default: b}\nnamespaces: {x: {accelerator: {default: 7}}}",
+     ["accelerator.allowed: 'a' is not of type 'array'",
+      "namespaces.x.accelerator.default: 7 is not of type 'string'"]),
+    ("a bad value and an unknown key in one section",
+     "checks: {mixedGpuAndMig: on, cpuPodOnGPUNodes: warn}",
+     ["checks: unknown key(s) 'cpuPodOnGPUNodes' (did you mean 'cpuPodOnGpuNodes'?)",
+      "checks.mixedGpuAndMig: true is not a setting; use deny, warn or off"]),
+]
+
+
+@pytest.mark.parametrize(("text", "problems"), [(t, p) for _, t, p in ALL_AT_ONCE], ids=[n for n, _, _ in ALL_AT_ONCE])
+def test_every_problem_of_a_policy_is_named_at_once(text, problems):
     with pytest.raises(PolicyError) as caught:
-        parse_policy('enforcement: x\nlimits: {perPod: -1}\nfoo: 1\nresources: ["*"]\nnamespaces: {A: {}}')
-    assert len(caught.value.problems) == 5
+        parse_policy(text, "p.yaml")
+    assert caught.value.problems == problems
+    assert str(caught.value) == "p.yaml: invalid policy: " + "; ".join(problems)
+
+
+# A key written in the wrong place -> where it lives, from the schema: a rule's setting, a section's key, a
+# top-level key, a key only the top level has (not a namespace), or the nearest spelling.
+WRONG_PLACE = [
+    ("unknownAccelerator: warn",
+     "(top level): unknown key(s) 'unknownAccelerator' (a setting of cluster.*: write it as "
+     "cluster.unknownAccelerator)"),
+    ("perContainer: 2",
+     "(top level): unknown key(s) 'perContainer' (a setting of limits.*: write it as limits.perContainer)"),
+    ("excludeNamespaces: [gpu-operator]",
+     "(top level): unknown key(s) 'excludeNamespaces' (a setting of nativePolicies.*: write it as "
+     "nativePolicies.excludeNamespaces)"),
+    ("serviceAccounts: [monitoring/dcgm]",
+     "(top level): unknown key(s) 'serviceAccounts' (a setting of isolation.trusted.*: write it as "
+     "isolation.trusted.serviceAccounts)"),
+    ("checks: {unknownAccelerator: warn}",
+     "checks: unknown key(s) 'unknownAccelerator' (a setting of cluster.*: write it as cluster.unknownAccelerator)"),
+    ("dra: {perPod: 1, allocationModeAll: off, enforcement: warn}",
+     "dra: unknown key(s) 'enforcement' (a setting of the top level: write it as enforcement), "
+     "'perPod' (a setting of limits.*: write it as limits.perPod)"),
+    ("isolation: {namespaces: [gpu-operator]}",
+     "isolation: unknown key(s) 'namespaces' (a setting of isolation.trusted.* or the top level: write it as "
+     "isolation.trusted.namespaces or namespaces)"),
+    ("namespaces: {a: {perPod: 2}}",
+     "namespaces.a: unknown key(s) 'perPod' (a setting of namespaces.a.limits.*: write it as "
+     "namespaces.a.limits.perPod)"),
+    ("namespaces: {a: {checks: {allowedDeviceClasses: [x]}}}",
+     "namespaces.a.checks: unknown key(s) 'allowedDeviceClasses' (a setting of namespaces.a.dra.*: write it as "
+     "namespaces.a.dra.allowedDeviceClasses)"),
+    ("namespaces: {a: {cluster: {enabled: true}}}",
+     "namespaces.a.cluster: unknown key(s) 'enabled' (not per namespace: cluster.enabled is set at the top level)"),
+    ("namespaces: {a: {gpuClasses: [x], platform: gke}}",
+     "namespaces.a: unknown key(s) 'gpuClasses' (not per namespace: dra.gpuClasses is set at the top level), "
+     "'platform' (not per namespace: platform is set at the top level)"),
+    ("cpuPodOnGPUNodes: warn",
+     "(top level): unknown key(s) 'cpuPodOnGPUNodes' (did you mean checks.cpuPodOnGpuNodes?)"),
+    ("enforcment: warn", "(top level): unknown key(s) 'enforcment' (did you mean 'enforcement'?)"),
+    ("accelerator: {label: x}", "accelerator: unknown key(s) 'label' (did you mean 'nodeLabel'?)"),
+    ("accelerator: {vendor: x}", "accelerator: unknown key(s) 'vendor'"),  # nothing close enough to suggest
+]
+
+
+@pytest.mark.parametrize(("text", "problem"), WRONG_PLACE)
+def test_a_key_in_the_wrong_place_is_told_where_it_lives(text, problem):
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(text, "p.yaml")
+    assert caught.value.problems == [problem]
+
+
+SECTION_KEYS = [(section, key) for section, value in DEFAULTS.items() if isinstance(value, dict) for key in value]
+
+
+@pytest.mark.parametrize(("section", "key"), SECTION_KEYS, ids=[f"{s}.{k}" for s, k in SECTION_KEYS])
+def test_every_setting_of_every_section_written_at_the_top_level_is_told_its_section(section, key):
+    assert {"checks", "cluster", "dra", "limits", "isolation", "accelerator"} <= {s for s, _ in SECTION_KEYS}
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(f"{key}: x", "p.yaml")
+    assert caught.value.problems == [
+        f"(top level): unknown key(s) {key!r} (a setting of {section}.*: write it as {section}.{key})"]
+
+
+COMMANDS = {
+    "check": ["check", "--policy", "p.yaml", "pod.yaml"],
+    "serve": ["serve", "--self-signed", "--policy", "p.yaml", "--port", "1"],
+    "admission-policies": ["admission-policies", "--policy", "p.yaml"],
+}
+
+
+@pytest.mark.parametrize("args", list(COMMANDS.values()), ids=list(COMMANDS))
+def test_each_command_prints_every_problem_in_one_line_and_exits_2(tmp_path, args):
+    name, text, problems = ALL_AT_ONCE[0]
+    (tmp_path / "p.yaml").write_text(text + "\nperContainer: 2\n")
+    (tmp_path / "pod.yaml").write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: []}\n")
+    result = subprocess.run([sys.executable, "-m", "webhook", *args], capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    hint = "(top level): unknown key(s) 'perContainer' (a setting of limits.*: write it as limits.perContainer)"
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == "gpu-webhook: p.yaml: invalid policy: " + "; ".join([hint, *problems]) + "\n"
 
 
 def test_namespace_keys_are_read_as_written_not_as_yaml_numbers_or_booleans():

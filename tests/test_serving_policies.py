@@ -13,6 +13,7 @@ import pytest
 from tests.manifests import admission_review, seed_pod
 from webhook.core.policy import PolicyError, _schema_problems, load_policy
 from webhook.serving import policies
+from webhook.serving.watch import Reloader
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,6 +64,8 @@ POLICIES = [
     ("beyond the schema", "namespaces: {Research: {}}\nresources: [cpu]\n"),
     ("not YAML", "limits: [\n"),
     ("duplicate key", "tolerations: true\ntolerations: false\n"),
+    ("every kind at once", "accelerator: {allowed: [nvidia-l4], default: nvidia-a100}\nperContainer: 2\n"
+                           "namespaces: {Research: {}, team-a: {accelerator: {default: nvidia-t4}}}\n"),
 ]
 
 
@@ -117,3 +120,21 @@ def test_serve_checks_its_policy_without_importing_jsonschema_into_the_master(tm
     refused = subprocess.run([sys.executable, "-c", script, str(bad)], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2
     assert refused.stderr.count("\n") == 1 and "perContainr" in refused.stderr
+
+
+def test_a_reload_refused_logs_every_problem_of_the_new_version(tmp_path, capsys):
+    path = tmp_path / "policy.yaml"
+    path.write_text("limits: {perPod: 4}\n")
+    reloader = Reloader("policy", [path], lambda: policies.load(path))
+    path.write_text("accelerator: {allowed: [nvidia-l4], default: nvidia-a100}\nnamespaces: {Research: {}}\n"
+                    "perContainer: 2\n")
+    capsys.readouterr()
+    assert reloader.check() is False
+    [line] = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert (line["event"], line["what"]) == ("reload_failed", "policy")
+    assert line["error"] == f"{path}: invalid policy: " + "; ".join([
+        "(top level): unknown key(s) 'perContainer' (a setting of limits.*: write it as limits.perContainer)",
+        "accelerator.default: 'nvidia-a100' is not in the allowed list ['nvidia-l4']",
+        "namespaces: 'Research' is not a namespace name (lowercase letters, digits and '-', at most 63)",
+    ])
+    assert reloader.value.default.per_pod == 4  # the last good policy stays

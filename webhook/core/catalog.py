@@ -184,11 +184,6 @@ def in_section(section: Section) -> tuple[Rule, ...]:
     return tuple(rule for rule in _ROWS if rule.section == section)
 
 
-def by_key(key: str) -> Rule | None:
-    """The rule whose setting key is ``key`` in whichever section (for "did you mean dra.X?")."""
-    return next((rule for rule in _ROWS if rule.key == key), None)
-
-
 def _consistent() -> None:
     ids = [rule.id for rule in _ROWS]
     keys = [rule.key for rule in _ROWS if rule.key]

@@ -460,18 +460,53 @@ def _written(value: object) -> str:
     return repr(value)
 
 
-def _unknown_key(key: object, known: list[str], where: str = "") -> str:
-    """``'cpuPodOnGPUNodes' (did you mean 'cpuPodOnGpuNodes'?)``, the suggestion when one is close; a rule's
-    setting written in another section says where it lives (``'allocationModeAll' (a setting of dra.*: ...)``)."""
-    section = where.rsplit(".", 1)[-1]
-    rule = catalog.by_key(str(key)) if section in catalog.SECTIONS else None
-    if rule is not None and rule.section != section:
-        return f"{key!r} (a setting of {rule.section}.*: write it as {rule.setting})"
-    by_lower = {k.lower(): k for k in known}
+KeyPath = tuple[object, ...]  # a key's place in the policy: ("namespaces", "team-a", "limits", "perPod")
+
+
+def _keys_of(schema: Mapping[str, Any], prefix: KeyPath = ()) -> tuple[KeyPath, ...]:
+    """Every key the schema's objects name, each as its path: through nested objects, not into lists or maps of
+    free names (a namespace's settings are a scope of their own)."""
+    properties: Mapping[str, Any] = schema.get("properties", {})
+    return tuple(
+        path for name, sub in properties.items() for path in (((*prefix, name),) + _keys_of(sub, (*prefix, name)))
+    )
+
+
+_OVERLAY = SCHEMA["properties"]["namespaces"]["additionalProperties"]
+# The two scopes a key may be written in: the policy, and one namespace's overrides.
+_TOP_KEYS = _keys_of(SCHEMA)
+_OVERLAY_KEYS = _keys_of(_OVERLAY)
+
+
+def _dotted(path: KeyPath) -> str:
+    return ".".join(map(str, path))
+
+
+def _unknown_key(key: object, at: KeyPath, known: list[str]) -> str:
+    """An unknown key with where it lives when the schema has it elsewhere in the same scope (``'perContainer'
+    (a setting of limits.*: write it as limits.perContainer)``), that it is no namespace's when only the top
+    level has it, else the nearest spelling at this level or elsewhere (``'cpuPodOnGPUNodes' (did you mean
+    'cpuPodOnGpuNodes'?)``)."""
     import difflib
 
+    in_namespace = len(at) >= 2 and at[0] == "namespaces"
+    scope: KeyPath = at[:2] if in_namespace else ()
+    keys = _OVERLAY_KEYS if in_namespace else _TOP_KEYS
+    here = at[len(scope):]
+    elsewhere = [(*scope, *path) for path in keys if path[-1] == key and path[:-1] != here]
+    if elsewhere:
+        sections = " or ".join(f"{_dotted(p[:-1])}.*" if len(p) > 1 else "the top level" for p in elsewhere)
+        return f"{key!r} (a setting of {sections}: write it as {' or '.join(map(_dotted, elsewhere))})"
+    top_only = [path for path in _TOP_KEYS if path[-1] == key] if in_namespace else []
+    if top_only:
+        return f"{key!r} (not per namespace: {' or '.join(map(_dotted, top_only))} is set at the top level)"
+    by_lower = {k.lower(): k for k in known}
     close = difflib.get_close_matches(str(key).lower(), list(by_lower), n=1)
-    return f"{key!r} (did you mean {by_lower[close[0]]!r}?)" if close else repr(key)
+    if close:
+        return f"{key!r} (did you mean {by_lower[close[0]]!r}?)"
+    by_lower_elsewhere = {str(path[-1]).lower(): path for path in reversed(keys)}  # the first of a name wins
+    close = difflib.get_close_matches(str(key).lower(), list(by_lower_elsewhere), n=1)
+    return f"{key!r} (did you mean {_dotted((*scope, *by_lower_elsewhere[close[0]]))}?)" if close else repr(key)
 
 
 def _choices(options: list[object]) -> str:
@@ -479,57 +514,129 @@ def _choices(options: list[object]) -> str:
     return ", ".join(names[:-1]) + f" or {names[-1]}"
 
 
-def _schema_problems(document: object) -> list[str]:
+def _schema_problems(document: object) -> list[tuple[KeyPath, str]]:
     import jsonschema
 
     validator = jsonschema.Draft202012Validator(SCHEMA)
     problems = []
-    for error in sorted(validator.iter_errors(document), key=lambda e: list(map(str, e.path))):
-        where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+    for error in validator.iter_errors(document):
+        at = tuple(error.absolute_path)
+        where = _dotted(at) or "(top level)"
         if error.validator == "additionalProperties":
             known = sorted(error.schema.get("properties", {}))
             unknown = sorted(set(error.instance) - set(known), key=str)
-            problems.append(f"{where}: unknown key(s) {', '.join(_unknown_key(k, known, where) for k in unknown)}")
+            problem = f"{where}: unknown key(s) {', '.join(_unknown_key(k, at, known) for k in unknown)}"
         elif error.validator == "enum":
-            choices = _choices(error.validator_value)
-            problems.append(f"{where}: {_written(error.instance)} is not a setting; use {choices}")
+            problem = f"{where}: {_written(error.instance)} is not a setting; use {_choices(error.validator_value)}"
         else:
-            problems.append(f"{where}: {error.message}")
+            problem = f"{where}: {error.message}"
+        problems.append((at, problem))
     return problems
 
 
-def _key_problems(document: Mapping[str, Any]) -> list[str]:
+def _key_problems(document: Mapping[str, Any]) -> list[tuple[KeyPath, str]]:
     """Namespace keys that can never match a namespace (read as a number or boolean, or no DNS label)."""
     namespaces = document.get("namespaces")
-    problems = []
+    problems: list[tuple[KeyPath, str]] = []
     for key in namespaces if isinstance(namespaces, Mapping) else ():
         if isinstance(key, bool):
             spelled = "'on'/'yes'/'true'" if key else "'off'/'no'/'false'"
-            problems.append(f"namespaces: key {key} (YAML read {spelled} as a boolean): quote it")
+            problem = f"namespaces: key {key} (YAML read {spelled} as a boolean): quote it"
         elif not isinstance(key, str):
             kind = "a number" if isinstance(key, (int, float)) else f"a {type(key).__name__}"
-            problems.append(f"namespaces: key {key!r} is {kind}, not a name: quote it")
+            problem = f"namespaces: key {key!r} is {kind}, not a name: quote it"
         elif not _NAMESPACE.fullmatch(key):
-            problems.append(
-                f"namespaces: {key!r} is not a namespace name (lowercase letters, digits and '-', at most 63)"
-            )
+            problem = f"namespaces: {key!r} is not a namespace name (lowercase letters, digits and '-', at most 63)"
+        else:
+            continue
+        problems.append((("namespaces", key), problem))
     return problems
 
 
-def _resource_problems(patterns: object) -> list[str]:
+def _resource_problems(patterns: object) -> list[tuple[KeyPath, str]]:
     """GPU resource patterns that would take native resources for GPUs, or could name no extended resource."""
-    problems: list[str] = []
+    problems: list[tuple[KeyPath, str]] = []
     for i, pattern in enumerate(patterns if isinstance(patterns, list) else []):
         if not isinstance(pattern, str):
             continue  # the schema has said so
         core = sorted({label for name, label in _CORE_RESOURCES.items() if fnmatch.fnmatchcase(name, pattern)})
         if core:
-            problems.append(f"resources[{i}]: {pattern!r} matches {', '.join(core)}, which are not GPUs")
+            problem = f"resources[{i}]: {pattern!r} matches {', '.join(core)}, which are not GPUs"
+            problems.append((("resources", i), problem))
         elif "/" not in pattern:
-            problems.append(
-                f"resources[{i}]: {pattern!r} has no domain; GPUs are extended resources such as nvidia.com/gpu"
-            )
+            problem = f"resources[{i}]: {pattern!r} has no domain; GPUs are extended resources such as nvidia.com/gpu"
+            problems.append((("resources", i), problem))
     return problems
+
+
+def _accelerator_written(section: object) -> tuple[Mapping[str, Any], list[str] | None, str | None]:
+    """An ``accelerator`` mapping as written, its allowed list and its default (the defaults where not written;
+    None where the schema refuses the value)."""
+    written = section if isinstance(section, Mapping) else {}
+    allowed, default = written.get("allowed", []), written.get("default", "")
+    usable = isinstance(allowed, list) and all(isinstance(a, str) for a in allowed)
+    return written, allowed if usable else None, default if isinstance(default, str) else None
+
+
+def _accelerator_problems(document: Mapping[str, Any]) -> list[tuple[KeyPath, str]]:
+    """A default accelerator outside the allowed list, of the policy and of each namespace that writes either
+    (one that writes neither has the policy's, named once).
+
+    Read from the document as written, so it runs beside the schema's check; a value the schema refuses is
+    not checked again (the schema names it)."""
+    _, allowed, default = _accelerator_written(document.get("accelerator"))
+    problems: list[tuple[KeyPath, str]] = []
+    if allowed and default and default not in allowed:
+        problem = f"accelerator.default: {default!r} is not in the allowed list {allowed}"
+        problems.append((("accelerator", "default"), problem))
+    namespaces = document.get("namespaces")
+    for name, overlay in namespaces.items() if isinstance(namespaces, Mapping) else ():
+        overlay_accelerator = overlay.get("accelerator") if isinstance(overlay, Mapping) else None
+        written, own_allowed, own_default = _accelerator_written(overlay_accelerator)
+        ns_allowed = own_allowed if "allowed" in written else allowed
+        ns_default = own_default if "default" in written else default
+        if not written or not ns_allowed or not ns_default or ns_default in ns_allowed:
+            continue
+        where = f"namespaces.{name}.accelerator"
+        if "default" in written:
+            inherited = "" if "allowed" in written else " (accelerator.allowed)"
+            problem = f"{where}.default: {ns_default!r} is not in the allowed list {ns_allowed}{inherited}"
+            problems.append((("namespaces", name, "accelerator", "default"), problem))
+        else:
+            problem = f"{where}.allowed: {ns_allowed} leaves out the default {ns_default!r} (accelerator.default)"
+            problems.append((("namespaces", name, "accelerator", "allowed"), problem))
+    return problems
+
+
+def _place(path: KeyPath) -> tuple[tuple[int, int, str], ...]:
+    """Where a problem at ``path`` goes in the list: keys in the order the schema (and the reference) lists
+    them, then keys it does not know by name; namespace names by name; list items by index."""
+    schema: Mapping[str, Any] = SCHEMA
+    place = []
+    for part in path:
+        properties: Mapping[str, Any] = schema.get("properties", {})
+        if isinstance(part, int) and not isinstance(part, bool) and "items" in schema:
+            place.append((0, part, ""))
+            schema = schema["items"]
+        elif isinstance(part, str) and part in properties:
+            place.append((0, list(properties).index(part), ""))
+            schema = properties[part]
+        else:
+            place.append((1, 0, str(part)))
+            extra = schema.get("additionalProperties")
+            schema = extra if isinstance(extra, Mapping) else {}
+    return tuple(place)
+
+
+def _all_problems(document: object, *, schema_checked: bool = False) -> list[str]:
+    """Every problem of a decoded policy document, each naming its key, in the order of their keys: the
+    schema's (unless ``schema_checked``) and every check after it, on the policy and on each namespace."""
+    problems = [] if schema_checked else _schema_problems(document)
+    if isinstance(document, Mapping):
+        problems += _key_problems(document)
+        problems += _resource_problems(document.get("resources"))
+        problems += _accelerator_problems(document)
+    return [problem for _, problem in sorted(problems, key=lambda found: _place(found[0]))]
 
 
 def _policy(document: Mapping[str, Any], trusted: bool = False, accounts: frozenset[str] = frozenset()) -> Policy:
@@ -564,10 +671,7 @@ def build_policy(document: object, source: str = "policy", *, schema_checked: bo
     JSON schema has passed it already, in another process (every other check runs all the same)."""
     if document is None:
         document = {}
-    problems = [] if schema_checked else _schema_problems(document)
-    if isinstance(document, Mapping):
-        problems += _key_problems(document)
-        problems += _resource_problems(document.get("resources"))
+    problems = _all_problems(document, schema_checked=schema_checked)
     if problems:
         raise PolicyError(source, problems)
     assert isinstance(document, Mapping)
@@ -584,13 +688,6 @@ def build_policy(document: object, source: str = "policy", *, schema_checked: bo
         ns: _policy(_merge(merged, overlays.get(ns, {})), ns in trusted["namespaces"], frozenset(accounts.get(ns, ())))
         for ns in {*overlays, *trusted["namespaces"], *accounts}
     }
-    for where, policy in [("accelerator", default)] + [
-        (f"namespaces.{ns}.accelerator", p) for ns, p in by_namespace.items() if ns in overlays
-    ]:
-        if policy.default and not policy.accelerator_allowed(policy.default):
-            problems.append(f"{where}.default: {policy.default!r} is not in the allowed list {list(policy.allowed)}")
-    if problems:
-        raise PolicyError(source, problems)
     return PolicySet(default=default, by_namespace=by_namespace, document={**merged, "namespaces": overlays})
 
 
