@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 import yaml
 
 from docs import gen
+from tests.test_readme import sessions
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,6 +100,20 @@ def test_the_policy_reference_shows_the_built_in_defaults():
     block = re.search(r'```yaml title="the defaults"\n(.*?)```', page, re.DOTALL)
     assert block is not None
     assert yaml.safe_load(block.group(1)) == _policy_module().DEFAULTS
+
+
+def test_the_refused_policy_of_the_reference_prints_what_it_shows(tmp_path):
+    page = (gen.DOCS / "rules.md").read_text(encoding="utf-8")
+    part = page.split("\n### A policy that cannot be used\n", 1)[1].split("\n### ", 1)[0]
+    [policy] = re.findall(r'```yaml title="policy.yaml"\n(.*?)```', part, re.DOTALL)
+    [(command, shown)] = sessions(part)
+    (tmp_path / "policy.yaml").write_text(policy)
+    (tmp_path / "pod.yaml").write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: []}\n")
+    assert command.startswith("gpu-webhook ")
+    done = subprocess.run([sys.executable, "-m", "webhook", *shlex.split(command)[1:]], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (done.returncode, done.stdout, done.stderr.splitlines()) == (2, "", shown)
+    assert len(shown) == 1 and shown[0].count("; ") == 3  # the four mistakes the text says it has
 
 
 def test_the_rules_table_gives_each_setting_its_key_rule_and_default():

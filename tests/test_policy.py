@@ -51,13 +51,13 @@ def test_glob_patterns_name_gpu_resources():
     [
         ("checks: {cpuPodOnGPUNodes: warn}",
          "checks: unknown key(s) 'cpuPodOnGPUNodes' (did you mean 'cpuPodOnGpuNodes'?)"),
-        ("enforcement: block", "enforcement: block is not a setting; use deny or warn"),
-        ("checks: {mixedGpuAndMig: on}", "checks.mixedGpuAndMig: true is not a setting; use deny, warn or off"),
-        ("cluster: {unknownAccelerator: yes}", "cluster.unknownAccelerator: true is not a setting; use deny, warn"),
+        ("enforcement: block", "enforcement: block is not a setting (use deny or warn)"),
+        ("checks: {mixedGpuAndMig: on}", "checks.mixedGpuAndMig: true is not a setting (use deny, warn or off)"),
+        ("cluster: {unknownAccelerator: yes}", "cluster.unknownAccelerator: true is not a setting (use deny, warn"),
         ("limits: {perPod: -1}", "limits.perPod: -1 is less than the minimum of 0"),
         ("limits: {perPod: two}", "limits.perPod: 'two' is not of type 'integer'"),
         ("tolerations: yes please", "tolerations: 'yes please' is not of type 'boolean'"),
-        ("namespaces: {a: {enforcement: off}}", "namespaces.a.enforcement: false is not a setting; use deny or warn"),
+        ("namespaces: {a: {enforcement: off}}", "namespaces.a.enforcement: false is not a setting (use deny or warn)"),
         ("namespaces: {a: {accelerator: {nodeLabel: x}}}", "namespaces.a.accelerator: unknown key(s) 'nodeLabel'"),
         ("namespaces: {Research: {}}", "namespaces: 'Research' is not a namespace name"),
         ("namespaces: {~: {}}", "namespaces: '~' is not a namespace name"),
@@ -65,7 +65,7 @@ def test_glob_patterns_name_gpu_resources():
         ("namespaces: {a: {}, a: {enforcement: warn}}", "found duplicate key 'a'"),
         ('resources: ["*"]', "resources[0]: '*' matches cpu, ephemeral-storage, hugepages-*, memory, pods, storage"),
         ('resources: [nvidia.com/gpu, "huge*"]', "resources[1]: 'huge*' matches hugepages-*, which are not GPUs"),
-        ("resources: [nvidia.com/gpu, gpu]", "resources[1]: 'gpu' has no domain; GPUs are extended resources"),
+        ("resources: [nvidia.com/gpu, gpu]", "resources[1]: 'gpu' has no domain (GPUs are extended resources"),
         ('resources: ["*gpu*"]', "resources[0]: '*gpu*' has no domain"),
         ("accelerator: {allowed: [a], default: b}", "accelerator.default: 'b' is not in the allowed list ['a']"),
         ("- a list", "(top level): ['a list'] is not of type 'object'"),
@@ -95,7 +95,7 @@ ALL_AT_ONCE = [
       "resources[0]: '*' matches cpu, ephemeral-storage, hugepages-*, memory, pods, storage, which are not GPUs",
       "accelerator.default: 'b' is not in the allowed list ['a']",
       "limits.perPod: -1 is less than the minimum of 0",
-      "enforcement: x is not a setting; use deny or warn",
+      "enforcement: x is not a setting (use deny or warn)",
       f"namespaces: 'A' {NOT_A_NAME}"]),
     ("the same mistakes written in another order: the same list",
      "namespaces: {A: {}}\naccelerator: {allowed: [a], default: b}\nresources: [\"*\"]\nfoo: 1\n"
@@ -104,7 +104,7 @@ ALL_AT_ONCE = [
       "resources[0]: '*' matches cpu, ephemeral-storage, hugepages-*, memory, pods, storage, which are not GPUs",
       "accelerator.default: 'b' is not in the allowed list ['a']",
       "limits.perPod: -1 is less than the minimum of 0",
-      "enforcement: x is not a setting; use deny or warn",
+      "enforcement: x is not a setting (use deny or warn)",
       f"namespaces: 'A' {NOT_A_NAME}"]),
     ("every namespace's overlay is checked, each in name order, its keys in the reference's order",
      "namespaces:\n  team-b: {enforcement: block, accelerator: {allowed: [a], default: b}}\n"
@@ -112,12 +112,12 @@ ALL_AT_ONCE = [
      ["namespaces.team-a.accelerator.default: 'd' is not in the allowed list ['c']",
       "namespaces.team-a.limits.perPod: 'two' is not of type 'integer'",
       "namespaces.team-b.accelerator.default: 'b' is not in the allowed list ['a']",
-      "namespaces.team-b.enforcement: block is not a setting; use deny or warn"]),
+      "namespaces.team-b.enforcement: block is not a setting (use deny or warn)"]),
     ("the overlay of a namespace key that is no name is checked too",
      "namespaces: {Team_A: {enforcement: block, accelerator: {allowed: [a], default: b}}}",
      [f"namespaces: 'Team_A' {NOT_A_NAME}",
       "namespaces.Team_A.accelerator.default: 'b' is not in the allowed list ['a']",
-      "namespaces.Team_A.enforcement: block is not a setting; use deny or warn"]),
+      "namespaces.Team_A.enforcement: block is not a setting (use deny or warn)"]),
     ("a namespace's default against the policy's allowed list, its allowed list against the policy's default",
      "accelerator: {allowed: [a, b], default: a}\n"
      "namespaces: {x: {accelerator: {default: c}}, y: {accelerator: {allowed: [b]}}, z: {enforcement: warn}}",
@@ -133,7 +133,7 @@ ALL_AT_ONCE = [
     ("a bad value and an unknown key in one section",
      "checks: {mixedGpuAndMig: on, cpuPodOnGPUNodes: warn}",
      ["checks: unknown key(s) 'cpuPodOnGPUNodes' (did you mean 'cpuPodOnGpuNodes'?)",
-      "checks.mixedGpuAndMig: true is not a setting; use deny, warn or off"]),
+      "checks.mixedGpuAndMig: true is not a setting (use deny, warn or off)"]),
 ]
 
 
@@ -142,7 +142,8 @@ def test_every_problem_of_a_policy_is_named_at_once(text, problems):
     with pytest.raises(PolicyError) as caught:
         parse_policy(text, "p.yaml")
     assert caught.value.problems == problems
-    assert str(caught.value) == "p.yaml: invalid policy: " + "; ".join(problems)
+    # one line that reads back as the list: no problem holds the "; " between them
+    assert str(caught.value).split("p.yaml: invalid policy: ")[1].split("; ") == problems
 
 
 # A key written in the wrong place -> where it lives, from the schema: a rule's setting, a section's key, a
@@ -264,7 +265,7 @@ def test_serve_refuses_an_invalid_policy_with_exit_code_2(tmp_path):
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2
-    assert "enforcement: maybe is not a setting; use deny or warn" in result.stderr
+    assert "enforcement: maybe is not a setting (use deny or warn)" in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -327,8 +328,8 @@ def test_trusted_namespaces_and_service_accounts_are_resolved_per_namespace():
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
-        ("platform: openshift", "platform: openshift is not a setting; use generic, gke, eks, aks or gpu-operator"),
-        ("isolation: {hideGpus: all}", "isolation.hideGpus: all is not a setting; use void, none or off"),
+        ("platform: openshift", "platform: openshift is not a setting (use generic, gke, eks, aks or gpu-operator)"),
+        ("isolation: {hideGpus: all}", "isolation.hideGpus: all is not a setting (use void, none or off)"),
         ("isolation: {runtimeClass: NVIDIA}", "isolation.runtimeClass: 'NVIDIA' does not match"),
         ("isolation: {trusted: {serviceAccounts: [dcgm]}}",
          "isolation.trusted.serviceAccounts.0: 'dcgm' does not match"),
@@ -338,7 +339,7 @@ def test_trusted_namespaces_and_service_accounts_are_resolved_per_namespace():
          "namespaces.a.isolation: unknown key(s) 'trusted'"),
         ("namespaces: {a: {cluster: {enabled: true}}}", "namespaces.a.cluster: unknown key(s) 'enabled'"),
         ("namespaces: {a: {checks: {privilegedGpu: allow}}}",
-         "namespaces.a.checks.privilegedGpu: allow is not a setting; use deny, warn or off"),
+         "namespaces.a.checks.privilegedGpu: allow is not a setting (use deny, warn or off)"),
         ("gpuTaints: [{value: gpu}]", "gpuTaints.0: 'key' is a required property"),
         ("gpuTaints: [{key: sku, effect: NoEntry}]", "gpuTaints.0.effect: NoEntry is not a setting"),
     ],
@@ -347,3 +348,11 @@ def test_a_bad_isolation_policy_is_refused_naming_the_key(text, problem):
     with pytest.raises(PolicyError) as caught:
         parse_policy(text, "p.yaml")
     assert any(problem in p for p in caught.value.problems), caught.value.problems
+
+
+def test_the_native_policies_defaults_are_the_ones_the_generator_falls_back_to():
+    from webhook.native.generate import DEFAULT_EXCLUDED, settings
+
+    assert DEFAULTS["nativePolicies"] == {"customKinds": [], "excludeNamespaces": list(DEFAULT_EXCLUDED)}
+    assert settings(load_policy(None))[1] == ["kube-system", "kube-node-lease"]
+    assert settings(parse_policy("nativePolicies: {customKinds: []}"))[1] == ["kube-system", "kube-node-lease"]

@@ -1,8 +1,9 @@
 """The policy file: its schema, its defaults, and the effective policy for a namespace.
 
 Loading and validation live here and nowhere else; the server, the CLI and the tests all
-call :func:`load_policy` or :func:`parse_policy`. A policy is refused as a whole, with
-every bad key named, so a typo never half-applies.
+call :func:`load_policy` or :func:`parse_policy`. A policy is refused as a whole, in one
+:class:`PolicyError` naming every bad key (the schema's problems and every check after it, in the order the schema
+lists the keys), so a typo never half-applies and a second one never waits for the first to be fixed.
 
 Mapping keys are read as written: YAML 1.1 would turn a namespace ``2024:`` into a number and
 ``on:`` into ``True``, which no namespace name ever equals.
@@ -53,6 +54,9 @@ DEFAULTS: dict[str, Any] = {
         "adminAccessNamespaces": [],
         **{rule.key: rule.default for rule in catalog.in_section("dra")},
     },
+    # For `gpu-webhook admission-policies` (webhook.native reads them): custom kinds with pod templates, and the
+    # namespaces the generated policies leave alone.
+    "nativePolicies": {"customKinds": [], "excludeNamespaces": ["kube-system", "kube-node-lease"]},
     "namespaces": {},
 }
 _DRA_LISTS = ("gpuClasses", "allowedDeviceClasses", "adminAccessNamespaces")
@@ -527,7 +531,7 @@ def _schema_problems(document: object) -> list[tuple[KeyPath, str]]:
             unknown = sorted(set(error.instance) - set(known), key=str)
             problem = f"{where}: unknown key(s) {', '.join(_unknown_key(k, at, known) for k in unknown)}"
         elif error.validator == "enum":
-            problem = f"{where}: {_written(error.instance)} is not a setting; use {_choices(error.validator_value)}"
+            problem = f"{where}: {_written(error.instance)} is not a setting (use {_choices(error.validator_value)})"
         else:
             problem = f"{where}: {error.message}"
         problems.append((at, problem))
@@ -564,7 +568,7 @@ def _resource_problems(patterns: object) -> list[tuple[KeyPath, str]]:
             problem = f"resources[{i}]: {pattern!r} matches {', '.join(core)}, which are not GPUs"
             problems.append((("resources", i), problem))
         elif "/" not in pattern:
-            problem = f"resources[{i}]: {pattern!r} has no domain; GPUs are extended resources such as nvidia.com/gpu"
+            problem = f"resources[{i}]: {pattern!r} has no domain (GPUs are extended resources such as nvidia.com/gpu)"
             problems.append((("resources", i), problem))
     return problems
 
