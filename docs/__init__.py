@@ -1,1 +1,1 @@
-"""The documentation pages (built by mkdocs, see mkdocs.yml) and their generator, docs.gen."""
+"""The documentation pages (built by zensical from mkdocs.yml) and their generator, docs.gen."""

@@ -135,37 +135,94 @@ def test_the_rules_table_gives_each_setting_its_key_rule_and_default():
 # --- the site -------------------------------------------------------------------------------------------------
 
 
-def _mkdocs() -> list[str]:
-    if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None:
-        message = "mkdocs or mkdocs-material is not installed; install them with `.venv/bin/pip install -e '.[docs]'`"
+def _zensical() -> list[str]:
+    if importlib.util.find_spec("zensical") is None:
+        message = "zensical is not installed; install it with `.venv/bin/pip install -e '.[docs]'`"
         if os.environ.get("CI") == "true":
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
-    return [sys.executable, "-m", "mkdocs"]
+    return [sys.executable, "-m", "zensical"]
 
 
-def _build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*_mkdocs(), "build", "--strict", "--config-file", str(config), "--site-dir", str(site)],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
-    )
-
-
-def test_the_site_builds_strictly(tmp_path):
-    built = _build(ROOT / "mkdocs.yml", tmp_path / "site")
-    assert built.returncode == 0, built.stderr
-    assert (tmp_path / "site" / "cli" / "index.html").is_file()
-
-
-def test_a_broken_link_or_anchor_fails_the_strict_build(tmp_path):
+def _site_copy(tmp_path: Path) -> Path:
+    """The pages and mkdocs.yml in a folder of their own: zensical writes the site (site_dir) and its cache there."""
     copy = tmp_path / "copy"
     shutil.copytree(gen.DOCS, copy / "docs", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "mkdocs.yml", copy / "mkdocs.yml")
-    with (copy / "docs" / "audit.md").open("a", encoding="utf-8") as page:
-        page.write("\nSee [a page](no-such-page.md) and [a heading](rules.md#no-such-heading).\n")
-    built = _build(copy / "mkdocs.yml", tmp_path / "site")
-    assert built.returncode != 0
-    assert "no-such-page.md" in built.stderr and "no-such-heading" in built.stderr, built.stderr
+    return copy
+
+
+def _build(project: Path) -> subprocess.CompletedProcess[str]:
+    """``zensical build --strict`` of ``project``, its output without the terminal colours it always writes."""
+    built = subprocess.run(
+        [*_zensical(), "build", "--strict", "--config-file", str(project / "mkdocs.yml")],
+        capture_output=True, text=True, timeout=120, cwd=project,
+    )
+    plain = re.compile(r"\x1b\[[0-9;]*m")
+    return subprocess.CompletedProcess(built.args, built.returncode, plain.sub("", built.stdout),
+                                       plain.sub("", built.stderr))
+
+
+def test_the_site_builds_strictly_and_without_warnings(tmp_path):
+    project = _site_copy(tmp_path)
+    built = _build(project)
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert "Warning" not in built.stdout + built.stderr, built.stdout + built.stderr
+    site = project / yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))["site_dir"]
+    assert (site / "cli" / "index.html").is_file()
+    assert (site / "troubleshooting" / "index.html").is_file()
+
+
+def test_a_broken_link_or_anchor_fails_the_strict_build(tmp_path):
+    project = _site_copy(tmp_path)
+    page = project / "docs" / "audit.md"
+    lines = len(page.read_text(encoding="utf-8").splitlines())
+    with page.open("a", encoding="utf-8") as out:
+        out.write("\nSee [a page](no-such-page.md).\n\nSee [a heading](rules.md#no-such-heading).\n")
+    built = _build(project)
+    output = built.stdout + built.stderr
+    assert built.returncode != 0, output
+    assert f"audit.md:{lines + 2}:" in output and "page does not exist" in output, output
+    assert f"audit.md:{lines + 4}:" in output and "anchor does not exist" in output, output
+
+
+def _nav_pages(nav: object) -> list[str]:
+    """The page files of a nav, depth first: ``- Title: page.md`` entries, sections holding more of them."""
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, list):
+        return [page for item in nav for page in _nav_pages(item)]
+    if isinstance(nav, dict):
+        return [page for value in nav.values() for page in _nav_pages(value)]
+    raise AssertionError(f"not a nav entry: {nav!r}")
+
+
+def nav_problems(config: dict, docs: Path) -> list[str]:
+    """Pages left out of the nav, and nav entries with no page: the strict build does not look for either."""
+    listed = _nav_pages(config["nav"])
+    pages = sorted(str(p.relative_to(docs)) for p in docs.rglob("*.md") if "gen" not in p.relative_to(docs).parts)
+    return ([f"{page}: not in the nav" for page in pages if page not in listed]
+            + [f"{page}: in the nav, no such page" for page in listed if page not in pages]
+            + [f"{page}: twice in the nav" for page in sorted(set(listed)) if listed.count(page) > 1])
+
+
+@pytest.mark.parametrize("change, problems", [
+    (None, []),
+    ("orphan", ["orphan.md: not in the nav"]),
+    ("ghost", ["ghost.md: in the nav, no such page"]),
+    ("twice", ["cli.md: twice in the nav"]),
+])
+def test_every_page_is_in_the_nav_once_and_every_nav_entry_is_a_page(tmp_path, change, problems):
+    docs = tmp_path / "docs"
+    shutil.copytree(gen.DOCS, docs, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    if change == "orphan":
+        (docs / "orphan.md").write_text("# Orphan\n", encoding="utf-8")
+    elif change == "ghost":
+        config["nav"].append({"Ghost": "ghost.md"})
+    elif change == "twice":
+        config["nav"].append({"Again": "cli.md"})
+    assert nav_problems(config, docs) == problems
 
 
 def test_the_rule_tables_are_the_rule_catalog():

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -81,11 +80,37 @@ def test_the_patch_the_readme_decodes_is_the_one_mutate_returns():
     assert f"The patch decodes to `{patch}`." in " ".join(section("Quick start: local").split())
 
 
+# The README's first command installs into .venv and puts nothing on PATH; its later sections activate that venv.
+ACTIVATE = ". .venv/bin/activate"
+
+
+def commands(text: str) -> list[str]:
+    """Every command line of the sh and console blocks in ``text``, in order (console output left out)."""
+    found: list[str] = []
+    for kind, block in re.findall(r"```(sh|console)\n(.*?)```", text, flags=re.S):
+        for line in block.splitlines():
+            if kind == "sh" and line.strip():
+                found.append(line.strip())
+            elif kind == "console" and line.startswith("$ "):
+                found.append(line[2:])
+    return found
+
+
+def test_every_gpu_webhook_command_runs_from_the_readmes_own_install():
+    """A bare ``gpu-webhook`` command works only once the venv the first command made is active."""
+    active, bare = False, []
+    for command in commands(README):
+        active = active or command.split("#")[0].strip() == ACTIVATE
+        if re.search(r"(^|[|;&]\s*)gpu-webhook ", command) and not active:
+            bare.append(command)
+    assert not bare, f"run before `{ACTIVATE}` is shown, so not found on PATH: {bare}"
+
+
 @pytest.mark.parametrize("title, tool", [("Quick start: CI", "gpu-webhook check "),
                                          ("Native admission policies", "gpu-webhook admission-policies ")])
 def test_the_cli_sessions_print_what_the_readme_shows(title, tool):
     shown = sessions(section(title))
     assert shown and all(command.startswith(tool) for command, _ in shown)
-    bin_dir = str(Path(sys.executable).parent)  # the venv's gpu-webhook script sits beside its python
+    assert (ROOT / ".venv" / "bin" / "activate").is_file(), "the README's venv: python3 -m venv .venv && ..."
     for command, expected in shown:
-        assert run(command, {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}) == expected, command
+        assert run(f"{ACTIVATE} && {command}", {}) == expected, command
