@@ -135,12 +135,14 @@ def _build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.process
 def test_the_site_builds_strictly(tmp_path):
     built = _build(ROOT / "mkdocs.yml", tmp_path / "site")
     assert built.returncode == 0, built.stderr
     assert (tmp_path / "site" / "cli" / "index.html").is_file()
 
 
+@pytest.mark.process
 def test_a_broken_link_or_anchor_fails_the_strict_build(tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(gen.DOCS, copy / "docs", ignore=shutil.ignore_patterns("__pycache__"))

@@ -66,6 +66,7 @@ def self_signed(tmp_path_factory):
         server.stop()
 
 
+@pytest.mark.process
 def test_the_local_quick_start_prints_what_the_readme_shows(self_signed):
     shown = sessions(section("Quick start: local"))
     assert [command.split()[-1].rsplit("/", 1)[1] for command, _ in shown] == ["validate", "mutate", "validate"]
@@ -81,6 +82,7 @@ def test_the_patch_the_readme_decodes_is_the_one_mutate_returns():
     assert f"The patch decodes to `{patch}`." in " ".join(section("Quick start: local").split())
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("title, tool", [("Quick start: CI", "gpu-webhook check "),
                                          ("Native admission policies", "gpu-webhook admission-policies ")])
 def test_the_cli_sessions_print_what_the_readme_shows(title, tool):
