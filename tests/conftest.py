@@ -1,6 +1,33 @@
+from pathlib import Path
+
 import pytest
 
 from tests.server import start_webhook
+from tests.tiers import no_processes, tier_markers
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers
+def pytest_collection_modifyitems(items):
+    """The tiers of tests/README.md: each test gets its directory's marker, ``node`` when it needs the node
+    bed, and ``fast`` when nothing takes it out of the pure tier (tests/tiers.py)."""
+    for item in items:
+        path = Path(item.path)
+        if not path.is_relative_to(TESTS):
+            continue
+        have = [mark.name for mark in item.iter_markers()]
+        for name in tier_markers(path.relative_to(TESTS).parts, getattr(item, "fixturenames", ()), have):
+            item.add_marker(name)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A fast test runs in-process: starting a process from it (or from a fixture it sets up) fails it."""
+    if item.get_closest_marker("fast") is None:
+        return (yield)
+    with no_processes(item.nodeid):
+        return (yield)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,8 @@ import pytest
 
 from tests.tools import CONTROL_PLANE_BINARIES, control_plane_bin, missing_binaries, unavailable
 
+pytestmark = [pytest.mark.bench, pytest.mark.e2e]  # on the e2e control plane
+
 REPO = Path(__file__).resolve().parent.parent
 
 

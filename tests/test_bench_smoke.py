@@ -18,6 +18,8 @@ import pytest
 
 from tests.tools import unavailable
 
+pytestmark = pytest.mark.bench
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -26,6 +26,7 @@ def gpu_webhook(*args: str, stdin: str | None = None) -> subprocess.CompletedPro
                           timeout=60)
 
 
+@pytest.mark.process
 def test_certs_writes_a_ca_and_a_serving_cert_with_every_service_name_as_a_san(tmp_path):
     result = gpu_webhook("certs", "--service", "gpu-webhook", "--namespace", "gpu-system",
                          "--host", "127.0.0.1", "--host", "webhook.example", "--days", "30", "--out-dir", str(tmp_path))
@@ -49,11 +50,13 @@ def write_manifests(path, *objects):
     return str(path)
 
 
+@pytest.mark.process
 def test_check_admits_the_seed_pod_with_exit_0():
     result = gpu_webhook("check", str(EXAMPLES / "cuda-vector-add.yaml"))
     assert (result.returncode, result.stdout) == (0, "")
 
 
+@pytest.mark.process
 def test_check_reports_an_absurd_quantity_in_a_custom_resource_instead_of_crashing(tmp_path):
     runner = {"apiVersion": "example.com/v1", "kind": "Runner", "metadata": {"name": "r"},
               "spec": {"podSpec": {"containers": [container(limits={GPU: "1e5000"})]}}}
@@ -64,6 +67,7 @@ def test_check_reports_an_absurd_quantity_in_a_custom_resource_instead_of_crashi
     assert result.stdout.endswith('"1e5000" is not a sensible GPU count (at most 1000000)\n')
 
 
+@pytest.mark.process
 def test_check_prints_one_line_per_violation_and_exits_1(tmp_path):
     path = write_manifests(
         tmp_path / "m.yaml",
@@ -83,6 +87,7 @@ def test_check_prints_one_line_per_violation_and_exits_1(tmp_path):
     ]
 
 
+@pytest.mark.process
 def test_check_reads_json_and_stdin_and_custom_resources():
     job = pytorch_job(seed_pod(), pod(container(limits={GPU: "1.5"})))
     result = gpu_webhook("check", "-", stdin=json.dumps(job))
@@ -90,12 +95,14 @@ def test_check_reads_json_and_stdin_and_custom_resources():
     assert result.stdout.startswith("<stdin>: PyTorchJob default/train: spec.pytorchReplicaSpecs.Worker.template.spec")
 
 
+@pytest.mark.process
 def test_check_expands_lists(tmp_path):
     listing = {"apiVersion": "v1", "kind": "List", "items": [pod(container(requests={GPU: 1}), name="in-list")]}
     result = gpu_webhook("check", write_manifests(tmp_path / "l.yaml", listing))
     assert result.returncode == 1 and "Pod default/in-list" in result.stdout
 
 
+@pytest.mark.process
 def test_check_uses_the_policy_and_its_namespaces(tmp_path):
     policy = tmp_path / "p.yaml"
     policy.write_text("limits: {perContainer: 1}\nnamespaces: {lab: {enforcement: warn}}\n")
@@ -107,6 +114,7 @@ def test_check_uses_the_policy_and_its_namespaces(tmp_path):
     assert warned.returncode == 0 and ": warning: " in warned.stdout
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("content", "says"),
     [("a: [unclosed", "not valid YAML"), ("- just\n- a list\n", "is not a Kubernetes object")],
@@ -119,6 +127,7 @@ def test_check_exits_2_on_input_it_cannot_parse(tmp_path, content, says):
     assert result.returncode == 2 and says in result.stderr
 
 
+@pytest.mark.process
 def test_check_exits_2_on_a_missing_file_and_still_checks_the_others(tmp_path):
     bad = write_manifests(tmp_path / "bad.yaml", pod(container(requests={GPU: 1}), name="x"))
     result = gpu_webhook("check", str(tmp_path / "missing.yaml"), bad)
@@ -126,6 +135,7 @@ def test_check_exits_2_on_a_missing_file_and_still_checks_the_others(tmp_path):
     assert "cannot read" in result.stderr and "Pod default/x" in result.stdout
 
 
+@pytest.mark.process
 def test_check_exits_2_on_an_invalid_policy(tmp_path):
     policy = tmp_path / "p.yaml"
     policy.write_text("enforcement: sometimes\n")
@@ -133,11 +143,13 @@ def test_check_exits_2_on_an_invalid_policy(tmp_path):
     assert result.returncode == 2 and "enforcement" in result.stderr
 
 
+@pytest.mark.process
 def test_serve_needs_certificates_or_self_signed():
     result = gpu_webhook("serve")
     assert result.returncode == 2 and "--self-signed" in result.stderr
 
 
+@pytest.mark.process
 def test_check_runs_the_cluster_checks_against_saved_nodes(tmp_path):
     nodes = {"apiVersion": "v1", "kind": "List", "items": [
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"accelerator": "nvidia-l4"}},
@@ -558,6 +570,7 @@ def test_argument_errors_print_the_subcommands_usage_and_exit_2(cli, args, says)
     assert err[0].startswith(f"usage: gpu-webhook {args[0]} [-h]") and err[-1] == says, err
 
 
+@pytest.mark.process
 def test_check_reads_runtime_classes_beside_the_nodes(tmp_path):
     cluster = {"apiVersion": "v1", "kind": "List", "items": [
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"accelerator": "nvidia-l4"}},
@@ -579,6 +592,7 @@ def test_check_reads_runtime_classes_beside_the_nodes(tmp_path):
                "exists" in line and "(RuntimeClasses: nvidia-h100)" in line for line in lines), lines
 
 
+@pytest.mark.process
 def test_check_says_which_cpu_container_would_see_every_gpu(tmp_path):
     leaky = pod(container("notebook", env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]), name="leaky")
     result = gpu_webhook("check", write_manifests(tmp_path / "leaky.yaml", leaky))
@@ -601,6 +615,7 @@ DRA_STATE = [
 ]
 
 
+@pytest.mark.process
 def test_check_reads_resource_slices_and_device_classes_and_the_claims_beside_the_pods(tmp_path):
     policy = tmp_path / "policy.yaml"
     policy.write_text("resources: [example.com/gpu]\ncluster: {enabled: true}\ndra: {gpuClasses: [gpu.example.com]}\n")
@@ -627,6 +642,7 @@ def test_check_reads_resource_slices_and_device_classes_and_the_claims_beside_th
     assert alone.returncode == 0 and alone.stdout == ""
 
 
+@pytest.mark.process
 def test_claims_beside_the_pods_resolve_them_but_never_make_a_kind_complete(tmp_path):
     """A template the files do not hold may well exist in the cluster: only --cluster-state says what does not."""
     policy = tmp_path / "policy.yaml"
@@ -639,6 +655,7 @@ def test_claims_beside_the_pods_resolve_them_but_never_make_a_kind_complete(tmp_
     assert result.returncode == 0 and "does not exist" not in result.stdout
 
 
+@pytest.mark.process
 def test_the_readme_dra_example(tmp_path):
     """docs/dra.md, Offline: the same lines, and the inference pod refused against the Node alone."""
     policy = tmp_path / "policy.yaml"

@@ -244,6 +244,7 @@ def test_a_kubeconfig_that_is_not_yaml_is_one_line_with_line_and_column(cli, tmp
         "expected the node content, but found '-' (line 3, column 3)"])
 
 
+@pytest.mark.process
 def test_serve_with_cluster_checks_and_no_cluster_stops_at_once(tmp_path):
     """Before, the informers retried forever without a kubeconfig, and /readyz never passed."""
     policy = tmp_path / "policy.yaml"

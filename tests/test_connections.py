@@ -68,6 +68,7 @@ def living_connections() -> int:
     return sum(1 for o in gc.get_objects() if isinstance(o, Connection))
 
 
+@pytest.mark.process
 def test_closed_connections_are_freed(tls):
     """Answered, cut by the request deadline, closed by the client mid-request: none outlives its close."""
 
@@ -99,6 +100,7 @@ def test_closed_connections_are_freed(tls):
     assert (still_open, alive) == (0, 0)
 
 
+@pytest.mark.process
 def test_at_the_cap_the_oldest_connection_without_a_request_is_evicted(tls):
     async def scenario(port, context, front):
         kept_reader, kept = await asyncio.open_connection("127.0.0.1", port, ssl=context,
@@ -130,6 +132,7 @@ def test_at_the_cap_the_oldest_connection_without_a_request_is_evicted(tls):
     assert kept_answer.startswith(b"HTTP/1.1 200")  # the one that had been served was kept
 
 
+@pytest.mark.process
 def test_a_client_hello_trickled_a_byte_at_a_time_completes_once_whole(tls):
     async def scenario(port, context, front):
         incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()

@@ -69,6 +69,7 @@ def test_gunicorn_master_loop_still_calls_manage_workers_and_stop():
     assert list(inspect.signature(Arbiter.manage_workers).parameters) == ["self"]
 
 
+@pytest.mark.process
 def test_kubernetes_quantity_file_is_there_and_parses_as_the_package_does():
     package = importlib.util.find_spec("kubernetes")
     assert package is not None and package.submodule_search_locations

@@ -102,6 +102,7 @@ def test_the_policy_reference_shows_the_built_in_defaults():
     assert yaml.safe_load(block.group(1)) == _policy_module().DEFAULTS
 
 
+@pytest.mark.process
 def test_the_refused_policy_of_the_reference_prints_what_it_shows(tmp_path):
     page = (gen.DOCS / "rules.md").read_text(encoding="utf-8")
     part = page.split("\n### A policy that cannot be used\n", 1)[1].split("\n### ", 1)[0]
@@ -163,6 +164,7 @@ def _build(project: Path) -> subprocess.CompletedProcess[str]:
                                        plain.sub("", built.stderr))
 
 
+@pytest.mark.process
 def test_the_site_builds_strictly_and_without_warnings(tmp_path):
     project = _site_copy(tmp_path)
     built = _build(project)
@@ -173,6 +175,7 @@ def test_the_site_builds_strictly_and_without_warnings(tmp_path):
     assert (site / "troubleshooting" / "index.html").is_file()
 
 
+@pytest.mark.process
 def test_a_broken_link_or_anchor_fails_the_strict_build(tmp_path):
     project = _site_copy(tmp_path)
     page = project / "docs" / "audit.md"

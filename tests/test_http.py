@@ -14,6 +14,8 @@ import pytest
 from tests.manifests import admission_review, container, pod, seed_pod, workload
 from tests.server import client_context, make_certs, start_webhook
 
+pytestmark = pytest.mark.process
+
 GPU = "nvidia.com/gpu"
 UID = "705ab4f5-6393-11e8-b7cc-42010a800002"
 

@@ -280,6 +280,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120, check=False)
 
 
+@pytest.mark.process
 def test_the_command_writes_the_objects_on_stdout_and_the_webhook_rules_on_stderr(tmp_path):
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
@@ -292,6 +293,7 @@ def test_the_command_writes_the_objects_on_stdout_and_the_webhook_rules_on_stder
     assert "left to the webhook: process-count-mismatch: " in done.stderr
 
 
+@pytest.mark.process
 def test_a_bad_policy_is_one_line_and_exit_2(tmp_path):
     policy = tmp_path / "policy.yaml"
     policy.write_text("nativePolicies: {customKinds: [{group: a.io, templates: [spec.x]}]}\n")

@@ -257,6 +257,7 @@ def test_an_unreadable_file_is_a_policy_error(tmp_path):
         load_policy(tmp_path / "missing.yaml")
 
 
+@pytest.mark.process
 def test_serve_refuses_an_invalid_policy_with_exit_code_2(tmp_path):
     bad = tmp_path / "policy.yaml"
     bad.write_text("enforcement: maybe\n")

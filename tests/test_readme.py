@@ -65,6 +65,7 @@ def self_signed(tmp_path_factory):
         server.stop()
 
 
+@pytest.mark.process
 def test_the_local_quick_start_prints_what_the_readme_shows(self_signed):
     shown = sessions(section("Quick start: local"))
     assert [command.split()[-1].rsplit("/", 1)[1] for command, _ in shown] == ["validate", "mutate", "validate"]
@@ -106,6 +107,7 @@ def test_every_gpu_webhook_command_runs_from_the_readmes_own_install():
     assert not bare, f"run before `{ACTIVATE}` is shown, so not found on PATH: {bare}"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("title, tool", [("Quick start: CI", "gpu-webhook check "),
                                          ("Native admission policies", "gpu-webhook admission-policies ")])
 def test_the_cli_sessions_print_what_the_readme_shows(title, tool):

@@ -12,6 +12,8 @@ import pytest
 
 from tests.server import GPU_WEBHOOK, free_port, make_certs
 
+pytestmark = pytest.mark.process
+
 
 def serve(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
     return subprocess.run([*GPU_WEBHOOK, "serve", *args], capture_output=True, text=True, timeout=timeout)

@@ -49,6 +49,7 @@ def loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
     return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in names))
 
 
+@pytest.mark.process
 def test_a_worker_imports_only_what_serving_needs(tmp_path):
     assert loaded(modules_of_a_worker(), NEVER_IN_A_WORKER + ("yaml",)) == []
     policy = tmp_path / "policy.yaml"
@@ -69,6 +70,7 @@ POLICIES = [
 ]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("text", [text for _, text in POLICIES], ids=[name for name, _ in POLICIES])
 def test_a_policy_file_loads_as_load_policy_loads_it(tmp_path, text):
     path = tmp_path / "policy.yaml"
@@ -92,6 +94,7 @@ def test_no_file_is_the_defaults_which_pass_the_schema():
     assert policies.load(None).document == load_policy(None).document
 
 
+@pytest.mark.process
 def test_an_unreadable_file_and_a_failed_check_are_policy_errors(tmp_path, monkeypatch):
     with pytest.raises(PolicyError, match="cannot read"):
         policies.load(tmp_path / "missing.yaml")
@@ -101,6 +104,7 @@ def test_an_unreadable_file_and_a_failed_check_are_policy_errors(tmp_path, monke
         policies.load(tmp_path / "policy.yaml")
 
 
+@pytest.mark.process
 def test_serve_checks_its_policy_without_importing_jsonschema_into_the_master(tmp_path):
     """The CLI's serve path loads the policy as the server does: a bad file is still refused in one line, and
     the process that goes on to become gunicorn's master has not imported jsonschema."""

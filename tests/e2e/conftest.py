@@ -10,8 +10,6 @@ import pytest
 from tests.e2e.cluster import ControlPlane
 from tests.tools import CONTROL_PLANE_BINARIES, control_plane_bin, missing_binaries, unavailable
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.fixture(scope="session")
 def bin_dir() -> Path:

@@ -1,0 +1,80 @@
+"""The test tiers of tests/README.md: every test carries the markers that pick its tier, the fast tier starts no
+process, and the default run still selects every test."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.tiers import no_processes, tier_markers
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (case, file under tests/, fixtures the test needs, markers it already has, markers added)
+TIERS = [
+    ("top-level pure test", ("test_rules.py",), ["tmp_path"], [], ["fast"]),
+    ("top-level test that starts a process", ("test_http.py",), ["webhook"], ["process"], []),
+    ("top-level slow test", ("test_cli_ci.py",), [], ["slow"], []),
+    ("benchmark", ("test_bench_smoke.py",), [], ["bench", "slow"], []),
+    ("chart directory", ("chart", "test_chart.py"), [], [], ["chart"]),
+    ("hardening directory", ("hardening", "test_hostile.py"), ["figures"], ["slow"], ["hardening"]),
+    ("image directory", ("image", "test_image.py"), [], [], ["image"]),
+    ("e2e directory, control plane", ("e2e", "test_cli_recipes.py"), ["cluster", "bin_dir"], [], ["e2e"]),
+    ("e2e module that marks itself", ("e2e", "test_admission.py"), ["cluster"], ["e2e"], []),
+    ("e2e directory, node bed through a fixture", ("e2e", "test_node_hybrid.py"), ["release", "node_bed"],
+     ["e2e", "slow"], ["node"]),
+    ("a directory without a tier", ("schemas", "test_x.py"), [], [], ["fast"]),
+]
+
+
+@pytest.mark.parametrize(("parts", "fixtures", "markers", "added"), [c[1:] for c in TIERS], ids=[c[0] for c in TIERS])
+def test_each_test_gets_the_markers_of_its_tier(parts, fixtures, markers, added):
+    assert tier_markers(parts, fixtures, markers) == added
+
+
+def test_a_fast_test_that_starts_a_process_fails_and_says_to_mark_it():
+    with no_processes("tests/test_x.py::test_y"), pytest.raises(pytest.fail.Exception) as failed:
+        try:
+            subprocess.run(["true"], check=True)
+        except Exception:  # code under test that swallows errors does not hide it
+            pass
+    assert "tests/test_x.py::test_y is in the fast tier but started a process (true)" in str(failed.value)
+    assert "@pytest.mark.process" in str(failed.value)
+
+
+def test_the_default_run_selects_every_test():
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["pytest"]["ini_options"]
+    assert not [o for o in shlex.split(options["addopts"]) if o.startswith("-m") or o.startswith("-k")]
+
+
+def collected(*args: str) -> list[str]:
+    """The test ids ``pytest --collect-only`` selects with these arguments (none: pytest exits 5)."""
+    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode in (0, 5), result.stdout + result.stderr
+    return [line for line in result.stdout.splitlines() if "::" in line]
+
+
+# The modules whose tests run on the node bed (tests/e2e/node.py), besides the control plane.
+NODE_BED_MODULES = {"test_node.py", "test_node_cert_manager.py", "test_node_chart.py", "test_node_hybrid.py",
+                    "test_node_release.py"}
+
+
+def module_of(test_id: str) -> str:
+    return test_id.split("::")[0].rsplit("/", 1)[-1]
+
+
+@pytest.mark.process
+def test_every_test_under_e2e_is_marked_e2e():
+    assert collected("-m", "not e2e", "tests/e2e") == []
+
+
+@pytest.mark.process
+def test_the_node_marker_picks_exactly_the_tests_on_the_node_bed():
+    assert {module_of(test) for test in collected("-m", "node", "tests/e2e")} == NODE_BED_MODULES
+    assert [test for test in collected("-m", "not node", "tests/e2e") if module_of(test) in NODE_BED_MODULES] == []

@@ -1,0 +1,54 @@
+"""The test tiers: which markers a collected test gets from where it lives and what it needs, and the rule that
+keeps the ``fast`` tier in-process. tests/README.md describes the tiers for contributors; tests/conftest.py
+applies them.
+
+A test gets the marker of its directory (``tests/chart`` -> ``chart``, ...), ``node`` when it needs the node
+bed (the ``node_bed`` fixture, directly or through another fixture), and ``fast`` when it carries none of the
+markers that take it out of the pure tier. Modules mark what no rule can see: ``process`` (the test starts a
+server, the CLI or another program as a process), ``bench``, ``slow``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import pytest
+
+# tests/<directory>/... -> the marker every test collected there gets.
+DIRECTORY_MARKERS = {"e2e": "e2e", "chart": "chart", "hardening": "hardening", "image": "image"}
+# The fixture that starts the node bed (tests/e2e/conftest.py); needing it means needing the bed.
+NODE_BED_FIXTURE = "node_bed"
+# A test with any of these is not in the fast tier.
+NOT_FAST = ("e2e", "node", "chart", "hardening", "image", "bench", "slow", "process")
+
+
+def tier_markers(parts: tuple[str, ...], fixtures: Iterable[str], markers: Iterable[str]) -> list[str]:
+    """The markers to add to a test whose file is ``tests/<parts...>``, which needs ``fixtures`` (the whole
+    closure) and already carries ``markers``."""
+    have = set(markers)
+    add = []
+    if len(parts) > 1 and parts[0] in DIRECTORY_MARKERS:
+        add.append(DIRECTORY_MARKERS[parts[0]])
+    if NODE_BED_FIXTURE in fixtures:
+        add.append("node")
+    add = [name for name in add if name not in have]
+    if not have.union(add).intersection(NOT_FAST):
+        add.append("fast")
+    return add
+
+
+@contextmanager
+def no_processes(nodeid: str) -> Iterator[None]:
+    """While active, starting a process fails the test with what to do (a test in the fast tier runs
+    in-process). ``pytest.fail`` is a BaseException, so code under test that catches Exception cannot hide it."""
+
+    def refuse(self, args, *rest, **kwargs):
+        program = args if isinstance(args, str) else " ".join(str(arg) for arg in list(args)[:3])
+        pytest.fail(f"{nodeid} is in the fast tier but started a process ({program}): "
+                    "mark it @pytest.mark.process (see tests/README.md)", pytrace=False)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess.Popen, "__init__", refuse)
+        yield
