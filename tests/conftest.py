@@ -39,3 +39,9 @@ def webhook(tmp_path_factory):
     server = start_webhook(tmp, "--policy", str(policy))
     yield server
     server.stop()
+
+
+def pytest_configure(config):
+    # The tests that start a program (git, the CLI) as a process carry this marker, so a tier that runs only
+    # in-process tests can leave them out.
+    config.addinivalue_line("markers", "process: starts a server, the CLI or another program as a process")

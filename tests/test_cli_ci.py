@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -21,20 +20,11 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from tests.manifests import container, pod, workload
+from tests.recipes import pins
 from tests.tools import control_plane_bin, unavailable
 
 REPO = Path(__file__).resolve().parent.parent
 GPU = "nvidia.com/gpu"
-
-
-def pins(path: Path) -> dict[str, str]:
-    """``name==version`` lines of a requirements file (hash continuation lines and comments skipped)."""
-    found = {}
-    for line in path.read_text().splitlines():
-        match = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", line)
-        if match:
-            found[canonicalize_name(match.group(1))] = match.group(2)
-    return found
 
 
 # ------------------------------------------------------------------------------- the pinned install
@@ -82,43 +72,6 @@ def test_the_pre_commit_hook_runs_check_on_yaml_and_json():
     files = re.compile(hook["files"])
     assert [n for n in ("a.yaml", "b.yml", "c.json", "d.txt", "e.yaml.bak") if files.search(n)] == [
         "a.yaml", "b.yml", "c.json"]
-
-
-def _git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, timeout=60)
-
-
-def _snapshot(destination: Path) -> Path:
-    """This repository's package as it stands in the work tree, committed in a repository of its own: try-repo
-    would take HEAD and the tracked changes only, never a new file that is not committed yet."""
-    destination.mkdir()
-    for name in ("pyproject.toml", "README.md", ".pre-commit-hooks.yaml"):
-        shutil.copy2(REPO / name, destination / name)
-    shutil.copytree(REPO / "webhook", destination / "webhook", ignore=shutil.ignore_patterns("__pycache__"))
-    _git(destination, "init", "-q")
-    _git(destination, "add", ".")
-    _git(destination, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "-m", "snapshot")
-    return destination
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)  # pre-commit builds a virtualenv and pip installs the package and its dependencies
-def test_pre_commit_try_repo_fails_on_a_bad_manifest_and_passes_a_good_one(tmp_path):
-    hooks = _snapshot(tmp_path / "gpu-webhook")
-    work = tmp_path / "work"
-    work.mkdir()
-    _git(work, "init", "-q")
-    (work / "bad.yaml").write_text(yaml.safe_dump(pod(container("c", requests={GPU: 1}), name="bad")))
-    (work / "good.json").write_text(json.dumps(pod(container("c", limits={GPU: 1}), name="good")))
-    _git(work, "add", ".")
-    env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home"), "PRE_COMMIT_COLOR": "never"}
-    pre_commit = [sys.executable, "-m", "pre_commit", "try-repo", str(hooks), "gpu-webhook-check", "--files"]
-    bad = subprocess.run([*pre_commit, "bad.yaml"], cwd=work, env=env, capture_output=True, text=True, timeout=900)
-    assert bad.returncode == 1, bad.stdout[-3000:] + bad.stderr[-3000:]
-    assert "gpu-webhook check" in bad.stdout and "Failed" in bad.stdout
-    assert "bad.yaml: Pod default/bad: spec.containers[0].resources.requests[nvidia.com/gpu]" in bad.stdout
-    good = subprocess.run([*pre_commit, "good.json"], cwd=work, env=env, capture_output=True, text=True, timeout=900)
-    assert good.returncode == 0 and "Passed" in good.stdout, good.stdout[-3000:] + good.stderr[-3000:]
 
 
 # ------------------------------------------------------------------------------ the recipes of "In CI"

@@ -1,3 +1,3 @@
 """gpu-webhook: a Kubernetes admission webhook for GPU resources."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -14,6 +14,7 @@ import shutil
 import stat
 import subprocess
 import tarfile
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
@@ -171,7 +172,7 @@ def _remove(path: Path) -> None:
 
 
 def runtime_config(image: Image, rootfs: Path, tmp: Path, args: list[str] | None = None,
-                   entrypoint: list[str] | None = None) -> dict:
+                   entrypoint: list[str] | None = None, cwd: str | None = None) -> dict:
     """A runtime config like a kubelet's for the chart's securityContext: read-only root, /tmp writable,
     the image's numeric user, no capabilities, no new privileges; the host's network namespace."""
     runtime = image.runtime
@@ -188,7 +189,7 @@ def runtime_config(image: Image, rootfs: Path, tmp: Path, args: list[str] | None
             "user": {"uid": int(uid), "gid": int(gid or uid)},
             "args": process_args,
             "env": list(runtime.get("Env") or []),
-            "cwd": runtime.get("WorkingDir") or "/",
+            "cwd": cwd or runtime.get("WorkingDir") or "/",
             "capabilities": no_caps,
             "noNewPrivileges": True,
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}],
@@ -224,18 +225,21 @@ def runtime_command(bundle: Path, state_root: Path, name: str) -> list[str]:
 
 
 def prepare_bundle(image: Image, rootfs: Path, bundle: Path, args: list[str] | None = None,
-                   binds: dict[str, Path] | None = None, entrypoint: list[str] | None = None) -> Path:
+                   binds: dict[str, Path] | None = None, entrypoint: list[str] | None = None,
+                   cwd: str | None = None, writable: Collection[str] = ()) -> Path:
     """Write bundle/config.json for ``args`` (default: the image's Cmd) with ``binds`` (container path:
-    host path) mounted read-only, and a fresh /tmp owned by the image's user; returns that /tmp's host
+    host path) mounted read-only, or read-write for the container paths in ``writable``, ``cwd`` the working
+    directory (default: the image's), and a fresh /tmp owned by the image's user; returns that /tmp's host
     directory."""
     bundle.mkdir(parents=True, exist_ok=True)
     tmp = Path(str(bundle) + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    config = runtime_config(image, rootfs, tmp, args, entrypoint)
+    config = runtime_config(image, rootfs, tmp, args, entrypoint, cwd)
     for destination, source in (binds or {}).items():
+        mode = "rw" if destination in writable else "ro"
         config["mounts"].append({"destination": destination, "type": "bind", "source": str(source),
-                                 "options": ["rbind", "ro", "nosuid", "nodev"]})
+                                 "options": ["rbind", mode, "nosuid", "nodev"]})
     user = config["process"]["user"]
     os.chown(tmp, user["uid"], user["gid"])
     tmp.chmod(0o700)
@@ -245,9 +249,10 @@ def prepare_bundle(image: Image, rootfs: Path, bundle: Path, args: list[str] | N
 
 def run(image: Image, rootfs: Path, bundle: Path, state_root: Path, name: str, args: list[str],
         binds: dict[str, Path] | None = None, entrypoint: list[str] | None = None,
-        timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run the image's entrypoint (or ``entrypoint``) with ``args`` to completion."""
-    prepare_bundle(image, rootfs, bundle, args, binds, entrypoint)
+        timeout: float = 60, cwd: str | None = None, writable: Collection[str] = ()) -> subprocess.CompletedProcess:
+    """Run the image's entrypoint (or ``entrypoint``) with ``args`` to completion (``binds``, ``cwd`` and
+    ``writable`` as for prepare_bundle)."""
+    prepare_bundle(image, rootfs, bundle, args, binds, entrypoint, cwd, writable)
     try:
         return subprocess.run(runtime_command(bundle, state_root, name), capture_output=True, text=True,
                               timeout=timeout, stdin=subprocess.DEVNULL)

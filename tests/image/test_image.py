@@ -12,6 +12,7 @@ import http.client
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import ssl
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 import webhook
+from tests import recipes
 from tests.image import oci
 from tests.tools import ROOT, unavailable
 
@@ -288,3 +290,92 @@ def test_serve_self_signed_on_a_read_only_root(image, rootfs):
     assert code == 0, text
     # Any write outside /tmp would have failed on the read-only root and been logged.
     assert "Read-only file system" not in text and "[ERROR]" not in text, text
+
+
+# --- the image recipes of docs/cli.md, in a user's repository -------------------------------------------------
+
+
+def _docker_run(command: str, workspace: Path) -> tuple[dict[str, tuple[Path, bool]], str, str, list[str], str]:
+    """What ``docker run … > FILE`` asks of docker: its volumes (container path: host path, writable), working
+    directory, image, arguments, and the file the step's shell writes the output to. Only the options the
+    recipe uses are understood; any other one fails the test."""
+    line, _, redirect = command.partition(" > ")
+    words = shlex.split(line)
+    assert words[:2] == ["docker", "run"], command
+    volumes: dict[str, tuple[Path, bool]] = {}
+    workdir, rest = "", words[2:]
+    while rest[0].startswith("-"):
+        option, *rest = rest
+        if option == "--rm":
+            continue
+        value, *rest = rest
+        if option == "-v":
+            source, destination, mode = value.replace("$PWD", str(workspace)).split(":")
+            volumes[destination] = (Path(source), mode != "ro")
+        elif option == "-w":
+            workdir = value
+        else:
+            raise AssertionError(f"docker run option {option} is not understood here: {command}")
+    image_ref, *args = rest
+    return volumes, workdir, image_ref, args, redirect.strip()
+
+
+def _checked_out(repo: Path, writable: bool) -> None:
+    """Modes as a runner's checkout has them: readable by every user (a git checkout under umask 022, as on a
+    GitHub runner), or writable by every user too (GitLab's Docker executor clones under umask 0000)."""
+    for path in [repo, *repo.rglob("*")]:
+        if ".git" in path.relative_to(repo).parts:
+            continue
+        path.chmod((0o777 if path.is_dir() else 0o666) if writable else (0o755 if path.is_dir() else 0o644))
+
+
+def test_the_github_image_recipe_runs_check_in_the_image(image, rootfs, tmp_path):
+    """The `docker run` step as docker would run it: the checkout mounted read-only as the working directory,
+    the image's entrypoint and user, its output written by the step's shell outside the container."""
+    [command] = recipes.recipes()["github", "image"].commands
+    user = recipes.user_repo(tmp_path / "user")
+    volumes, workdir, image_ref, args, report = _docker_run(command, user)
+    assert image_ref == recipes.image_ref(webhook.__version__) and image.ref_name.endswith(f":{webhook.__version__}")
+    assert volumes == {workdir: (user, False)} and report == "gpu-webhook.sarif"
+
+    def step(name: str) -> subprocess.CompletedProcess:
+        _checked_out(user, writable=False)
+        done = _run(image, rootfs, name, args, binds={d: s for d, (s, _) in volumes.items()}, cwd=workdir)
+        (user / report).write_text(done.stdout)
+        return done
+
+    good = step("recipe-github-good")
+    assert (good.returncode, good.stderr) == (0, f"{len(recipes.GOOD)} objects checked, 0 denied, 0 warned\n")
+    assert json.loads((user / report).read_text())["runs"][0]["results"] == []
+    bad_name = recipes.add_bad_manifest(user)
+    bad = step("recipe-github-bad")
+    assert (bad.returncode, bad.stderr) == (1, f"{len(recipes.GOOD) + 1} objects checked, 1 denied, 0 warned\n")
+    [result] = json.loads((user / report).read_text())["runs"][0]["results"]
+    assert result["ruleId"] == recipes.BAD_RULE
+    assert result["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == bad_name
+
+
+def test_the_gitlab_image_recipe_runs_its_script_in_the_image(image, rootfs, tmp_path):
+    """The job's image with its entrypoint emptied: each script line run by the image's shell, as the image's
+    user, in the checkout (writable, as GitLab's runner leaves it), which gets the JUnit report."""
+    recipe = recipes.recipes()["gitlab", "image"]
+    assert recipe.job["image"] == {"name": recipes.image_ref(webhook.__version__), "entrypoint": [""]}
+    [line] = recipe.commands
+    assert recipe.job["artifacts"]["reports"]["junit"] == "gpu-webhook.xml" and line.endswith("> gpu-webhook.xml")
+    user = recipes.user_repo(tmp_path / "user")
+    project_dir = "/builds/team/user"
+
+    def job(name: str) -> subprocess.CompletedProcess:
+        _checked_out(user, writable=True)
+        return _run(image, rootfs, name, ["-c", line], entrypoint=["/bin/sh"], binds={project_dir: user},
+                    writable={project_dir}, cwd=project_dir)
+
+    good = job("recipe-gitlab-good")
+    assert (good.returncode, good.stderr) == (0, f"{len(recipes.GOOD)} objects checked, 0 denied, 0 warned\n")
+    report = user / "gpu-webhook.xml"
+    assert report.stat().st_uid == int(USER.split(":")[0]) and "<failure " not in report.read_text()
+    bad_name = recipes.add_bad_manifest(user)
+    bad = job("recipe-gitlab-bad")
+    assert (bad.returncode, bad.stderr) == (1, f"{len(recipes.GOOD) + 1} objects checked, 1 denied, 0 warned\n")
+    junit = report.read_text()
+    assert junit.count("<failure ") == 1 and f'type="{recipes.BAD_RULE}"' in junit and f'file="{bad_name}"' in junit
