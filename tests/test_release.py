@@ -62,14 +62,11 @@ def test_version_flag_prints_the_one_version(capsys):
 # @tag, the release page's VERSION=, `gpu-webhook X` as --version and the chart's notes print it, the packaged
 # chart's file name, helm's --version.
 PINNED = re.compile(r"(?:gpu-webhook[: -]|--branch v|rev: v|@v|VERSION=|--version )(\d+\.\d+\.\d+)\b")
-README_STALE = pytest.mark.xfail(
-    strict=True, reason="README.md's cluster quick start still builds the image as 0.1.0 (the chart now pulls "
-    "0.2.0 by default); README.md is the lead's to edit, docs/index.md is its copy: drop this mark once both say 0.2.0")
 
 
 @pytest.mark.parametrize("name", [
     "docs/cli.md", "docs/install.md", "docs/release.md", ".pre-commit-hooks.yaml",
-    pytest.param("README.md", marks=README_STALE), pytest.param("docs/index.md", marks=README_STALE),
+    "README.md", "docs/index.md",
 ])
 def test_pages_show_the_version_a_user_pins(name):
     shown = PINNED.findall((ROOT / name).read_text(encoding="utf-8"))
