@@ -1,21 +1,26 @@
-"""The admission policies of one gpu-webhook policy: ValidatingAdmissionPolicies, a MutatingAdmissionPolicy
-and their bindings (``admissionregistration.k8s.io/v1``, Kubernetes 1.36), ready for ``kubectl apply -f -``.
+"""The admission policies of one gpu-webhook policy for one target cluster: ValidatingAdmissionPolicies, a
+MutatingAdmissionPolicy where the cluster serves one, and their bindings, ready for ``kubectl apply -f -``.
 
-Few objects, few bindings (every binding is one more evaluation of its policy per request):
+Policies by kind family, so each request pays only for its own (every binding is one more evaluation of its
+policy for the requests it matches):
 
-- ``gpu-webhook-deny`` holds every rule whose setting is ``deny`` in some namespace. One validation whose
-  message lists every violation with its field path, as the webhook's denial does (only the first denying
-  validation of all policies reaches the user, and a message is one line of at most 5 KiB). Bound with
-  ``[Deny]``, and with ``[Warn]`` in the namespaces whose ``enforcement`` is ``warn`` (a namespaceSelector on
-  ``kubernetes.io/metadata.name``).
-- ``gpu-webhook-warn`` holds the rules whose setting is ``warn`` somewhere; one validation per rule, bound
-  with ``[Warn]``.
-- ``gpu-webhook`` (a MutatingAdmissionPolicy) patches new Pods: accelerator selector, GPU tolerations,
-  ``hideGpus``, ``runtimeClass``.
+- ``gpu-webhook-deny``, ``gpu-webhook-warn``: Pods and the built-in workloads. The apiserver decoded them
+  into their types, so the CEL reads fields without type checks, and a ``matchConditions`` skips a template
+  that has nothing the rules read (every CPU pod);
+- ``gpu-webhook-custom-deny``, ``gpu-webhook-custom-warn``: the custom kinds whose pod templates the
+  generator knows (``webhook.native.kinds``), read with a type check at every step;
+- ``gpu-webhook-claims-deny``, ``gpu-webhook-claims-warn``: ResourceClaims and ResourceClaimTemplates
+  (``resource.k8s.io/v1``, Kubernetes 1.34+).
 
-Values that differ by namespace are CEL literals chosen by ``request.namespace``; settings that are ``off``
-in a namespace leave its violations out. On UPDATE a violation the old object already had (same rule, same
-place with list items by name, same value) is not held against the update, as in the webhook.
+A deny policy holds every rule whose setting is ``deny`` in some namespace, in one validation whose message
+lists every violation with its field path, as the webhook's denial does (only the first denying validation
+reaches the user). It is bound with ``[Deny]``, and with ``[Warn]`` in the namespaces whose ``enforcement``
+is ``warn``. A warn policy has one validation per rule, bound with ``[Warn]``.
+
+Each rule is one variable, named after it, that says whether the object has such a violation; the
+expensive part, the words, is in ``<rule>_found`` and ``<rule>_count``, read only by the message of a
+validation that failed (the apiserver evaluates every ``messageExpression``, passed or not, so each one
+starts with the cheap test). On UPDATE a violation the old object had too is not held against it.
 """
 
 from __future__ import annotations
@@ -29,15 +34,16 @@ import yaml
 
 from webhook.core.policy import PolicySet
 from webhook.native import claims, kinds, mutations, pods
-from webhook.native.celtext import boolean, join_lists, lit
-from webhook.native.rules import BUILDERS, Builder, native_rules, setting, webhook_rules
-from webhook.native.snippets import Ctx
+from webhook.native.celtext import lit
+from webhook.native.findings import SEPARATOR, Dialect, Finding, exists, found, joined, keys
+from webhook.native.rules import BUILDERS, native_rules, setting, webhook_rules
+from webhook.native.snippets import Ctx, Shape
+from webhook.native.target import DEFAULT, LIBRARIES, Target
 
-API = "admissionregistration.k8s.io/v1"
 NAME = "gpu-webhook"
 RULES_ANNOTATION = "gpu-webhook.io/rules"
+TARGET_ANNOTATION = "gpu-webhook.io/kubernetes"
 LABELS = {"app.kubernetes.io/name": "gpu-webhook", "app.kubernetes.io/component": "admission-policies"}
-DEFAULT_EXCLUDED = ("kube-system", "kube-node-lease")
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 OPERATIONS = ["CREATE", "UPDATE"]
 # The message a denial falls back to when the list does not fit in 5 KiB (or any messageExpression fails).
@@ -47,151 +53,212 @@ MESSAGE_BYTES = 5000
 
 @dataclass
 class Generated:
-    """The objects, and what stays with the webhook (rule or feature, why) for stderr."""
+    """The objects for a target, and what stays with the webhook there (rule or feature, why), for stderr."""
 
     objects: list[dict[str, Any]]
+    target: Target = DEFAULT
     webhook_only: list[tuple[str, str]] = field(default_factory=list)
     native: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Family:
+    """Policies for one family of kinds."""
+
+    suffix: str  # "", "custom-", "claims-"
+    typed: bool
+    root: str  # the variable the findings start from
+    what: str  # for the docs and stderr
+
+
+BUILTIN = Family("", True, "templates", "Pods and built-in workloads")
+CUSTOM = Family("custom-", False, "templates", "custom kinds")
+CLAIMS = Family("claims-", True, "requests", "ResourceClaims and ResourceClaimTemplates")
+# resource.k8s.io/v1 (DRA GA) is served from this minor.
+DRA_MINOR = 34
+
+
 def _variable(rule: str) -> str:
-    return "v_" + re.sub(r"[^A-Za-z0-9]", "_", rule)
+    return re.sub(r"[^A-Za-z0-9]", "_", rule)
 
 
-def _gated(ctx: Ctx, builder: Builder, action: str, custom: bool) -> str:
-    """The rule's violations where its setting is ``action``: pod templates or claims, by the request's kind."""
-    gate = ctx.ns(lambda p: boolean(setting(p, builder.rule) == action))
-    if gate == "false":
-        return "[]"
-    pod_part = builder.pods(ctx) if builder.pods else "[]"
-    if builder.custom_only and pod_part != "[]":
-        pod_part = f"(variables.custom ? {pod_part} : [])" if custom else "[]"
-    claim_part = builder.claims(ctx) if builder.claims else "[]"
-    if pod_part == "[]" and claim_part == "[]":
-        return "[]"
-    if pod_part == "[]":
-        body = f"(variables.dra ? {claim_part} : [])"
-    elif claim_part == "[]":
-        body = f"(variables.dra ? [] : {pod_part})"
-    else:
-        body = f"(variables.dra ? {claim_part} : {pod_part})"
-    return body if gate == "true" else f"({gate} ? {body} : [])"
+def _ctx(policies: PolicySet, target: Target, typed: bool) -> Ctx:
+    return Ctx(policies, Shape(typed), target.has("two-variable comprehensions"), target.has("lists"))
 
 
-def _rule_variables(ctx: Ctx, action: str, custom: bool) -> list[tuple[str, str, str]]:
-    """(rule, variable name, expression) of every native rule that is ``action`` in some namespace."""
+def _findings(ctx: Ctx, family: Family, rule: str) -> list[Finding]:
+    builder = BUILDERS[rule]
+    build = builder.claims if family is CLAIMS else builder.pods
+    if build is None or (family is BUILTIN and builder.custom_only):
+        return []
+    return build(ctx)
+
+
+def _gate(ctx: Ctx, rule: str, action: str) -> str:
+    from webhook.native.celtext import boolean
+    return ctx.ns(lambda p: boolean(setting(p, rule) == action))
+
+
+@dataclass
+class RuleCel:
+    rule: str
+    name: str  # its variable
+    test: str  # has a violation (gate included)
+    found: str  # its violations, 'path: message' joined by the separator
+    keys: str  # the old object's keys (for old_keys)
+
+
+def _rules(ctx: Ctx, family: Family, action: str, target: Target) -> list[RuleCel]:
     out = []
+    dialect = Dialect(two_variable=ctx.two_variable)
     for rule in native_rules():
-        text = _gated(ctx, BUILDERS[rule.id], action, custom)
-        if text != "[]":
-            out.append((rule.id, _variable(rule.id), text))
+        if target.lacks(BUILDERS[rule.id].needs):
+            continue
+        gate = _gate(ctx, rule.id, action)
+        if gate == "false":
+            continue
+        findings = _findings(ctx, family, rule.id)
+        if not findings:
+            continue
+        test = " || ".join(exists(f) for f in findings)
+        if gate != "true":
+            test = f"{gate} && ({test})"
+        out.append(RuleCel(rule.id, _variable(rule.id), test,
+                           joined("[" + ", ".join(found(f, dialect) for f in findings) + "]"),
+                           joined("[" + ", ".join(keys(f, dialect) for f in findings) + "]")))
     return out
 
 
-def _shared_variables(ctx: Ctx, custom_kinds: Sequence[kinds.CustomKind]) -> list[tuple[str, str]]:
-    templates = kinds.dispatch("R", custom_kinds)
-    return [*pods.variables(ctx, templates), ("dreq", claims.requests(ctx))]
+def _describe(found: str) -> str:
+    """``admission.describe`` of the separator-joined ``found``: "N GPU violation(s): path: message; …", cut to
+    fit the apiserver's 5 KiB."""
+    n = f"size(v.split({lit(SEPARATOR)}))"
+    text = f"string({n}) + ' GPU violation' + ({n} == 1 ? '' : 's') + ': ' + v.replace({lit(SEPARATOR)}, '; ')"
+    fitted = (f"size(bytes(s)) <= {MESSAGE_BYTES} ? s : s.substring(0, 1000) + ' … (' + string({n}) + "
+              f"' violations in all; gpu-webhook check lists them)'")
+    return f"[{found}].map(v, [{text}].map(s, {fitted})[0])[0]"
 
 
-def _message(found: str) -> str:
-    """``admission.describe``: "N GPU violation(s): path: message; …", cut to fit the apiserver's 5 KiB."""
-    text = (f"string(size({found})) + ' GPU violation' + (size({found}) == 1 ? '' : 's') + ': ' + "
-            f"{found}.map(x, x.m).join('; ')")
-    return (f"[{text}].map(s, size(bytes(s)) <= {MESSAGE_BYTES} ? s : s.substring(0, 1000) + ' … (' + "
-            f"string(size({found})) + ' violations in all; gpu-webhook check lists them)')[0]")
+def _template_variables(ctx: Ctx, family: Family, custom_kinds: Sequence[kinds.CustomKind]) -> list[tuple[str, str]]:
+    """Where the findings start: the object's pod templates as records (``templates``; the resource names they use,
+    classified once; ``old_templates`` for an UPDATE), or a claim's device requests."""
+    if family is CLAIMS:
+        return [("requests", claims.requests("object", ctx.two_variable)),
+                ("old_requests", claims.requests("oldObject", ctx.two_variable))]
+    out: list[tuple[str, str]] = []
+    if family is CUSTOM:
+        out.append(("kind", kinds.KIND))
+    for prefix, root in (("", "object"), ("old_", "oldObject")):
+        if family is BUILTIN:
+            found = kinds.builtin_templates(root)
+        else:
+            found = kinds.custom_templates(root, custom_kinds, ctx.two_variable)
+        out.append((f"{prefix}nodes", found))
+        if not prefix:
+            # Names are classified once, from the object (an old violation matters only when the object has it too).
+            out.extend(pods.name_variables(ctx))
+        containers = pods.container_records(ctx, "n.spec", "n.path", "n.stable")
+        fields = pods.template_fields(ctx, "n.spec", "n.meta", "C")
+        record = ", ".join([f"'{k}': dyn(n.{k})" for k in ("path", "stable", "metaPath", "spec", "meta")]
+                           + [f"'{k}': dyn({v})" for k, v in fields.items()])
+        out.append((f"{prefix}templates", f"variables.{prefix}nodes.map(n, [{containers}].map(C, {{{record}}})[0])"))
+    return out
 
 
-def _excused(found: str) -> str:
-    """Violations of the object (``o`` 0) in ``found`` that the old object of an UPDATE (``o`` 1) did not have."""
-    return f"{found}.filter(x, x.o == 0 && !(x.k in variables.old_keys))"
-
-
-def _validating_policy(name: str, policies: PolicySet, action: str, custom_kinds: Sequence[kinds.CustomKind],
-                       exclude: Sequence[str]) -> tuple[dict[str, Any], list[str]] | None:
-    ctx = Ctx(policies)
-    current = _rule_variables(ctx, action, bool(custom_kinds))
-    if not current:
+def _validating_policy(name: str, policies: PolicySet, family: Family, action: str, target: Target,
+                       custom_kinds: Sequence[kinds.CustomKind], exclude: Sequence[str]
+                       ) -> tuple[dict[str, Any], list[str]] | None:
+    ctx = _ctx(policies, target, family.typed)
+    rules = _rules(ctx, family, action, target)
+    if not rules:
         return None
-    every = join_lists([f"variables.{var}" for _, var, _ in current])
-    variables = [
-        ("dra", "request.kind.group == 'resource.k8s.io'"),
-        ("kindkey", kinds.KIND_KEY),
-        ("resourcekey", kinds.RESOURCE_KEY),
-        ("custom", kinds.is_custom(custom_kinds)),
-        *_shared_variables(ctx, custom_kinds),
-        *[(var, text) for _, var, text in current],
-        # On UPDATE the old object's violations (o == 1) excuse the same ones in the object.
-        ("old_keys", f"({every}).filter(x, x.o == 1).map(x, x.k)"),
-    ]
-    rules = [rule for rule, _, _ in current]
+    # The old object's violations, as keys between separators: read only on UPDATE, when a violation is found.
+    every_key = joined("[" + ", ".join(r.keys for r in rules) + "]")
+    variables = [("update", "request.operation == 'UPDATE'"),
+                 *_template_variables(ctx, family, custom_kinds),
+                 ("old_keys", f"{lit(SEPARATOR)} + {every_key} + {lit(SEPARATOR)}")]
+    for r in rules:
+        variables.append((r.name, r.test))
+    for r in rules:
+        variables.append((f"{r.name}_found", r.found))
     if action == "deny":
-        variables.append(("found", _excused(f"({every})")))
+        violated = " || ".join(f"variables.{r.name}" for r in rules)
+        variables.append(("violated", violated))
+        every = joined("[" + ", ".join(f"(variables.{r.name} ? variables.{r.name}_found : '')" for r in rules) + "]")
         validations = [{
-            "expression": "size(variables.found) == 0",
-            "messageExpression": _message("variables.found"),
+            "expression": "!variables.violated",
+            "messageExpression": f"variables.violated ? string({_describe(every)}) : ''",
             "message": FALLBACK,
             "reason": "Forbidden",
         }]
     else:
         validations = [{
-            "expression": f"size({_excused(f'variables.{var}')}) == 0",
-            "messageExpression": _message(_excused(f"variables.{var}")),
-            "message": f"{rule}: {FALLBACK}",
-        } for rule, var, _ in current]
-    policy = {
-        "apiVersion": API,
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": _metadata(name, rules),
-        "spec": {
-            # A deny policy that cannot evaluate refuses, as the webhook's failurePolicy Fail does; warnings never
-            # stop an object.
-            "failurePolicy": "Fail" if action == "deny" else "Ignore",
-            "matchConstraints": _match_constraints(custom_kinds, exclude),
-            "matchConditions": [{"name": "may-concern-gpus", "expression": pods.matters(ctx, rules)}],
-            "variables": [{"name": n, "expression": e} for n, e in variables],
-            "validations": validations,
-        },
+            "expression": f"!variables.{r.name}",
+            "messageExpression": f"variables.{r.name} ? string({_describe(f'variables.{r.name}_found')}) : ''",
+            "message": f"{r.rule}: {FALLBACK}",
+        } for r in rules]
+    spec: dict[str, Any] = {
+        # A deny policy that cannot evaluate refuses, as the webhook's failurePolicy Fail does; warnings never
+        # stop an object.
+        "failurePolicy": "Fail" if action == "deny" else "Ignore",
+        "matchConstraints": _match_constraints(family, custom_kinds, exclude),
     }
-    return policy, rules
+    if family is BUILTIN:
+        spec["matchConditions"] = [{"name": "may-concern-gpus",
+                                    "expression": pods.matters(ctx, [r.rule for r in rules])}]
+    spec["variables"] = [{"name": n, "expression": e} for n, e in variables]
+    spec["validations"] = validations
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": _metadata(name, [r.rule for r in rules], target),
+        "spec": spec,
+    }
+    return policy, [r.rule for r in rules]
 
 
-def _resource_rules(custom_kinds: Sequence[kinds.CustomKind], operations: list[str]) -> list[dict[str, Any]]:
+def _rule(group: str, version: str, resources: list[str], operations: list[str]) -> dict[str, Any]:
+    return {"apiGroups": [group], "apiVersions": [version], "operations": operations, "resources": resources,
+            "scope": "Namespaced"}
+
+
+def _resource_rules(family: Family, custom_kinds: Sequence[kinds.CustomKind]) -> list[dict[str, Any]]:
+    if family is CLAIMS:
+        return [_rule("resource.k8s.io", "v1", ["resourceclaims", "resourceclaimtemplates"], OPERATIONS)]
+    if family is CUSTOM:
+        return [_rule(k.group, k.version, [k.resource], OPERATIONS) for k in custom_kinds]
     by_group: dict[str, list[str]] = {}
     for group, _, plural, _ in kinds.BUILTIN_KINDS:
         by_group.setdefault(group, []).append(plural)
-    rules = [{"apiGroups": [g], "apiVersions": ["v1"], "operations": operations, "resources": r, "scope": "Namespaced"}
-             for g, r in by_group.items()]
-    rules.append({"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": operations,
-                  "resources": ["resourceclaims", "resourceclaimtemplates"], "scope": "Namespaced"})
-    for k in custom_kinds:
-        rules.append({"apiGroups": [k.group], "apiVersions": [k.version], "operations": operations,
-                      "resources": [k.resource], "scope": "Namespaced"})
-    return rules
+    return [_rule(g, "v1", r, OPERATIONS) for g, r in by_group.items()]
 
 
 def _excluded(exclude: Sequence[str]) -> dict[str, Any]:
     return {"matchExpressions": [{"key": NAMESPACE_LABEL, "operator": "NotIn", "values": list(exclude)}]}
 
 
-def _match_constraints(custom_kinds: Sequence[kinds.CustomKind], exclude: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {"matchPolicy": "Equivalent", "resourceRules": _resource_rules(custom_kinds, OPERATIONS)}
+def _match_constraints(family: Family, custom_kinds: Sequence[kinds.CustomKind],
+                       exclude: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"matchPolicy": "Equivalent", "resourceRules": _resource_rules(family, custom_kinds)}
     if exclude:
         out["namespaceSelector"] = _excluded(exclude)
     return out
 
 
-def _metadata(name: str, rules: Sequence[str]) -> dict[str, Any]:
-    return {"name": name, "labels": dict(LABELS), "annotations": {RULES_ANNOTATION: ",".join(rules)}}
+def _metadata(name: str, rules: Sequence[str], target: Target) -> dict[str, Any]:
+    return {"name": name, "labels": dict(LABELS),
+            "annotations": {RULES_ANNOTATION: ",".join(rules), TARGET_ANNOTATION: target.version}}
 
 
-def _bindings(policy: str, rules: Sequence[str], policies: PolicySet, deny: bool) -> list[dict[str, Any]]:
+def _bindings(policy: str, rules: Sequence[str], policies: PolicySet, deny: bool,
+              target: Target) -> list[dict[str, Any]]:
     """``[Deny]`` (or ``[Warn]``) where ``enforcement`` says so; a warn policy warns everywhere."""
     def binding(name: str, actions: list[str], selector: dict[str, Any] | None) -> dict[str, Any]:
         spec: dict[str, Any] = {"policyName": policy, "validationActions": actions}
         if selector is not None:
             spec["matchResources"] = {"namespaceSelector": selector}
-        return {"apiVersion": API, "kind": "ValidatingAdmissionPolicyBinding", "metadata": _metadata(name, rules),
-                "spec": spec}
+        return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": _metadata(name, rules, target), "spec": spec}
 
     if not deny:
         return [binding(policy, ["Warn"], None)]
@@ -209,73 +276,95 @@ def _bindings(policy: str, rules: Sequence[str], policies: PolicySet, deny: bool
     ]
 
 
-def _mutating_policy(policies: PolicySet, exclude: Sequence[str]) -> list[dict[str, Any]]:
-    ctx = Ctx(policies)
+def _mutating_policy(policies: PolicySet, exclude: Sequence[str], target: Target) -> list[dict[str, Any]]:
+    if not target.mutating:
+        return []
+    ctx = _ctx(policies, target, typed=True)
     patches = [(name, build(ctx)) for name, build in mutations.MUTATIONS.items()]
     patches = [(name, text) for name, text in patches if text is not None]
     if not patches:
         return []
-    variables = [("roots", "[object]"), *pods.variables(ctx, kinds.pod_template("R"), with_roots=False),
-                 ("used", mutations.used(ctx))]
     constraints: dict[str, Any] = {
         "matchPolicy": "Equivalent",
-        "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
-                           "scope": "Namespaced"}],
+        "resourceRules": [_rule("", "v1", ["pods"], ["CREATE"])],
     }
     if exclude:
         constraints["namespaceSelector"] = _excluded(exclude)
     names = [name for name, _ in patches]
+    api = f"admissionregistration.k8s.io/{target.mutating}"
     policy = {
-        "apiVersion": API,
+        "apiVersion": api,
         "kind": "MutatingAdmissionPolicy",
-        "metadata": {"name": NAME, "labels": dict(LABELS), "annotations": {RULES_ANNOTATION: ",".join(names)}},
+        "metadata": _metadata(NAME, names, target),
         "spec": {
             # /mutate never denies: a mutation that cannot evaluate leaves the pod as it is.
             "failurePolicy": "Ignore",
             "reinvocationPolicy": "Never",
             "matchConstraints": constraints,
             "matchConditions": [{"name": "may-concern-gpus", "expression": mutations.matters(ctx)}],
-            "variables": [{"name": n, "expression": e} for n, e in variables],
-            # One expression: every mutation of a policy evaluates its variables afresh, and these four add disjoint
-            # fields (nodeSelector, tolerations, env, runtimeClassName) from the same pod.
+            "variables": [{"name": n, "expression": e} for n, e in mutations.variables(ctx)],
+            # One expression: every mutation of a policy evaluates its variables afresh, and these add disjoint
+            # fields (nodeSelector, tolerations, env, runtimeClassName) of the same pod.
             "mutations": [{"patchType": "JSONPatch",
-                           "jsonPatch": {"expression": " + ".join(f"({text})" for _, text in patches)}}],
+                           "jsonPatch": {"expression": " +\n".join(f"({text})" for _, text in patches)}}],
         },
     }
-    binding = {"apiVersion": API, "kind": "MutatingAdmissionPolicyBinding",
-               "metadata": {"name": NAME, "labels": dict(LABELS), "annotations": {RULES_ANNOTATION: ",".join(names)}},
+    binding = {"apiVersion": api, "kind": "MutatingAdmissionPolicyBinding", "metadata": _metadata(NAME, names, target),
                "spec": {"policyName": NAME}}
     return [policy, binding]
 
 
 def settings(policies: PolicySet) -> tuple[list[kinds.CustomKind], list[str]]:
-    """The custom kinds and the excluded namespaces of ``nativePolicies`` (defaults where unset)."""
+    """The custom kinds and the excluded namespaces of ``nativePolicies``."""
     document: Mapping[str, Any] = policies.document
     native = document.get("nativePolicies") or {}
-    exclude = list(native.get("excludeNamespaces", DEFAULT_EXCLUDED))
-    return kinds.custom_kinds(document), exclude
+    return kinds.custom_kinds(document), list(native.get("excludeNamespaces", ()))
 
 
-def generate(policies: PolicySet) -> Generated:
-    custom_kinds, exclude = settings(policies)
+def generate(policies: PolicySet, target: Target = DEFAULT) -> Generated:
+    all_kinds, exclude = settings(policies)
+    custom_kinds = [k for k in all_kinds if kinds.wildcards(k) <= 1 or target.has("lists")]
+    families = [BUILTIN, CUSTOM] + ([CLAIMS] if target.minor >= DRA_MINOR else [])
     objects: list[dict[str, Any]] = []
     native: list[str] = []
-    for action in ("deny", "warn"):
-        built = _validating_policy(f"{NAME}-{action}", policies, action, custom_kinds, exclude)
-        if built is None:
+    for family in families:
+        if family is CUSTOM and not custom_kinds:
             continue
-        policy, rules = built
-        objects.append(policy)
-        objects.extend(_bindings(policy["metadata"]["name"], rules, policies, action == "deny"))
-        native.extend(r for r in rules if r not in native)
-    objects.extend(_mutating_policy(policies, exclude))
-    return Generated(objects, _left_to_webhook(policies), native)
+        for action in ("deny", "warn"):
+            name = f"{NAME}-{family.suffix}{action}"
+            built = _validating_policy(name, policies, family, action, target, custom_kinds, exclude)
+            if built is None:
+                continue
+            policy, rules = built
+            objects.append(policy)
+            objects.extend(_bindings(name, rules, policies, action == "deny", target))
+            native.extend(r for r in rules if r not in native)
+    objects.extend(_mutating_policy(policies, exclude, target))
+    return Generated(objects, target, _left_to_webhook(policies, target, all_kinds, custom_kinds), native)
 
 
-def _left_to_webhook(policies: PolicySet) -> list[tuple[str, str]]:
+def _left_to_webhook(policies: PolicySet, target: Target, all_kinds: Sequence[kinds.CustomKind],
+                     custom_kinds: Sequence[kinds.CustomKind]) -> list[tuple[str, str]]:
     out = [(rule.id, rule.why) for rule in webhook_rules()]
-    if policies.default.cluster_enabled and any(p.runtime_class for p in [policies.default,
-                                                                          *policies.by_namespace.values()]):
+    for rule in native_rules():
+        missing = target.lacks(BUILDERS[rule.id].needs)
+        if missing:
+            wanted = "; ".join(f"{m} ({LIBRARIES[m][1]}, Kubernetes 1.{LIBRARIES[m][0] + 1}+)" for m in missing)
+            out.append((rule.id, f"its CEL needs {wanted}; this cluster is {target.version}"))
+    for k in all_kinds:
+        if k not in custom_kinds:
+            out.append((f"pod templates of {k.title}",
+                        f"a template path with two wildcards needs the CEL lists library (flatten, Kubernetes 1.35+); "
+                        f"this cluster is {target.version}"))
+    if target.minor < DRA_MINOR:
+        out.append(("DRA rules on ResourceClaims and ResourceClaimTemplates",
+                    f"resource.k8s.io/v1 is served from Kubernetes 1.{DRA_MINOR}; this cluster is {target.version}"))
+    if not target.mutating:
+        out.append(("mutation (accelerator, tolerations, hideGpus, runtimeClass)",
+                    f"Kubernetes {target.version} serves no MutatingAdmissionPolicy (v1 from 1.36, v1beta1 in 1.34 and "
+                    f"1.35 when turned on)"))
+    elif policies.default.cluster_enabled and any(p.runtime_class for p in [policies.default,
+                                                                            *policies.by_namespace.values()]):
         out.append(("mutation: isolation.runtimeClass",
                     "with cluster.enabled the webhook injects it only when the RuntimeClass exists and agrees with "
                     "the pod's selector, which CEL cannot read"))
@@ -289,7 +378,10 @@ def _left_to_webhook(policies: PolicySet) -> list[tuple[str, str]]:
 
 
 class _Dumper(yaml.SafeDumper):
-    pass
+    """Every value written out: no anchors and aliases (``&id001``) for repeated values."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def _string(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
@@ -302,7 +394,7 @@ _Dumper.add_representer(str, _string)
 
 def to_yaml(objects: Sequence[Mapping[str, Any]]) -> str:
     """A multi-document YAML stream (one document per object)."""
-    # No folding: an expression stays on one line, as written.
+    # No folding: an expression stays on the lines it was written on.
     return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, width=2**31, default_flow_style=False)
 
 

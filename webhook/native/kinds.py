@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.native.celtext import lit, lits, record
+from webhook.native.celtext import lit, record
 from webhook.native.snippets import guarded, stable_item
 
 
@@ -101,7 +101,7 @@ def custom_kinds(document: Mapping[str, Any]) -> list[CustomKind]:
     return [k for k in KNOWN_KINDS if (k.group, k.resource) not in given] + extra
 
 
-# --- CEL ---------------------------------------------------------------------------------------------------
+# --- CEL: the templates of an object -----------------------------------------------------------------------
 
 
 def is_pod_spec(x: str) -> str:
@@ -117,112 +117,150 @@ def shape(path: str) -> tuple[str, ...]:
     return tuple("values" if s == "*" else "items" if s.endswith("[*]") else "field" for s in path.split("."))
 
 
-def field_names(path: str) -> list[str]:
-    """The field names of a template path, in order (``*`` has none)."""
-    return [s.removesuffix("[*]") for s in path.split(".") if s != "*"] if path else []
+def wildcards(kind: CustomKind) -> int:
+    """The most wildcards (``*``, ``[*]``) in one of the kind's template paths."""
+    return max(sum(1 for s in shape(p) if s != "field") for p in kind.templates)
 
 
-def _entries(root: str, segments: tuple[str, ...], names: str, depth: int = 0) -> str:
-    """A CEL list of ``{p, sp, v}``: every node under ``root`` at a path of this shape whose field names are the
-    CEL list ``names``, with its path and stable path. One text serves every path of a shape: the apiserver's
-    compile time grew faster than the text with a comprehension chain per path of every kind (seconds)."""
-    if not segments:
-        return f"[{record(p=lit(''), sp=lit(''), v=root)}]"
-    first = f"{names}[0]"
-    start = f"[{record(p=first, sp=first, v=f'{root}[{first}]')}]"
-    current = f"(type({root}) == map && {first} in {root} ? {start} : [])"
-    field = 1
-    if segments[0] == "items":
-        current = _items(current, depth)
-    for n, segment in enumerate(segments[1:], start=1):
-        e = f"e{depth}_{n}"
-        if segment == "values":
-            k, x = f"k{depth}_{n}", f"x{depth}_{n}"
-            value = record(p=e + ".p + '.' + " + k, sp=e + ".sp + '.' + " + k, v=x)
-            current = (f"{current}.filter({e}, type({e}.v) == map).map({e}, {e}.v.transformList({k}, {x}, {value}))"
-                       f".flatten()")
-            continue
-        name = f"{names}[{field}]"
-        field += 1
-        value = record(p=f"{e}.p + '.' + {name}", sp=f"{e}.sp + '.' + {name}", v=f"{e}.v[{name}]")
-        current = f"{current}.filter({e}, type({e}.v) == map && {name} in {e}.v).map({e}, {value})"
-        if segment == "items":
-            current = _items(current, depth, n)
-    return current
+def _record(path: str, stable: str, meta_path: str, spec: str, meta: str) -> str:
+    return record(path=path, stable=stable, metaPath=meta_path, spec=spec, meta=meta)
 
 
-def _items(current: str, depth: int, n: int = 0) -> str:
-    e, i, x = f"l{depth}_{n}", f"i{depth}_{n}", f"y{depth}_{n}"
-    value = record(p=e + ".p + '[' + string(" + i + ") + ']'", sp=_stable(e, i, x), v=x)
-    return f"{current}.filter({e}, type({e}.v) == list).map({e}, {e}.v.transformList({i}, {x}, {value})).flatten()"
+def _node_record(n: str, path: str, stable: str) -> str:
+    """The template record of node ``n`` at ``path``: a pod template (``{metadata, spec}``), or a bare pod spec."""
+    template = _record(f"{path} + '.spec'", f"{stable} + '.spec'", f"{path} + '.metadata'", f"{n}.spec",
+                       guarded(n, "metadata", "map", "{}"))
+    bare = _record(path, stable, f"{path} + '.metadata'", n, "{}")
+    return f"('spec' in {n} && {is_pod_spec(n + '.spec')} ? {template} : {bare})"
 
 
-def _stable(e: str, i: str, x: str) -> str:
+def _is_node(n: str) -> str:
+    return f"({n} != null && (('spec' in {n} && {is_pod_spec(n + '.spec')}) || {is_pod_spec(n)}))"
+
+
+def _fields(x: str, names: list[str]) -> str:
+    """``x.a.b``: the map at those fields, or null."""
+    for name in names:
+        x = f"[{x}].map(w, type(w) == map && {lit(name)} in w && type(w[{lit(name)}]) == map ? w[{lit(name)}] : null)[0]"
+    return x
+
+
+def _list_stable(prefix: str, i: str, x: str) -> str:
     """``podspecs._walk``: list items known by ``name`` when it is a string, else by ``groupName``."""
-    by_name = stable_item(f"{e}.sp", i, x, "name")
-    by_group = stable_item(f"{e}.sp", i, x, "groupName")
+    by_name = stable_item(prefix, i, x, "name")
+    by_group = stable_item(prefix, i, x, "groupName")
     return f"(type({x}) == map && 'name' in {x} && type({x}.name) == string ? {by_name} : {by_group})"
 
 
-def template_records(nodes: str, origin: str) -> str:
-    """Template records ``{p, sp, mp, s, m, o}`` of the nodes that are pod templates (or bare pod specs)."""
-    child = "(n.p == '' ? '' : n.p + '.')"
-    stable_child = "(n.sp == '' ? '' : n.sp + '.')"
-    template = record(p=child + " + 'spec'", sp=stable_child + " + 'spec'", mp=child + " + 'metadata'", s="n.v.spec",
-                      m=guarded("n.v", "metadata", "map", "{}"), o=origin)
-    bare = record(p="n.p", sp="n.sp", mp=child + " + 'metadata'", s="n.v", m="{}", o=origin)
-    return (f"({nodes}).filter(n, type(n.v) == map).map(n, 'spec' in n.v && {is_pod_spec('n.v.spec')} ? [{template}] : "
-            f"{is_pod_spec('n.v')} ? [{bare}] : []).flatten()")
+def _walk(x: str, path: str, stable: str, segments: list[str], depth: int, two_variable: bool) -> str:
+    """The template records under ``x`` (whose path so far is the CEL string ``path``) along ``segments``."""
+    fixed: list[str] = []
+    while segments and segments[0] != "*" and not segments[0].endswith("[*]"):
+        fixed.append(segments.pop(0))
+    node = _fields(x, fixed[:-1]) if fixed else x
+    here = path + (" + " + lit("." + ".".join(fixed)) if fixed and path != "''" else
+                   " + " + lit(".".join(fixed)) if fixed else "")
+    here = lit(".".join(fixed)) if path == "''" and fixed else here
+    stable_here = here if stable == path else (stable + (" + " + lit("." + ".".join(fixed)) if fixed else ""))
+    if not segments:
+        target = f"[{node}].map(w, type(w) == map && {lit(fixed[-1])} in w ? w[{lit(fixed[-1])}] : null)[0]" \
+            if fixed else node
+        n = f"n{depth}"
+        return f"[{target}].filter({n}, {_is_node(n)}).map({n}, {_node_record(n, here, stable_here)})"
+    wildcard = segments.pop(0)
+    if fixed:
+        parent = f"[{node}].map(w, type(w) == map && {lit(fixed[-1])} in w ? w[{lit(fixed[-1])}] : null)[0]"
+    else:
+        parent = node
+    if wildcard.endswith("[*]"):
+        name = wildcard[:-3]
+        parent = f"[{parent}].map(w, type(w) == map && {lit(name)} in w && type(w[{lit(name)}]) == list ? " \
+                 f"w[{lit(name)}] : [])[0]"
+        prefix = (f"{here} + {lit('.' + name)}" if here != "''" else lit(name))
+        stable_prefix = (f"{stable_here} + {lit('.' + name)}" if stable_here != "''" else lit(name))
+        i, item = f"i{depth}", f"x{depth}"
+        item_path = f"{prefix} + '[' + string({i}) + ']'"
+        item_stable = _list_stable(stable_prefix, i, item)
+        inner = _walk(item, item_path, item_stable, segments, depth + 1, two_variable)
+        if two_variable:
+            return f"{parent}.transformList({i}, {item}, {inner}).flatten()" if False else \
+                _items(parent, i, item, inner, two_variable)
+        return _items(parent, i, item, inner, two_variable)
+    k = f"k{depth}"
+    parent = f"[{parent}].map(w, type(w) == map ? w : {{}})[0]"
+    key_path = f"{here} + '.' + {k}" if here != "''" else k
+    key_stable = f"{stable_here} + '.' + {k}" if stable_here != "''" else k
+    inner = _walk(f"{parent}[{k}]", key_path, key_stable, segments, depth + 1, two_variable)
+    return _flat(f"{parent}.map({k}, {inner})")
 
 
-def nodes(root: str, paths: Sequence[str]) -> str:
-    """Every node at any of ``paths``, ``{p, sp, v}``; the empty path is the object itself."""
-    return _by_shape(root, [(lit("*"), path) for path in paths], lit("*"))
+_FLATTEN = "flatten"
 
 
-def _by_shape(root: str, keyed: Sequence[tuple[str, str]], *keys: str) -> str:
-    """The nodes at the paths of ``keyed`` ((key literal, path)) whose key is one of ``keys`` (CEL strings): per
-    shape of path, a literal map from key to the field names of its paths of that shape, and one chain."""
-    shapes: dict[tuple[str, ...], dict[str, list[list[str]]]] = {}
-    for key, path in keyed:
-        shapes.setdefault(shape(path), {}).setdefault(key, []).append(field_names(path))
-    parts = []
-    for depth, (segments, by_key) in enumerate(shapes.items()):
-        table = "{" + ", ".join(f"{key}: [{', '.join(lits(n) for n in lists)}]" for key, lists in by_key.items()) + "}"
-        names = f"N{depth}"
-        found = f"[{', '.join(keys)}].map(key, {table}[?key].orValue([])).flatten()"
-        parts.append(f"{found}.map({names}, {_entries(root, segments, names, depth)}).flatten()")
-    return "(" + " + ".join(parts) + ")" if parts else "[]"
+def _items(parent: str, i: str, item: str, inner: str, two_variable: bool) -> str:
+    if two_variable:
+        return _flat(f"{parent}.transformList({i}, {item}, {inner})")
+    return _flat(f"{parent}.map({item}, [{parent}.indexOf({item})].map({i}, {inner})[0])")
 
 
-def dispatch(root: str, kinds: Sequence[CustomKind], builtin: bool = True) -> str:
-    """The template nodes of the object ``root``: built-in kinds by ``request.kind``, custom kinds by
-    ``request.resource`` (the variables ``kindkey`` and ``resourcekey``), through one table per path shape."""
-    keyed: list[tuple[str, str]] = []
-    if builtin:
-        for group, kind, _, path in BUILTIN_KINDS:
-            keyed.append((lit(f"kind:{group}/{kind}"), path))
-    for k in kinds:
-        for path in k.templates:
-            keyed.append((lit(f"resource:{k.group}/{k.resource}"), path))
-    return _by_shape(root, keyed, "variables.kindkey", "variables.resourcekey")
+def _flat(nested: str) -> str:
+    """A list of lists made one list. Only here: a path with one wildcard is walked without it (see nodes)."""
+    return f"{nested}.{_FLATTEN}()"
 
 
-KIND_KEY = "'kind:' + request.kind.group + '/' + request.kind.kind"
-RESOURCE_KEY = "'resource:' + request.resource.group + '/' + request.resource.resource"
+def nodes(root: str, path: str, two_variable: bool) -> str:
+    """The template records at ``path`` under ``root``: ``{path, stable, metaPath, spec, meta}``."""
+    text = _walk(root, "''", "''", path.split("."), 0, two_variable)
+    if wildcards(CustomKind("", "", (path,))) <= 1:
+        # One wildcard: its inner walk yields at most one record per item; filter instead of flatten.
+        text = _single(text)
+    return text
 
 
-def pod_template(root: str) -> str:
-    """The Pod's own template node (for the MutatingAdmissionPolicy, which sees Pods only)."""
-    return nodes(root, [""])
+def _single(text: str) -> str:
+    """Rewrite ``X.map(v, [n].filter(...).map(...)).flatten()`` for a one-wildcard path so it needs no flatten:
+    keep the items whose list is not empty, then take each one's record."""
+    if not text.endswith(".flatten()"):
+        return text
+    body = text[: -len(".flatten()")]
+    return f"{body}.filter(r0, size(r0) > 0).map(r0, r0[0])"
 
 
-def is_custom(kinds: Sequence[CustomKind]) -> str:
-    """The request is for one of the custom kinds (the quantity rules the apiserver leaves to us apply)."""
-    if not kinds:
-        return "false"
-    return f"variables.resourcekey in {lits([f'resource:{k.group}/{k.resource}' for k in kinds])}"
+def custom_templates(root: str, kinds: Sequence[CustomKind], two_variable: bool) -> str:
+    """The custom kinds' template records of ``root`` (``object`` or ``oldObject``), chosen by ``variables.kind``
+    (``group/resource``)."""
+    expression = "[]"
+    for k in reversed(kinds):
+        parts = " + ".join(nodes(root, path, two_variable) for path in k.templates)
+        expression = f"variables.kind == {lit(k.group + '/' + k.resource)} ? ({parts}) :\n{expression}"
+    return expression
 
 
-__all__ = ["BUILTIN_KINDS", "KIND_KEY", "KNOWN_KINDS", "RESOURCE_KEY", "CustomKind", "custom_kinds", "dispatch",
-           "is_custom", "nodes", "path_problem", "pod_template", "template_records"]
+def builtin_templates(root: str) -> str:
+    """The template record of a Pod or a built-in workload (``root``: ``object`` or ``oldObject``)."""
+    def one(template: str, at: str) -> str:
+        spec, meta = f"{template}.spec", f"{template}.?metadata.orValue({{}})"
+        rec = _record(lit(at + ".spec"), lit(at + ".spec"), lit(at + ".metadata"), spec, meta)
+        return f"({template.replace('.', '.?', 1) if False else _present(template)} ? [{rec}] : [])"
+    branches = [
+        ("Pod", f"[{_record(lit('spec'), lit('spec'), lit('metadata'), root + '.spec', root + '.metadata')}]"),
+        ("PodTemplate", one(f"{root}.template", "template")),
+        ("CronJob", one(f"{root}.spec.jobTemplate.spec.template", "spec.jobTemplate.spec.template")),
+    ]
+    expression = one(f"{root}.spec.template", "spec.template")
+    for kind, text in reversed(branches):
+        expression = f"request.kind.kind == {lit(kind)} ? {text} :\n{expression}"
+    return expression
+
+
+def _present(template: str) -> str:
+    """``has()`` of every step of a dotted field path below the root."""
+    root, *fields = template.split(".")
+    return root + "".join(f".?{f}" for f in fields) + ".?spec.hasValue()"
+
+
+KIND = "request.resource.group + '/' + request.resource.resource"
+
+
+__all__ = ["BUILTIN_KINDS", "KIND", "KNOWN_KINDS", "CustomKind", "builtin_templates", "custom_kinds",
+           "custom_templates", "is_pod_spec", "path_problem", "wildcards"]

@@ -2,8 +2,11 @@
 
 JSONPatch, not ApplyConfiguration: ``spec.nodeSelector`` and ``spec.tolerations`` are atomic, and an
 ApplyConfiguration may not change an atomic field ("may not mutate atomic arrays, maps or structs").
-Each mutation adds what is absent and nothing else, like the webhook's, so the order of the four does not
-matter and a second pass changes nothing. They read the pod variables of ``webhook.native.pods``.
+Each mutation adds what is absent and nothing else, like the webhook's, so their order does not matter and
+a second pass changes nothing.
+
+A MutatingAdmissionPolicy exists from Kubernetes 1.34 (``v1beta1``), whose CEL has two-variable
+comprehensions; the expressions need nothing newer.
 
 Not here: GPU requests copied from limits (the apiserver's Pod defaulting copies every limit into a missing
 request before admission, so there is nothing left to copy), and, with ``cluster.enabled``, the runtime
@@ -13,32 +16,67 @@ CEL cannot read).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from webhook.core.policy import Policy
-from webhook.native.celtext import boolean, lit, lits
-from webhook.native.pods import VISIBLE_DEVICES
-from webhook.native.snippets import Ctx, guarded
+from webhook.core.resources import FRACTION_ANNOTATIONS, VISIBLE_DEVICES
+from webhook.native.celtext import boolean, lit, lits, matches
+from webhook.native.snippets import SCHEDULER, Ctx, holds_name, is_gpu, is_zero
+
+SPEC = "object.spec"
+# The containers and init containers of the Pod (ephemeral containers are never mutated).
+LISTS = ("containers", "initContainers")
 
 
 def _escape_pointer(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
-def used(ctx: Ctx) -> str:
-    """``mutate.default_requests``' ``used``: GPU names in the limits or requests of containers and init
-    containers whose count is not a valid 0 (an invalid count still asks for the device)."""
-    parts = [f"E.{f}.filter(k, E.{f}[k].g && !E.{f}[k].z)" for f in ("l", "r")]
-    return (f"{ctx.v('ctr')}.transformList(j, r, r.l != 'ephemeralContainers', [{ctx.v('ent')}[j]].map(E, "
-            f"{' + '.join(parts)})[0]).flatten().distinct()")
+def _names(container: str, ctx: Ctx) -> str:
+    """A container's GPU names whose value is not a valid 0 (an invalid count still asks for the device)."""
+    parts = []
+    for section in ("limits", "requests"):
+        m = f"{container}.?resources.?{section}.orValue({{}})"
+        parts.append(f"{m}.filter(k, k.contains('/') && {is_gpu(ctx, 'k')} && !{is_zero(f'{m}[k]')})")
+    return " + ".join(parts)
 
 
-def _affinity_names(label: str) -> str:
-    spec = "object.spec"
-    affinity = guarded(spec, "affinity", "map", "{}")
-    node = guarded(affinity, "nodeAffinity", "map", "{}")
-    required = guarded(node, "requiredDuringSchedulingIgnoredDuringExecution", "map", "{}")
-    terms = guarded(required, "nodeSelectorTerms", "list", "[]")
-    return (f"{terms}.exists(term, {guarded('term', 'matchExpressions', 'list', '[]')}.exists(x, type(x) == map && "
-            f"'key' in x && x.key == {lit(label)}))")
+def variables(ctx: Ctx) -> list[tuple[str, str]]:
+    """The variables the mutations read: ``used`` (``mutate.default_requests``' GPU names, each once, sorted),
+    ``fractional`` and ``trusted``."""
+    # Each name at the first container (in list order) that asks for it; Pod container names are unique.
+    containers = "object.spec.?containers.orValue([])"
+    inits = "object.spec.?initContainers.orValue([])"
+    first = (f"[{containers}.map(c, {_names('c', ctx)}.filter(k, !{containers}.exists(o, "
+             f"{containers}.indexOf(o) < {containers}.indexOf(c) && k in {_names('o', ctx)})))"
+             f", {inits}.map(c, {_names('c', ctx)}.filter(k, !{containers}.exists(o, k in {_names('o', ctx)}) && "
+             f"!{inits}.exists(o, {inits}.indexOf(o) < {inits}.indexOf(c) && k in {_names('o', ctx)})))]")
+    # Joined and split again (a resource name has no comma): one flat list, then sorted by rank.
+    flat = f"{first}.map(L, L.map(n, n.join(',')).filter(s, s != '').join(',')).filter(s, s != '').join(',')"
+    names = f"[{flat}].map(s, s == '' ? [] : s.split(','))[0]"
+    if ctx.lists:
+        names = f"{first}.flatten().flatten().sort()"
+    else:
+        names = f"[{names}].map(L, L.map(x, L.filter(y, size(L.filter(z, z < y)) == L.indexOf(x))[0]))[0]"
+    annotations = "object.metadata.?annotations.orValue({})"
+    scheduler = (f"[{containers}, {inits}, object.spec.?ephemeralContainers.orValue([])].exists(L, L.exists(c, "
+                 + " || ".join(f"c.?resources.?{s}.orValue({{}}).exists(k, k.contains('/') && "
+                               f"{matches('k', SCHEDULER)} && !{is_zero(f'c.resources.{s}[k]')})"
+                               for s in ("limits", "requests")) + "))")
+    fractional = f"({scheduler} || {lits(FRACTION_ANNOTATIONS)}.exists(a, a in {annotations}))"
+    return [("used", names), ("fractional", fractional), ("trusted", _trusted(ctx))]
+
+
+def _trusted(ctx: Ctx) -> str:
+    def text(policy: Policy) -> str:
+        if policy.trusted:
+            return "true"
+        if policy.trusted_accounts:
+            account = ("(object.spec.?serviceAccountName.orValue('') != '' ? object.spec.serviceAccountName : "
+                       "object.spec.?serviceAccount.orValue('') != '' ? object.spec.serviceAccount : 'default')")
+            return f"({account} in {lits(sorted(policy.trusted_accounts))})"
+        return "false"
+    return ctx.ns(text)
 
 
 def accelerator(ctx: Ctx) -> str | None:
@@ -47,27 +85,27 @@ def accelerator(ctx: Ctx) -> str | None:
     if not any(p.default for p in _policies(ctx)) and not ctx.policy.annotation:
         return None
     label, annotation = ctx.policy.node_label, ctx.policy.annotation
-    annotations = guarded("object.metadata", "annotations", "map", "{}")
-    value = f"{annotations}[{lit(annotation)}]"
     default = ctx.ns(lambda p: lit(p.default))
-    asked = f"({lit(annotation)} in {annotations} && type({value}) == string && {value} != '' ? {value} : {default})"
+    asked = f"object.metadata.?annotations[?{lit(annotation)}].orValue('')"
+    asked = f"({asked} != '' ? {asked} : {default})"
     allowed = ctx.ns(lambda p: lits(p.allowed))
-    selector = "object.spec.nodeSelector"
-    free = (f"!(has(object.spec.nodeSelector) && {lit(label)} in {selector}) && !{_affinity_names(label)}")
+    terms = ("object.spec.?affinity.?nodeAffinity.?requiredDuringSchedulingIgnoredDuringExecution.?nodeSelectorTerms"
+             ".orValue([])")
+    by_affinity = f"{terms}.exists(term, term.?matchExpressions.orValue([]).exists(x, x.key == {lit(label)}))"
+    free = f"!({lit(label)} in object.spec.?nodeSelector.orValue({{}})) && !{by_affinity}"
     whole = f"JSONPatch{{op: 'add', path: '/spec/nodeSelector', value: {{{lit(label)}: v}}}}"
     one = f"JSONPatch{{op: 'add', path: {lit('/spec/nodeSelector/' + _escape_pointer(label))}, value: v}}"
-    return (f"size({ctx.v('used')}) > 0 ? [{asked}].filter(v, v != '' && (size({allowed}) == 0 || v in {allowed}) && "
+    return (f"size(variables.used) > 0 ? [{asked}].filter(v, v != '' && (size({allowed}) == 0 || v in {allowed}) && "
             f"{free}).map(v, has(object.spec.nodeSelector) ? {one} : {whole}) : []")
 
 
 def _tolerated_by(taint: str, x: str) -> str:
     """``Taint.tolerated_by``: the toleration ``x`` tolerates the taint record ``taint`` ({key, value?, effect?})."""
-    effect = (f"(!('effect' in {x}) || {x}.effect == '' || {x}.effect == null || !('effect' in {taint}) || "
-              f"{x}.effect == {taint}.effect)")
-    operator = f"('operator' in {x} && {x}.operator != '' && {x}.operator != null ? {x}.operator : 'Equal')"
-    keyless = f"(!('key' in {x}) || {x}.key == '' || {x}.key == null)"
+    effect = f"({x}.?effect.orValue('') == '' || !('effect' in {taint}) || {x}.effect == {taint}.effect)"
+    operator = f"({x}.?operator.orValue('') != '' ? {x}.operator : 'Equal')"
+    keyless = f"({x}.?key.orValue('') == '')"
     return (f"({effect} && ({keyless} ? {operator} == 'Exists' : {x}.key == {taint}.key && ({operator} == 'Exists' || "
-            f"('value' in {taint} && 'value' in {x} && {x}.value == {taint}.value))))")
+            f"('value' in {taint} && {x}.?value.orValue('') == {taint}.value))))")
 
 
 def tolerations(ctx: Ctx) -> str | None:
@@ -90,13 +128,19 @@ def tolerations(ctx: Ctx) -> str | None:
                            + ", ".join(f"{lit(k)}: {lit(v)}" for k, v in toleration.items()) + "}}")
         candidates = "[" + ", ".join(records) + "]"
     else:
-        candidates = (f"{ctx.v('used')}.sort().map(n, {{'t': {{'key': string(n), 'effect': 'NoSchedule'}}, "
-                      f"'o': {{'key': string(n), 'operator': 'Exists', 'effect': 'NoSchedule'}}}})")
-    present = "(has(object.spec.tolerations) ? object.spec.tolerations : [])"
-    added = f"{candidates}.filter(c, !{present}.exists(x, type(x) == map && {_tolerated_by('c.t', 'x')})).map(c, c.o)"
-    return (f"{on} && size({ctx.v('used')}) > 0 ? [{added}].filter(a, size(a) > 0).map(a, "
+        candidates = ("variables.used.map(n, {'t': {'key': n, 'effect': 'NoSchedule'}, "
+                      "'o': {'key': n, 'operator': 'Exists', 'effect': 'NoSchedule'}})")
+    present = "object.spec.?tolerations.orValue([])"
+    added = f"{candidates}.filter(c, !{present}.exists(x, {_tolerated_by('c.t', 'x')})).map(c, c.o)"
+    return (f"{on} && size(variables.used) > 0 ? [{added}].map(a, size(a) == 0 ? [] : "
             f"has(object.spec.tolerations) ? a.map(o, JSONPatch{{op: 'add', path: '/spec/tolerations/-', value: o}}) : "
-            f"[JSONPatch{{op: 'add', path: '/spec/tolerations', value: a}}]).flatten() : []")
+            f"[JSONPatch{{op: 'add', path: '/spec/tolerations', value: a}}])[0] : []")
+
+
+def _holds(ctx: Ctx, c: str) -> str:
+    sections = [f"{c}.?resources.?{s}.orValue({{}}).exists(k, k.contains('/') && {holds_name(ctx, 'k')} && "
+                f"!{is_zero(f'{c}.resources.{s}[k]')})" for s in ("limits", "requests")]
+    return f"({' || '.join(sections)} || size({c}.?resources.?claims.orValue([])) > 0)"
 
 
 def hide_gpus(ctx: Ctx) -> str | None:
@@ -105,16 +149,15 @@ def hide_gpus(ctx: Ctx) -> str | None:
     if all(p.hide_gpus not in ("void", "none") for p in _policies(ctx)):
         return None
     value = ctx.ns(lambda p: lit(p.hide_gpus if p.hide_gpus in ("void", "none") else ""))
-    px = f"{ctx.v('px')}[0]"
-    env = guarded("r.c", "env", "list", "null")
     variable = f"{{'name': {lit(VISIBLE_DEVICES)}, 'value': {value}}}"
-    patch = (f"{env} == null ? JSONPatch{{op: 'add', path: '/spec/' + r.l + '/' + string(r.i) + '/env', "
-             f"value: [{variable}]}} : JSONPatch{{op: 'add', path: '/spec/' + r.l + '/' + string(r.i) + '/env/-', "
-             f"value: {variable}}}")
-    holds = f"({px}.frac || {ctx.v('gx')}[j].holds)"
-    names = f"{env} != null && {env}.exists(e, type(e) == map && 'name' in e && e.name == {lit(VISIBLE_DEVICES)})"
-    return (f"{value} != '' && !{px}.frac && !{px}.trusted ? {ctx.v('ctr')}.transformList(j, r, "
-            f"r.l != 'ephemeralContainers' && !{holds} && !({names}), {patch}) : []")
+    parts = []
+    for name in LISTS:
+        base = f"'/spec/{name}/' + string(i)"
+        patch = (f"has(c.env) ? JSONPatch{{op: 'add', path: {base} + '/env/-', value: {variable}}} : "
+                 f"JSONPatch{{op: 'add', path: {base} + '/env', value: [{variable}]}}")
+        names = f"c.?env.orValue([]).exists(e, e.name == {lit(VISIBLE_DEVICES)})"
+        parts.append(f"object.spec.?{name}.orValue([]).transformList(i, c, !{_holds(ctx, 'c')} && !{names}, {patch})")
+    return (f"{value} != '' && !variables.fractional && !variables.trusted ? " + " + ".join(parts) + " : []")
 
 
 def runtime_class(ctx: Ctx) -> str | None:
@@ -123,12 +166,11 @@ def runtime_class(ctx: Ctx) -> str | None:
     if not any(p.runtime_class for p in _policies(ctx)) or ctx.policy.cluster_enabled:
         return None
     name = ctx.ns(lambda p: lit(p.runtime_class))
-    px = f"{ctx.v('px')}[0]"
-    return (f"{name} != '' && !has(object.spec.runtimeClassName) && {px}.counted && !{px}.frac ? "
-            f"[JSONPatch{{op: 'add', path: '/spec/runtimeClassName', value: {name}}}] : []")
+    return (f"{name} != '' && !has(object.spec.runtimeClassName) && size(variables.used) > 0 && "
+            f"!variables.fractional ? [JSONPatch{{op: 'add', path: '/spec/runtimeClassName', value: {name}}}] : []")
 
 
-MUTATIONS = {
+MUTATIONS: dict[str, Callable[[Ctx], str | None]] = {
     "accelerator": accelerator,
     "tolerations": tolerations,
     "hideGpus": hide_gpus,
@@ -144,8 +186,6 @@ def matters(ctx: Ctx) -> str:
     """``matchConditions`` of the MutatingAdmissionPolicy: a pod with an extended resource in a container or init
     container (every GPU name has a domain), or any pod where ``hideGpus`` applies; the rest skip it."""
     hidden = ctx.ns(lambda p: boolean(p.hide_gpus in ("void", "none")))
-    extended = " || ".join(f"(has(c.resources.{s}) && c.resources.{s}.exists(k, k.contains('/')))"
-                           for s in ("limits", "requests"))
-    gpu = (f"['containers', 'initContainers'].exists(l, l in object.spec && object.spec[l].exists(c, "
-           f"has(c.resources) && ({extended})))")
+    extended = " || ".join(f"c.?resources.?{s}.orValue({{}}).exists(k, k.contains('/'))" for s in ("limits", "requests"))
+    gpu = f"[object.spec.?containers.orValue([]), object.spec.?initContainers.orValue([])].exists(L, L.exists(c, {extended}))"
     return gpu if hidden == "false" else f"{hidden} || {gpu}"

@@ -1,25 +1,26 @@
-"""The pod-template rules in CEL: one builder per rule id, each the webhook's check read field by field.
+"""The pod-template rules as findings: each rule's check in ``webhook.rules``, read field by field.
 
-The variables every builder reads (``Ctx.v``), computed once per admission and only when read:
+Every finding starts from ``variables.templates``, the object's pod templates as records (``webhook.native.kinds``):
 
-- ``tpl``: the object's pod templates, ``{p, sp, mp, s, m}`` (spec path, stable spec path, metadata path,
-  spec, metadata);
-- ``ctr``: every container of every template, ``{t, l, i, p, sp, lab, c, lim, req, side}`` (template index,
-  list, index, path, stable path, the webhook's label, the container, its limits and requests, sidecar);
-- ``gx``: aligned with ``ctr``: ``{t, l, i, side, vl, vr, named, holds, counted, frac}`` (valid GPU counts
-  in limits and requests, whether it names a GPU, holds a GPU of any kind, holds a counted one, asks a
-  fractional scheduler: ``webhook.rules.isolation.container_gpus``);
-- ``px``: aligned with ``tpl``: ``{uses, any, frac, counted, trusted, claims, dra}`` (``PodGPUs.uses_gpus``,
-  ``GpuUse``, ``Policy.trusts``, whether it declares claims, and whether it declares or references any).
+- ``t.path``, ``t.stable``, ``t.metaPath``: where the pod spec and its metadata are (``spec``,
+  ``spec.template.spec``, ``spec.pytorchReplicaSpecs.Worker.template.spec``...), and the spec's path with list
+  items by name;
+- ``t.spec``, ``t.meta``: the pod spec and the template's metadata;
+- facts the rules share, each computed once per template and only when a rule of the policy reads it
+  (:data:`FACTS`): ``t.uses`` (a container names a policy GPU: ``PodGPUs.uses_gpus``), ``t.holds`` (the pod
+  holds a GPU of some kind or asks a fractional scheduler: ``GpuUse.any``), ``t.fractional``, ``t.counted``,
+  ``t.trusted`` (``Policy.trusts``), ``t.declares`` (``spec.resourceClaims`` is not empty), ``t.dra`` (it
+  declares or references claims).
 
-Each builder returns a CEL list of violation records (``snippets.violation``), worded as the Python rule
-words them, at the same paths.
+Then the container lists (``l``), the containers (``c``, at index ``i``) and their resource names (``k``).
+What a rule reads of a container is written with :class:`~webhook.native.snippets.Shape`: plain optional reads
+for Pods and the built-in workloads, type-checked reads for custom resources.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from webhook.core.podspecs import CONTAINER_LISTS
 from webhook.core.policy import Policy
@@ -38,24 +39,19 @@ from webhook.core.resources import (
     VOLCANO_COUNT,
 )
 from webhook.native.celtext import boolean, lit, lits, matches, record
+from webhook.native.findings import SEPARATOR, Each, Finding
 from webhook.native.snippets import (
-    COUNTING_REGISTERED,
     MONITORING,
-    NOT_COUNTING,
     PERCENT,
-    PRIORITY,
     READ_BY_SHARING,
-    REGISTERED,
     SCHEDULER,
     SHARED,
     Ctx,
     about,
     count,
     escaped,
-    guarded,
-    implicit_gpu,
+    holds_name,
     is_gpu,
-    names_gpu,
     plain,
     quantity_error,
     quoted,
@@ -63,449 +59,470 @@ from webhook.native.snippets import (
     stable_item,
     tolerates_gpu_taint,
     type_name,
-    violation,
+    zero_counting,
 )
 
 # Paths with more segments than this are normalised conservatively (see normalised_path).
 MAX_PATH_SEGMENTS = 40
 
-
-# --- variables ------------------------------------------------------------------------------------------------
-
-
-def roots() -> str:
-    """``roots``: the object, and on UPDATE the old object (index 1): violations of the old one excuse."""
-    return "request.operation == 'UPDATE' && oldObject != null ? [object, oldObject] : [object]"
+TEMPLATES = Each("t", "variables.templates")
 
 
-def template_list(templates: str) -> str:
-    """``tpl`` from the CEL text of a root's template nodes (reading ``R``, the root)."""
-    from webhook.native.kinds import template_records
-
-    return f"variables.roots.transformList(o, R, {template_records(templates, 'o')}).flatten()"
+# --- reading a template, a container, a resource name ------------------------------------------------------
 
 
-def container_records(ctx: Ctx) -> str:
-    """``ctr``: every container mapping of every template."""
-    t, c = "T", "c"
-    path = f"{t}.p + '.' + l + '[' + string(i) + ']'"
-    named = f"('name' in {c} && type({c}.name) == string && {c}.name != '')"
-    resources = guarded(c, "resources", "map", "{}")
-    # Pods' container names need no escaping (DNS labels): only other names pay for it.
-    shown_name = f"({matches(c + '.name', '^[-a-z0-9.]*$')} ? {c}.name : {escaped(c + '.name')})"
-    label = f"({named} ? 'container \"' + {shown_name} + '\"' : 'container ' + {path})"
-    fields = record(
-        t="t", o=f"{t}.o", l="l", i="i", p=path,
-        sp=stable_item(f"{t}.sp + '.' + l", "i", c, "name"),
-        lab=label,
-        c=c,
-        lim=guarded(resources, "limits", "map", "{}"),
-        req=guarded(resources, "requests", "map", "{}"),
-        side=f"('restartPolicy' in {c} && {c}.restartPolicy == 'Always')",
-    )
-    return (f"{ctx.v('tpl')}.transformList(t, {t}, {lits(CONTAINER_LISTS)}.map(l, l in {t}.s && "
-            f"type({t}.s[l]) == list ? {t}.s[l].transformList(i, {c}, type({c}) == map, {fields}) : []))"
-            f".flatten().flatten()")
+@dataclass(frozen=True)
+class Reads:
+    """Field reads for one shape of object (``webhook.native.snippets.Shape``)."""
+
+    ctx: Ctx
+
+    @property
+    def typed(self) -> bool:
+        return self.ctx.shape.typed
+
+    def get(self, parent: str, key: str, kind: str, default: str) -> str:
+        return self.ctx.shape.get(parent, key, kind, default)
+
+    def at(self, parent: str, keys: str, kind: str, default: str) -> str:
+        return self.ctx.shape.path(parent, keys, kind, default)
+
+    def is_map(self, value: str) -> str:
+        """``type(value) == map && `` for custom resources, nothing for typed ones (a prefix for a condition)."""
+        return "" if self.typed else f"type({value}) == map && "
+
+    def items(self, parent: str, key: str) -> str:
+        """The mappings of the list ``parent.key``."""
+        values = self.get(parent, key, "list", "[]")
+        return values if self.typed else f"{values}.filter(x, type(x) == map)"
 
 
-def classes(ctx: Ctx) -> str:
-    """``cls``: every resource name with a domain in the object's containers (every GPU name, registered or in
-    ``resources``, has one; cpu and memory do not), once, to what the rules ask of a name: ``g`` a policy GPU count
-    (``Policy.is_gpu``), ``h`` a name that holds a GPU of some kind, ``zc`` a name ``zero-gpu-limit`` reads, ``rd``
-    a name the vendor-name checks read, ``sch``/``shr``/``mon``/``pct`` its registry kind. A name repeats in every
-    container; its regular expressions run once."""
-    facts = record(named=names_gpu(ctx, "k"), implicit=implicit_gpu(ctx, "k"), reg=matches("k", REGISTERED))
-    fields = record(
-        g=f"((F.named && !(F.reg && {matches('k', NOT_COUNTING)})) || F.implicit)",
-        h=f"(F.reg ? !{matches('k', PRIORITY)} : (F.named || F.implicit))",
-        rd=f"(F.reg && {matches('k', READ_BY_SHARING)})",
-        zc=f"(((F.named && !(F.reg && {matches('k', NOT_COUNTING)})) || F.implicit) || "
-           f"(F.reg && {matches('k', COUNTING_REGISTERED)}))",  # zero_counting
-        sch=f"(F.reg && {matches('k', SCHEDULER)})", shr=f"(F.reg && {matches('k', SHARED)})",
-        mon=f"(F.reg && {matches('k', MONITORING)})", pct=f"(F.reg && {matches('k', PERCENT)})",
-    )
-    names = (f"{ctx.v('ctr')}.map(r, r.lim.map(k, k) + r.req.map(k, k)).flatten()"
-             f".filter(k, type(k) == string && k.contains('/')).distinct()")
-    return f"{names}.transformMapEntry(i, k, {{k: [{facts}].map(F, {fields})[0]}})"
+# The records the rules read (see the module's docstring and container_records).
+CONTAINERS = Each("c", "t.containers")
+ENTRIES = Each("e", "c.entries")
+ENTRY_PATH = "c.path + '.resources.' + e.section + '[' + e.name + ']'"
+ENTRY_STABLE = "c.stable + '.resources.' + e.section + '[' + e.name + ']'"
 
 
-def entry(ctx: Ctx) -> str:
-    """One resource name ``k`` with a domain and its value ``x``: its classes (``cls``), ``e`` the quantity error
-    (``gpu_count``'s message, '' when valid) and ``c`` the count for the names a rule reads, ``z`` a valid 0, and
-    ``x`` the value."""
-    relevant = "(C.g || C.h || C.rd)"
-    fields = record(
-        g="C.g", h="C.h", rd="C.rd", zc="C.zc", sch="C.sch", shr="C.shr", mon="C.mon", pct="C.pct",
-        e="E", c=f"(E == '' && {relevant} ? {count('x')} : 0)", z=f"(E == '' && {relevant} && {count('x')} == 0)",
-        x="x",
-    )
-    return f"[{ctx.v('cls')}[k]].map(C, [{relevant} ? {quantity_error('x')} : ''].map(E, {fields})[0])[0]"
+def containers(lists: tuple[str, ...] = CONTAINER_LISTS, where: str = "") -> Each:
+    """The loop over the containers of the lists named (all three by default)."""
+    tests = [] if lists == CONTAINER_LISTS else [
+        f"c.list == {lit(lists[0])}" if len(lists) == 1 else f"c.list in {lits(lists)}"]
+    return Each("c", "t.containers", " && ".join(tests + ([where] if where else [])))
 
 
-def entries(ctx: Ctx) -> str:
-    """``ent``: aligned with ``ctr``, ``{l, r}``: the entries of its limits and of its requests, by name (names
-    with a domain only: no rule reads cpu or memory)."""
-    one = entry(ctx)
-    return (f"{ctx.v('ctr')}.map(r, [r.lim, r.req].map(m, m.transformMap(k, x, type(k) == string && "
-            f"k.contains('/'), {one}))).map(L, {{'l': L[0], 'r': L[1]}})")
+# --- names, entries, containers and templates: the records, computed once per object ------------------------
+
+# The classes of a resource name, each a list of the object's names: a name is classified once per object.
+CLASSES: dict[str, Callable[[Ctx], str]] = {
+    "gpus": lambda ctx: is_gpu(ctx, "k"),  # Policy.is_gpu: a GPU count of the policy
+    "holding": lambda ctx: holds_name(ctx, "k"),  # it holds a GPU of some kind (isolation.container_gpus)
+    "zero_counting": lambda ctx: zero_counting(ctx, "k"),  # zero-gpu-limit reads it
+    "vendor": lambda ctx: matches("k", READ_BY_SHARING),  # the vendor-name checks read it (sharing.requested)
+    "shared": lambda ctx: matches("k", SHARED),
+    "percent": lambda ctx: matches("k", PERCENT),
+    "scheduler": lambda ctx: matches("k", SCHEDULER),
+    "monitoring": lambda ctx: matches("k", MONITORING),
+}
 
 
-def gpu_facts(ctx: Ctx) -> str:
-    """``gx``: per container, aligned with ``ctr`` (``isolation.container_gpus`` and the valid counts)."""
-    sections = ("E.l", "E.r")
-    holds = " || ".join([*(f"{s}.exists(k, {s}[k].h && !{s}[k].z)" for s in sections),
-                         f"size({guarded(guarded('r.c', 'resources', 'map', '{}'), 'claims', 'list', '[]')}) > 0"])
-    fields = record(
-        t="r.t", o="r.o", l="r.l", i="r.i", side="r.side",
-        vl="E.l.transformMap(k, e, e.g && e.e == '', e.c)",
-        vr="E.r.transformMap(k, e, e.g && e.e == '', e.c)",
-        named=" || ".join(f"{s}.exists(k, {s}[k].g)" for s in sections),
-        holds=holds,
-        counted=" || ".join(f"{s}.exists(k, {s}[k].g && !{s}[k].z)" for s in sections),
-        frac=" || ".join(f"{s}.exists(k, {s}[k].sch && !{s}[k].z)" for s in sections),
-    )
-    return f"{ctx.v('ctr')}.transformList(j, r, [{ctx.v('ent')}[j]].map(E, {fields})[0])"
+def name_variables(ctx: Ctx, nodes: str = "variables.nodes") -> list[tuple[str, str]]:
+    """``names``: every resource name with a domain (every GPU name has one) in the containers and pod-level
+    resources of the object's templates, and one list per class of :data:`CLASSES`. The names are collected by
+    joining and splitting again on the separator (a name that holds one only adds names no container has)."""
+    r = Reads(ctx)
+    sep = lit(SEPARATOR)
+    if r.typed:
+        lists = "[n.spec.?containers.orValue([]), n.spec.?initContainers.orValue([]), " \
+                "n.spec.?ephemeralContainers.orValue([]), dyn([n.spec])]"
+    else:
+        lists = "[" + ", ".join(r.items("n.spec", name) for name in CONTAINER_LISTS) + ", [n.spec]]"
+    sections = f"[{r.at('c', 'resources.limits', 'map', '{}')}, {r.at('c', 'resources.requests', 'map', '{}')}]"
+    per_container = f"{sections}.map(m, m.filter(k, k.contains('/')).join({sep})).join({sep})"
+    names = (f"{nodes}.map(n, {lists}.map(L, L.map(c, {per_container}).join({sep})).join({sep})).join({sep})"
+             f".split({sep}).filter(k, k != '')")
+    return [("names", names)] + [(name, f"variables.names.filter(k, {test(ctx)})") for name, test in CLASSES.items()]
 
 
-def _account(spec: str) -> str:
+def _entries(r: Reads, container: str) -> str:
+    """The container's resource names with a domain, limits first: ``{section, name, value, error, count, zero,
+    gpu, holds, zeroCounting, vendor, requested, shared, percent, scheduler, monitoring}``. ``error`` is
+    ``gpu_count``'s message ('' when valid) and ``count`` the count, for the names a rule reads the value of."""
+    limits = r.at(container, "resources.limits", "map", "{}")
+    fields = {
+        "section": "S.section", "name": "k", "value": "x", "error": "err",
+        "count": f"rel && err == '' ? {count('x')} : 0",
+        "zero": f"rel && err == '' && {count('x')} == 0",
+        "gpu": "k in variables.gpus", "holds": "k in variables.holding",
+        "zeroCounting": "k in variables.zero_counting", "vendor": "k in variables.vendor",
+        "requested": f"S.section == 'limits' || !(k in {limits})", "shared": "k in variables.shared",
+        "percent": "k in variables.percent", "scheduler": "k in variables.scheduler",
+        "monitoring": "k in variables.monitoring",
+    }
+    entry = "{" + ", ".join(f"{lit(k)}: dyn({v})" for k, v in fields.items()) + "}"
+    relevant = "k in variables.gpus || k in variables.holding || k in variables.vendor"
+    sections = "[" + ", ".join(record(section=lit(s), values=r.at(container, "resources." + s, "map", "{}"))
+                               for s in ("limits", "requests")) + "]"
+    per_section = (f"{sections}.map(S, S.values.filter(k, k.contains('/')).map(k, [S.values[k]].map(x, "
+                   f"[{relevant}].map(rel, [rel ? {quantity_error('x')} : ''].map(err, {entry})[0])[0])[0]))")
+    # Two lists, one per section, made one (no flatten before Kubernetes 1.35).
+    return f"[{per_section}].map(P, P[0] + P[1])[0]"
+
+
+def _container_record(r: Reads, path: str, stable: str) -> str:
+    """The record of container ``c`` at index ``i`` of the list ``L.list`` of a spec at ``path``."""
+    here = f"{path} + '.' + L.list + '[' + string(i) + ']'"
+    if r.typed:
+        stable_here = f"{stable} + '.' + L.list + '[name=' + c.name + ']'"
+        label = "'container \"' + c.name + '\"'"
+        named = "c.name"
+        sidecar = "c.?restartPolicy.orValue('') == 'Always'"
+        claims = "c.?resources.?claims.orValue([])"
+    else:
+        stable_here = stable_item(f"{stable} + '.' + L.list", "i", "c", "name")
+        has_name = "('name' in c && type(c.name) == string && c.name != '')"
+        shown_name = f"({matches('c.name', '^[-a-z0-9.]*$')} ? c.name : {escaped('c.name')})"
+        label = f"({has_name} ? 'container \"' + {shown_name} + '\"' : 'container ' + {here})"
+        named = "('name' in c ? c.name : null)"
+        sidecar = "('restartPolicy' in c && c.restartPolicy == 'Always')"
+        claims = r.at("c", "resources.claims", "list", "[]")
+    # The effective count of each policy GPU with a valid value: requests, else limits (the scheduler's view).
+    counts = ("E.filter(e, e.gpu && e.error == '' && (e.section == 'requests' || !E.exists(q, q.section == 'requests' "
+              "&& q.name == e.name && q.gpu && q.error == '')))")
+    fields = {
+        "list": "L.list", "index": "i", "order": "L.order * 1000000 + i", "path": here, "stable": stable_here,
+        "label": label, "name": named, "fields": "c", "sidecar": sidecar,
+        "limits": r.at("c", "resources.limits", "map", "{}"), "entries": "E", "counts": counts,
+        "named": "E.exists(e, e.gpu)", "counted": "E.exists(e, e.gpu && !e.zero)",
+        "holds": f"E.exists(e, e.holds && !e.zero) || size({claims}) > 0",
+        "fractional": "E.exists(e, e.scheduler && !e.zero)",
+    }
+    record_ = "{" + ", ".join(f"{lit(k)}: dyn({v})" for k, v in fields.items()) + "}"
+    return f"[{_entries(r, 'c')}].map(E, {record_})[0]"
+
+
+def container_records(ctx: Ctx, spec: str, path: str, stable: str) -> str:
+    """The records of every container of the pod spec ``spec``, in list order (containers, init containers,
+    ephemeral containers): one list per kind, made one."""
+    r = Reads(ctx)
+    lists = "[" + ", ".join(record(list=lit(name), order=str(n), items=r.get(spec, name, "list", "[]"))
+                            for n, name in enumerate(CONTAINER_LISTS)) + "]"
+    record_ = _container_record(r, path, stable)
+    if ctx.two_variable:
+        where = "" if r.typed else "type(c) == map, "
+        per_list = f"L.items.transformList(i, c, {where}{record_})"
+    else:
+        items = "L.items" if r.typed else "L.items.filter(c, type(c) == map)"
+        per_list = f"{items}.map(c, [L.items.indexOf(c)].map(i, {record_})[0])"
+    return f"[{lists}.map(L, {per_list})].map(P, P[0] + P[1] + P[2])[0]"
+
+
+def _account(r: Reads, spec: str) -> str:
+    if r.typed:
+        return (f"({spec}.?serviceAccountName.orValue('') != '' ? {spec}.serviceAccountName : "
+                f"{spec}.?serviceAccount.orValue('') != '' ? {spec}.serviceAccount : 'default')")
     name = f"{spec}.serviceAccountName"
     first = f"('serviceAccountName' in {spec} && type({name}) == string && {name} != '')"
     second = f"('serviceAccount' in {spec} && type({spec}.serviceAccount) == string && {spec}.serviceAccount != '')"
     return f"({first} ? {spec}.serviceAccountName : {second} ? {spec}.serviceAccount : 'default')"
 
 
-def trusted(ctx: Ctx, spec: str) -> str:
+def _trusted(r: Reads, spec: str) -> str:
     """``Policy.trusts``: the namespace, or the pod's service account, is in ``isolation.trusted``."""
     def text(policy: Policy) -> str:
         if policy.trusted:
             return "true"
         if policy.trusted_accounts:
-            return f"({_account(spec)} in {lits(sorted(policy.trusted_accounts))})"
+            return f"({_account(r, spec)} in {lits(sorted(policy.trusted_accounts))})"
         return "false"
-    return ctx.ns(text)
+    return r.ctx.ns(text)
 
 
-def pod_facts(ctx: Ctx) -> str:
-    """``px``: per template, aligned with ``tpl``."""
-    gx = ctx.v("gx")
-    annotations = guarded("T.m", "annotations", "map", "{}")
-    frac = f"({gx}.exists(g, g.t == t && g.frac) || {lits(FRACTION_ANNOTATIONS)}.exists(a, a in {annotations}))"
-    fields = record(
-        uses=f"{gx}.exists(g, g.t == t && g.named)",
-        frac=frac,
-        any=f"({frac} || {gx}.exists(g, g.t == t && g.holds))",
-        counted=f"{gx}.exists(g, g.t == t && g.counted)",
-        trusted=trusted(ctx, "T.s"),
-        claims=f"size({guarded('T.s', 'resourceClaims', 'list', '[]')}) > 0",
-        dra=_has_claims(),
-    )
-    return f"{ctx.v('tpl')}.transformList(t, T, {fields})"
+def _claims_of(r: Reads, container: str) -> str:
+    return r.at(container, "resources.claims", "list", "[]")
 
 
-def variables(ctx: Ctx, templates: str, with_roots: bool = True) -> list[tuple[str, str]]:
-    """(name, expression) of the pod variables, in dependency order; ``templates`` reads the root ``R``."""
-    out = [("roots", roots())] if with_roots else []
-    return out + [
-        ("tpl", template_list(templates)),
-        ("ctr", container_records(ctx)),
-        ("cls", classes(ctx)),
-        ("ent", entries(ctx)),
-        ("gx", gpu_facts(ctx)),
-        ("px", pod_facts(ctx)),
-    ]
+def _has_claims(r: Reads, spec: str) -> str:
+    """``claims.pod_violations`` looks at all: claims declared, or referenced by a container."""
+    claims = r.get(spec, "resourceClaims", "list", "[]")
+    lists = f"[{r.items(spec, 'containers')}, {r.items(spec, 'initContainers')}]"
+    references = _claims_of(r, "c") if r.typed else f"{_claims_of(r, 'c')}.filter(x, type(x) == map)"
+    return f"(size({claims}) > 0 || {lists}.exists(L, L.exists(c, size({references}) > 0)))"
 
 
-# --- helpers for the builders ----------------------------------------------------------------------------
+def template_fields(ctx: Ctx, spec: str, meta: str, containers: str) -> dict[str, str]:
+    """The facts of a template record, as CEL reading ``spec``, ``meta`` and its container records ``containers``."""
+    r = Reads(ctx)
+    annotations = r.get(meta, "annotations", "map", "{}")
+    fractional = f"({containers}.exists(c, c.fractional) || {lits(FRACTION_ANNOTATIONS)}.exists(a, a in {annotations}))"
+    return {
+        "containers": containers,
+        "uses": f"{containers}.exists(c, c.named)",
+        "fractional": fractional,
+        "holds": f"{fractional} || {containers}.exists(c, c.holds)",
+        "counted": f"{containers}.exists(c, c.counted)",
+        "trusted": _trusted(r, spec),
+        "declares": f"size({r.get(spec, 'resourceClaims', 'list', '[]')}) > 0",
+        "dra": _has_claims(r, spec),
+    }
 
 
-def _per_container(ctx: Ctx, body: str, where: str = "true") -> str:
-    """``body`` (a list of records, reading ``r``, ``j``, ``g`` = gx[j], ``P`` = px[r.t], ``T`` = tpl[r.t],
-    ``E`` = ent[j]) for each container."""
-    inner = body
-    # Only what the body reads is bound (each binding is a list and a comprehension per container and rule).
-    for name, value in (("E", f"{ctx.v('ent')}[j]"), ("T", f"{ctx.v('tpl')}[r.t]"), ("P", f"{ctx.v('px')}[r.t]"),
-                        ("g", f"{ctx.v('gx')}[j]")):
-        if re.search(rf"(?<![\w.]){name}\.", inner):
-            inner = f"[{value}].map({name}, {inner})[0]"
-    return f"{ctx.v('ctr')}.transformList(j, r, {where}, {inner}).flatten()"
+# --- the builders -----------------------------------------------------------------------------------------------
 
-
-def _per_template(ctx: Ctx, body: str, where: str = "true") -> str:
-    """``body`` for each template (``T``, its index ``t``, ``P`` = px[t])."""
-    inner = f"[{ctx.v('px')}[t]].map(P, {body})[0]" if re.search(r"(?<![\w.])P\.", body) else body
-    return f"{ctx.v('tpl')}.transformList(t, T, {where}, {inner}).flatten()"
-
-
-def _res_path(section: str) -> str:
-    return f"r.p + '.resources.{section}[' + k + ']'"
-
-
-def _res_stable(section: str) -> str:
-    return f"r.sp + '.resources.{section}[' + k + ']'"
-
-
-def tviolation(rule: str, path: str, stable: str, value: str, message: str) -> str:
-    """A violation found in template ``T``."""
-    return violation(rule, path, stable, value, message, "T.o")
-
-
-# --- the quantity rules --------------------------------------------------------------------------------------
-
-RESOURCES_PATH = "r.p + '.resources'"
-RESOURCES_STABLE = "r.sp + '.resources'"
-
-
-def invalid_quantity(ctx: Ctx) -> str:
-    parts = []
-    for section, field in (("limits", "l"), ("requests", "r")):
-        found = violation("invalid-quantity", _res_path(section), _res_stable(section), about("e.x"),
-                          "r.lab + ': ' + e.e")
-        parts.append(f"E.{field}.transformList(k, e, e.g && e.e != '', {found})")
-    return _per_container(ctx, " + ".join(parts))
-
-
-def requests_without_limits(ctx: Ctx) -> str:
-    message = "r.lab + ': ' + k + ' is requested without a limit, set it in limits (requests default to limits)'"
-    found = violation("requests-without-limits", _res_path("requests"), _res_stable("requests"), about("e.x"), message)
-    body = f"E.r.transformList(k, e, e.g && !(k in r.lim), {found})"
-    return _per_container(ctx, body)
-
-
-def requests_differ(ctx: Ctx) -> str:
-    message = ("r.lab + ': ' + k + ' requests (' + " + about("x") + " + ') must equal limits (' + "
-               + about("r.lim[k]") + " + ')'")
-    value = "string(g.vr[k]) + ' != ' + string(g.vl[k])"
-    found = violation("requests-differ", _res_path("requests"), _res_stable("requests"), value, message)
-    body = f"r.req.transformList(k, x, k in g.vr && k in g.vl && g.vr[k] != g.vl[k], {found})"
-    return _per_container(ctx, body)
-
-
-def _cap(ctx: Ctx, attribute: str) -> str:
-    return ctx.ns(lambda p: str(getattr(p, attribute)))
+Builder = Callable[[Ctx], list[Finding]]
 
 
 def _policies(ctx: Ctx) -> list[Policy]:
     return [ctx.policies.default, *ctx.policies.by_namespace.values()]
 
 
-def per_container_limit(ctx: Ctx) -> str:
+def _cap(ctx: Ctx, attribute: str) -> str:
+    return ctx.ns(lambda p: str(getattr(p, attribute)))
+
+
+def _per_entry(rule: str, where: str, message: str, value: str, template_where: str = "",
+               container_where: str = "", let: tuple[tuple[str, str], ...] = ()) -> Finding:
+    loops = (Each("t", "variables.templates", template_where), Each("c", "t.containers", container_where),
+             Each("e", "c.entries", where))
+    return Finding(rule, loops, "", ENTRY_PATH, ENTRY_STABLE, value, message, let)
+
+
+# --- the quantity rules --------------------------------------------------------------------------------------
+
+
+def invalid_quantity(ctx: Ctx) -> list[Finding]:
+    return [_per_entry("invalid-quantity", "e.gpu && e.error != ''", "c.label + ': ' + e.error", about("e.value"))]
+
+
+def requests_without_limits(ctx: Ctx) -> list[Finding]:
+    message = "c.label + ': ' + e.name + ' is requested without a limit, set it in limits (requests default to limits)'"
+    return [_per_entry("requests-without-limits", "e.section == 'requests' && e.gpu && !(e.name in c.limits)",
+                       message, about("e.value"))]
+
+
+def requests_differ(ctx: Ctx) -> list[Finding]:
+    message = "c.label + ': ' + e.name + ' requests (' + " + about("e.value") + " + ') must equal limits (' + " \
+        + about("l.value") + " + ')'"
+    limit = "c.entries.filter(q, q.section == 'limits' && q.name == e.name)"
+    found = _per_entry("requests-differ", "e.section == 'requests' && e.gpu && e.error == '' && e.name in c.limits",
+                       message, "string(e.count) + ' != ' + string(l.count)", let=(("l", f"{limit}[0]"),))
+    return [Finding(found.rule, found.loops, "l.error == '' && l.count != e.count", found.path, found.stable,
+                    found.value, found.message, found.let)]
+
+
+def per_container_limit(ctx: Ctx) -> list[Finding]:
     if not any(p.per_container for p in _policies(ctx)):
-        return "[]"
+        return []
     cap = _cap(ctx, "per_container")
-    message = f"r.lab + ': ' + string(n) + ' ' + k + ' is over the limit of ' + string({cap}) + ' per container'"
-    found = violation("per-container-limit", _res_path("limits"), _res_stable("limits"), "string(n)", message)
-    body = f"g.vl.transformList(k, n, {cap} != 0 && n > {cap}, {found})"
-    return _per_container(ctx, body)
+    message = f"c.label + ': ' + string(e.count) + ' ' + e.name + ' is over the limit of ' + string({cap}) + ' per container'"
+    return [_per_entry("per-container-limit", f"e.section == 'limits' && e.gpu && e.error == '' && {cap} != 0 && "
+                       f"e.count > {cap}", message, "string(e.count)")]
 
 
-def _effective(g: str, name: str) -> str:
-    """The count the scheduler holds for ``name`` in container ``g``: requests, defaulted from limits."""
-    return f"({name} in {g}.vr ? {g}.vr[{name}] : {name} in {g}.vl ? {g}.vl[{name}] : 0)"
+def _effective(container: str, name: str) -> str:
+    """The count the scheduler holds for ``name`` in the container record: requests, else limits."""
+    return f"([0] + {container}.counts.filter(x, x.name == {name}).map(x, x.count)).sum()"
 
 
-def pod_totals(ctx: Ctx) -> str:
-    """Per template (inside ``_per_template``): a list of ``{n: name, c: count}``, ``pod_gpu_totals``."""
-    gx = ctx.v("gx")
-    mine = f"{gx}.filter(g, g.t == t && g.l != 'ephemeralContainers')"
-    names = f"{mine}.map(g, g.vl.map(k, k) + g.vr.map(k, k)).flatten().distinct()"
-    app = f"{gx}.filter(g, g.t == t && g.l == 'containers').map(g, {_effective('g', 'R')}).sum()"
-    sidecars = f"{gx}.filter(g, g.t == t && g.l == 'initContainers' && g.side).map(g, {_effective('g', 'R')}).sum()"
-    before = (f"{gx}.filter(h, h.t == t && h.l == 'initContainers' && h.side && h.i < g.i)"
-              f".map(h, {_effective('h', 'R')}).sum()")
-    peaks = (f"{gx}.filter(g, g.t == t && g.l == 'initContainers' && !g.side)"
-             f".map(g, {_effective('g', 'R')} + {before})")
-    return f"{names}.map(R, {{'n': dyn(R), 'c': dyn(([{app} + {sidecars}] + {peaks}).max())}})"
+def _total(name: str) -> str:
+    """``pod_gpu_totals`` of ``name`` in template ``t``: app containers and sidecars together, or an init container
+    with the sidecars started before it, whichever is larger."""
+    running = (f"([0] + t.containers.filter(a, a.list == 'containers' || (a.list == 'initContainers' && a.sidecar))"
+               f".map(a, {_effective('a', name)})).sum()")
+    before = (f"([0] + t.containers.filter(b, b.list == 'initContainers' && b.sidecar && b.order < p.order)"
+              f".map(b, {_effective('b', name)})).sum()")
+    peaks = f"t.containers.filter(p, p.list == 'initContainers' && !p.sidecar).map(p, {_effective('p', name)} + {before})"
+    return f"([{running}] + {peaks}).max()"
 
 
-def per_pod_limit(ctx: Ctx) -> str:
+def per_pod_limit(ctx: Ctx) -> list[Finding]:
     if not any(p.per_pod for p in _policies(ctx)):
-        return "[]"
+        return []
     cap = _cap(ctx, "per_pod")
-    message = "'pod asks for ' + string(e.c) + ' ' + e.n + ', over the limit of ' + string(" + cap + ") + ' per pod'"
-    found = tviolation("per-pod-limit", "T.p", "T.sp", "string(e.c) + ' ' + e.n", message)
-    body = f"{pod_totals(ctx)}.filter(e, e.c > {cap}).map(e, {found})"
-    return _per_template(ctx, body, f"{cap} != 0 && {ctx.v('px')}[t].uses")
+    # Each name once: at the first container (in list order) that counts it.
+    first = "!t.containers.exists(o, o.list != 'ephemeralContainers' && o.order < c.order && " \
+            "o.counts.exists(x, x.name == g.name))"
+    loops = (Each("t", "variables.templates", f"{cap} != 0 && t.uses"),
+             Each("c", "t.containers", "c.list != 'ephemeralContainers'"), Each("g", "c.counts"))
+    message = f"'pod asks for ' + string(n) + ' ' + g.name + ', over the limit of ' + string({cap}) + ' per pod'"
+    return [Finding("per-pod-limit", loops, f"n > {cap} && {first}", "t.path", "t.stable", "string(n) + ' ' + g.name",
+                    message, (("n", _total("g.name")),))]
 
 
 # --- the accelerator --------------------------------------------------------------------------------------
 
 
-def _annotated(ctx: Ctx) -> str:
+def _annotated(r: Reads) -> str:
     """The accelerator annotation when a non-empty string (``accelerator_of``), else null."""
-    annotations = guarded("T.m", "annotations", "map", "{}")
-    key = lit(ctx.policy.annotation)
+    annotations = r.get("t.meta", "annotations", "map", "{}")
+    key = lit(r.ctx.policy.annotation)
+    if r.typed:
+        return f"dyn({annotations}[?{key}].orValue('') != '' ? {annotations}[{key}] : null)"
     return (f"({key} in {annotations} && type({annotations}[{key}]) == string && {annotations}[{key}] != '' ? "
             f"{annotations}[{key}] : null)")
 
 
-def _selected(ctx: Ctx) -> str:
-    selector = guarded("T.s", "nodeSelector", "map", "{}")
-    key = lit(ctx.policy.node_label)
+def _selected(r: Reads) -> str:
+    selector = r.get("t.spec", "nodeSelector", "map", "{}")
+    key = lit(r.ctx.policy.node_label)
+    if r.typed:
+        return f"dyn({selector}[?{key}].orValue(null))"
     return f"({key} in {selector} && type({selector}[{key}]) == string ? {selector}[{key}] : null)"
 
 
 def _annotation_path(ctx: Ctx) -> str:
-    return "T.mp + " + lit(".annotations[" + ctx.policy.annotation + "]")
+    return "t.metaPath + " + lit(".annotations[" + ctx.policy.annotation + "]")
 
 
-def _selector_path(ctx: Ctx, base: str = "T.p") -> str:
+def _selector_path(ctx: Ctx, base: str = "t.path") -> str:
     return base + " + " + lit(".nodeSelector[" + ctx.policy.node_label + "]")
 
 
-def accelerator_not_allowed(ctx: Ctx) -> str:
+def accelerator_not_allowed(ctx: Ctx) -> list[Finding]:
     if not any(p.allowed for p in _policies(ctx)):
-        return "[]"
+        return []
+    r = Reads(ctx)
     allowed = ctx.ns(lambda p: lits(p.allowed))
     listed = ctx.ns(lambda p: lit(", ".join(p.allowed)))
     message = f"'accelerator ' + {quoted('a')} + ' is not allowed here (allowed: ' + {listed} + ')'"
-    pairs = [(_annotation_path(ctx), _annotation_path(ctx), _annotated(ctx)),
-             (_selector_path(ctx), _selector_path(ctx, "T.sp"), _selected(ctx))]
-    parts = []
-    for path, stable, value in pairs:
-        found = tviolation("accelerator-not-allowed", path, stable, "a", message)
-        parts.append(f"[{value}].filter(a, a != null && size({allowed}) > 0 && !(a in {allowed})).map(a, {found})")
-    return _per_template(ctx, " + ".join(parts), f"{ctx.v('px')}[t].uses")
+    where = f"a != null && size({allowed}) > 0 && !(a in {allowed})"
+    loops = (Each("t", "variables.templates", "t.uses"),)
+    return [Finding("accelerator-not-allowed", loops, where, path, stable, "a", message, (("a", value),))
+            for path, stable, value in ((_annotation_path(ctx), _annotation_path(ctx), _annotated(r)),
+                                        (_selector_path(ctx), _selector_path(ctx, "t.stable"), _selected(r)))]
 
 
-def accelerator_conflict(ctx: Ctx) -> str:
+def accelerator_conflict(ctx: Ctx) -> list[Finding]:
+    r = Reads(ctx)
     annotation, label = ctx.policy.annotation, ctx.policy.node_label
     path = _annotation_path(ctx)
     message = (lit("annotation " + annotation + "=") + " + a + " + lit(" conflicts with nodeSelector " + label + "=")
                + " + s")
-    found = tviolation("accelerator-conflict", path, path, "a + ' != ' + s", message)
-    body = (f"[[{_annotated(ctx)}, {_selected(ctx)}]].filter(v, v[0] != null && v[1] != null && v[0] != v[1])"
-            f".map(v, [v[0]].map(a, [v[1]].map(s, {found})[0])[0])")
-    return _per_template(ctx, body, f"{ctx.v('px')}[t].uses")
+    return [Finding("accelerator-conflict", (Each("t", "variables.templates", "t.uses"),),
+                    "a != null && s != null && a != s", path, path, "a + ' != ' + s", message,
+                    (("a", _annotated(r)), ("s", _selected(r))))]
 
 
 # --- odd shapes, ephemeral containers, pod-level resources -----------------------------------------------
 
 
-def _mapping_problem(parent: str, key: str, base: str, stable: str, origin: str = "T.o") -> str:
+def _not_a_mapping(loops: tuple[Each, ...], parent: str, key: str, base: str, stable: str) -> Finding:
     """``_mapping_at``: ``parent[key]`` is neither absent, null nor a mapping."""
-    path = base + " + " + lit("." + key)
-    stable_path = stable + " + " + lit("." + key)
-    found = violation("structure", path, stable_path, type_name("sv"), lit("must be a mapping, not ") + " + "
-                      + type_name("sv"), origin)
-    return (f"[{parent}].map(sp, type(sp) == map && {lit(key)} in sp ? [sp[{lit(key)}]] : [])[0]"
-            f".filter(sv, sv != null && type(sv) != map).map(sv, {found})")
+    value = f"({lit(key)} in {parent} ? {parent}[{lit(key)}] : null)"
+    return Finding("structure", loops, "v != null && type(v) != map", f"{base} + {lit('.' + key)}",
+                   f"{stable} + {lit('.' + key)}", type_name("v"), f"{lit('must be a mapping, not ')} + {type_name('v')}",
+                   (("v", value),))
 
 
-def _string_problem(mapping: str, key: str, base: str, truthy: bool = False) -> str:
-    """``accelerator_of``: the annotation (when truthy) or the selector value is not a string."""
-    present = "sv != null"
-    if truthy:
-        present = ("!(sv == null || sv == false || (type(sv) == int && sv == 0) || (type(sv) == double && sv == 0.0) "
-                   "|| (type(sv) == list && size(sv) == 0) || (type(sv) == map && size(sv) == 0))")
-    path = base + " + " + lit("[" + key + "]")
-    found = tviolation("structure", path, path, type_name("sv"), lit("must be a string"))
-    return (f"[{mapping}].map(sp, {lit(key)} in sp ? [sp[{lit(key)}]] : [])[0]"
-            f".filter(sv, {present} && type(sv) != string).map(sv, {found})")
-
-
-def structure(ctx: Ctx) -> str:
+def structure(ctx: Ctx) -> list[Finding]:
     """``structure``: in custom resources (Pods have a schema): lists and mappings of the wrong type."""
-    parts = []
+    r = Reads(ctx)
+    out = []
     for name in ("initContainers", "ephemeralContainers"):
-        value = f"T.s[{lit(name)}]"
-        not_list = tviolation("structure", "T.p + " + lit("." + name), "T.sp + " + lit("." + name), lit(""),
-                             lit("must be a list of containers"))
-        item = " + " + lit("." + name + "[") + " + string(i) + ']'"
-        not_map = tviolation("structure", "T.p" + item, "T.sp" + item, lit(""), lit("must be a container mapping"))
-        parts.append(f"({lit(name)} in T.s && {value} != null && type({value}) != list ? [{not_list}] : [])")
-        parts.append(f"({lit(name)} in T.s && type({value}) == list ? "
-                     f"{value}.transformList(i, x, type(x) != map, {not_map}) : [])")
-    per_template = _per_template(ctx, " + ".join(parts))
-    resources = guarded("r.c", "resources", "map", "{}")
-    shapes = [_mapping_problem("r.c", "resources", "r.p", "r.sp", "r.o")]
+        value = f"t.spec[{lit(name)}]"
+        out.append(Finding("structure", (TEMPLATES,), f"{lit(name)} in t.spec && {value} != null && type({value}) != list",
+                           f"t.path + {lit('.' + name)}", f"t.stable + {lit('.' + name)}", "''",
+                           lit("must be a list of containers")))
+        item = f" + {lit('.' + name + '[')} + string(i) + ']'"
+        items = Each("x", f"({lit(name)} in t.spec && type({value}) == list ? {value} : [])", index="i")
+        out.append(Finding("structure", (TEMPLATES, items), "type(x) != map", "t.path" + item, "t.stable" + item, "''",
+                           lit("must be a container mapping")))
+    every = (TEMPLATES, CONTAINERS)
+    out.append(_not_a_mapping(every, "c.fields", "resources", "c.path", "c.stable"))
+    resources = r.get("c.fields", "resources", "map", "{}")
     for key in ("limits", "requests"):
-        shapes.append(_mapping_problem(resources, key, RESOURCES_PATH, RESOURCES_STABLE, "r.o"))
-    per_container = _per_container(ctx, " + ".join(shapes))
-    spec_resources = guarded("T.s", "resources", "map", "{}")
-    pod_level = [_mapping_problem("T.s", "resources", "T.p", "T.sp")]
+        out.append(_not_a_mapping(every, resources, key, "c.path + '.resources'", "c.stable + '.resources'"))
+    out.append(_not_a_mapping((TEMPLATES,), "t.spec", "resources", "t.path", "t.stable"))
+    spec_resources = r.get("t.spec", "resources", "map", "{}")
     for key in ("limits", "requests"):
-        pod_level.append(_mapping_problem(spec_resources, key, "T.p + '.resources'", "T.sp + '.resources'"))
-    per_pod = _per_template(ctx, " + ".join(pod_level))
-    gpu_pod = [
-        _mapping_problem("T.m", "annotations", "T.mp", "T.mp"),
-        _mapping_problem("T.s", "nodeSelector", "T.p", "T.sp"),
-        _string_problem(guarded("T.m", "annotations", "map", "{}"), ctx.policy.annotation, "T.mp + '.annotations'",
-                        truthy=True),
-        _string_problem(guarded("T.s", "nodeSelector", "map", "{}"), ctx.policy.node_label, "T.p + '.nodeSelector'"),
-    ]
-    gpu_part = _per_template(ctx, " + ".join(gpu_pod), f"{ctx.v('px')}[t].uses")
-    return f"{per_template} + {per_container} + {per_pod} + {gpu_part}"
+        out.append(_not_a_mapping((TEMPLATES,), spec_resources, key, "t.path + '.resources'", "t.stable + '.resources'"))
+    gpu_pod = (Each("t", "variables.templates", "t.uses"),)
+    out.append(_not_a_mapping(gpu_pod, "t.meta", "annotations", "t.metaPath", "t.metaPath"))
+    out.append(_not_a_mapping(gpu_pod, "t.spec", "nodeSelector", "t.path", "t.stable"))
+    annotations = r.get("t.meta", "annotations", "map", "{}")
+    key = ctx.policy.annotation
+    truthy = ("!(v == null || v == false || (type(v) == int && v == 0) || (type(v) == double && v == 0.0) || "
+              "(type(v) == list && size(v) == 0) || (type(v) == map && size(v) == 0))")
+    path = f"t.metaPath + '.annotations' + {lit('[' + key + ']')}"
+    out.append(Finding("structure", gpu_pod, f"{truthy} && type(v) != string", path, path, type_name("v"),
+                       lit("must be a string"),
+                       (("v", f"({lit(key)} in {annotations} ? {annotations}[{lit(key)}] : null)"),)))
+    selector = r.get("t.spec", "nodeSelector", "map", "{}")
+    label = ctx.policy.node_label
+    path = f"t.path + '.nodeSelector' + {lit('[' + label + ']')}"
+    out.append(Finding("structure", gpu_pod, "v != null && type(v) != string", path, path, type_name("v"),
+                       lit("must be a string"),
+                       (("v", f"({lit(label)} in {selector} ? {selector}[{lit(label)}] : null)"),)))
+    return out
 
 
-def _names(g: str) -> str:
-    return f"({g}.vl.map(k, k) + {g}.vr.map(k, k)).distinct()"
+def _sorted(ctx: Ctx, records: str) -> str:
+    """Records with a ``name``, in the order of their names (distinct)."""
+    if ctx.lists:
+        return f"{records}.sortBy(x, x.name)"
+    # Without sortBy(): at each position, the record whose rank (how many names are smaller) is that position.
+    return f"[{records}].map(L, L.map(x, L.filter(y, size(L.filter(z, z.name < y.name)) == L.indexOf(x))[0]))[0]"
 
 
-def _held(g: str, nonzero: bool) -> str:
-    """``"1 nvidia.com/gpu, 2 …"``: the container's valid counts by name, sorted (zeros dropped if asked)."""
-    names = f"{_names(g)}.sort()"
-    if nonzero:
-        names = f"{names}.filter(k, {_effective(g, 'k')} != 0)"
-    return f"{names}.map(k, string({_effective(g, 'k')}) + ' ' + k).join(', ')"
+def _held(ctx: Ctx, nonzero: bool) -> str:
+    """``"1 nvidia.com/gpu, 2 …"``: the container's GPU counts by name, sorted (zeros dropped if asked)."""
+    counts = "c.counts.filter(x, x.count != 0)" if nonzero else "c.counts"
+    return f"{_sorted(ctx, counts)}.map(x, string(x.count) + ' ' + x.name).join(', ')"
 
 
-def ephemeral_gpu(ctx: Ctx) -> str:
-    found = violation("ephemeral-gpu", RESOURCES_PATH, RESOURCES_STABLE, "h",
-                      lit("ephemeral containers may not use GPUs"))
-    body = f"[{_held('g', False)}].map(h, {found})"
-    gx = ctx.v("gx")
-    return _per_container(ctx, body, f"r.l == 'ephemeralContainers' && (size({gx}[j].vl) > 0 || size({gx}[j].vr) > 0)")
+def ephemeral_gpu(ctx: Ctx) -> list[Finding]:
+    loops = (TEMPLATES, containers(("ephemeralContainers",), "size(c.counts) > 0"))
+    return [Finding("ephemeral-gpu", loops, "", "c.path + '.resources'", "c.stable + '.resources'", "h",
+                    lit("ephemeral containers may not use GPUs"), (("h", _held(ctx, False)),))]
 
 
-def pod_level_gpu(ctx: Ctx) -> str:
-    resources = guarded("T.s", "resources", "map", "{}")
-    parts = []
+def pod_level_gpu(ctx: Ctx) -> list[Finding]:
+    r = Reads(ctx)
+    out = []
     for section in ("limits", "requests"):
-        values = guarded(resources, section, "map", "{}")
-        path = f"T.p + '.resources.{section}[' + k + ']'"
-        stable = f"T.sp + '.resources.{section}[' + k + ']'"
-        found = tviolation("pod-level-gpu", path, stable, about("x"),
-                          "k + ' cannot be set in pod-level resources; set it on a container'")
-        parts.append(f"{values}.transformList(k, x, type(k) == string && {is_gpu(ctx, 'k')}, {found})")
-    return _per_template(ctx, " + ".join(parts))
+        values = r.at("t.spec", f"resources.{section}", "map", "{}")
+        loops = (TEMPLATES, Each("k", values, "k in variables.gpus"))
+        out.append(Finding("pod-level-gpu", loops, "", f"t.path + '.resources.{section}[' + k + ']'",
+                           f"t.stable + '.resources.{section}[' + k + ']'", about("x"),
+                           "k + ' cannot be set in pod-level resources; set it on a container'",
+                           (("x", f"{values}[k]"),)))
+    return out
 
 
 # --- the opt-in cross-field checks -------------------------------------------------------------------------
 
 
-def mixed_gpu_and_mig(ctx: Ctx) -> str:
-    names = _names("g")
-    slices = f"{names}.filter(k, k.startsWith('nvidia.com/mig-')).sort()"
-    name = "('name' in r.c ? r.c.name : null)"
-    message = f"'container ' + {quoted('N')} + ' mixes nvidia.com/gpu with MIG slices (' + S.join(', ') + ')'"
-    found = violation("mixed-gpu-and-mig", RESOURCES_PATH, RESOURCES_STABLE, "S.join(', ')", message)
-    body = f"[{slices}].filter(S, 'nvidia.com/gpu' in {names} && size(S) > 0).map(S, [{name}].map(N, {found})[0])"
-    return _per_container(ctx, body)
+def mixed_gpu_and_mig(ctx: Ctx) -> list[Finding]:
+    slices = _sorted(ctx, "c.counts.filter(x, x.name.startsWith('nvidia.com/mig-'))")
+    message = "'container ' + " + quoted("c.name") + " + ' mixes nvidia.com/gpu with MIG slices (' + S + ')'"
+    loops = (TEMPLATES, CONTAINERS)
+    return [Finding("mixed-gpu-and-mig", loops, "c.counts.exists(x, x.name == 'nvidia.com/gpu') && S != ''",
+                    "c.path + '.resources'", "c.stable + '.resources'", "S", message,
+                    (("S", f"{slices}.map(x, x.name).join(', ')"),))]
 
 
-def init_container_gpus(ctx: Ctx) -> str:
+def init_container_gpus(ctx: Ctx) -> list[Finding]:
+    loops = (TEMPLATES, containers(("initContainers",), "!c.sidecar"))
     message = "'an init container asks for GPUs (' + h + '); they stay reserved for the pod\\'s lifetime'"
-    found = violation("init-container-gpus", RESOURCES_PATH, RESOURCES_STABLE, "h", message)
-    body = f"[{_held('g', True)}].filter(h, h != '').map(h, {found})"
-    return _per_container(ctx, body, "r.l == 'initContainers' && !r.side")
+    return [Finding("init-container-gpus", loops, "h != ''", "c.path + '.resources'", "c.stable + '.resources'", "h",
+                    message, (("h", _held(ctx, True)),))]
 
 
-def cpu_pod_on_gpu_nodes(ctx: Ctx) -> str:
-    tolerations = guarded("T.s", "tolerations", "list", "[]")
-    path = "T.p + '.tolerations[' + string(i) + ']'"
-    stable = stable_item("T.sp + '.tolerations'", "i", "x", "key")
-    found = tviolation("cpu-pod-on-gpu-nodes", path, stable, "x.key",
-                      "'the pod uses no GPU but tolerates the ' + x.key + ' taint, so it can land on a GPU node'")
-    tolerated = f"{tolerations}.transformList(i, x, type(x) == map && {tolerates_gpu_taint(ctx, 'x')}, {found})"
-    selector = guarded("T.s", "nodeSelector", "map", "{}")
+def cpu_pod_on_gpu_nodes(ctx: Ctx) -> list[Finding]:
+    r = Reads(ctx)
+    cpu_pod = Each("t", "variables.templates", "!t.uses && !t.declares && !t.holds")
+    tolerations = Each("x", r.get("t.spec", "tolerations", "list", "[]"),
+                       f"{r.is_map('x')}{tolerates_gpu_taint(ctx, 'x')}", "i")
+    path = "t.path + '.tolerations[' + string(i) + ']'"
+    stable = stable_item("t.stable + '.tolerations'", "i", "x", "key")
+    tolerated = Finding("cpu-pod-on-gpu-nodes", (cpu_pod, tolerations), "", path, stable, "x.key",
+                        "'the pod uses no GPU but tolerates the ' + x.key + ' taint, so it can land on a GPU node'")
+    selector = r.get("t.spec", "nodeSelector", "map", "{}")
     label = lit(ctx.policy.node_label)
-    selected = f"{selector}[{label}]"
-    message = lit("the pod uses no GPU but selects " + ctx.policy.node_label + "=") + " + " + plain(selected)
-    selects_found = tviolation("cpu-pod-on-gpu-nodes", _selector_path(ctx), _selector_path(ctx, "T.sp"),
-                              plain(selected), message)
-    selects = f"({label} in {selector} ? [{selects_found}] : [])"
-    px = f"{ctx.v('px')}[t]"
-    return _per_template(ctx, f"{tolerated} + {selects}", f"!{px}.uses && !{px}.claims && !{px}.any")
+    message = lit("the pod uses no GPU but selects " + ctx.policy.node_label + "=") + " + " + plain("v")
+    selects = Finding("cpu-pod-on-gpu-nodes", (cpu_pod,), f"{label} in {selector}", _selector_path(ctx),
+                      _selector_path(ctx, "t.stable"), plain("v"), message, (("v", f"{selector}[{label}]"),))
+    return [tolerated, selects]
 
 
 # --- isolation ---------------------------------------------------------------------------------------------
@@ -513,7 +530,7 @@ def cpu_pod_on_gpu_nodes(ctx: Ctx) -> str:
 
 def _hidden(ctx: Ctx) -> str:
     """``isolation.hides_gpus``: hideGpus applies in this namespace and the pod is no fractional scheduler's."""
-    return f"({ctx.ns(lambda p: boolean(p.hide_gpus != 'off'))} && !P.frac)"
+    return f"({ctx.ns(lambda p: boolean(p.hide_gpus != 'off'))} && !t.fractional)"
 
 
 def _env_source(source: str) -> str:
@@ -533,111 +550,102 @@ def _env_source(source: str) -> str:
     return f"(type({source}) == map ? {expression} : {lit('a source')})"
 
 
-def _env() -> str:
-    return guarded("r.c", "env", "list", "[]")
+def _device_env(r: Reads, where: str) -> Each:
+    """The device variables of container ``c``'s env (``e``, at index ``n``)."""
+    env = r.get("c.fields", "env", "list", "[]")
+    named = "" if r.typed else "type(e) == map && 'name' in e && "
+    return Each("e", env, f"{named}e.name in {lits(DEVICE_VARIABLES)} && {where}", "n")
 
 
-def _device_env(condition: str, body: str) -> str:
-    """Over the device variables of container ``r``'s env: ``e`` the item, ``n`` its index."""
-    return (f"{_env()}.transformList(n, e, type(e) == map && 'name' in e && e.name in {lits(DEVICE_VARIABLES)}"
-            f" && {condition}, {body})")
+UNTRUSTED_WITHOUT_GPU = (Each("t", "variables.templates", "!t.trusted"),
+                         Each("c", "t.containers", "!(t.fractional || c.holds)"))
 
 
-def _without_gpu(ctx: Ctx) -> str:
-    """Container ``j`` of an untrusted pod holds no GPU (``GpuUse.holds`` is false)."""
-    px, gx = ctx.v("px"), ctx.v("gx")
-    return f"!{px}[r.t].trusted && !({px}[r.t].frac || {gx}[j].holds)"
-
-
-def visible_devices_without_gpu(ctx: Ctx) -> str:
-    value = "('value' in e ? e.value : '')"
-    path = "r.p + '.env[' + string(n) + '].value'"
-    stable = "r.sp + '.env[name=' + e.name + '].value'"
-    message = (f"r.lab + ' uses no GPU but sets ' + e.name + '=' + {shown('v')} + "
-               f"': the NVIDIA runtime would show it ' + "
-               f"(v == 'all' ? 'every GPU of its node' : 'the GPUs it names') + "
+def visible_devices_without_gpu(ctx: Ctx) -> list[Finding]:
+    r = Reads(ctx)
+    value = "e.?value.orValue('')" if r.typed else "('value' in e ? e.value : '')"
+    unset = "!has(e.valueFrom)" if r.typed else "!('valueFrom' in e && e.valueFrom != null)"
+    message = (f"c.label + ' uses no GPU but sets ' + e.name + '=' + {shown('v')} + "
+               f"': the NVIDIA runtime would show it ' + (v == 'all' ? 'every GPU of its node' : 'the GPUs it names') + "
                f"', outside the scheduler\\'s accounting; remove it or set it to void'")
-    found = violation("visible-devices-without-gpu", path, stable, shown("v"), message)
-    body = f"[{value}].filter(v, !(type(v) == string && v in {lits(NO_DEVICES)})).map(v, {found})"
-    uncomputed = "!('valueFrom' in e && e.valueFrom != null)"
-    return _per_container(ctx, f"{_device_env(uncomputed, body)}.flatten()", _without_gpu(ctx))
+    return [Finding("visible-devices-without-gpu", (*UNTRUSTED_WITHOUT_GPU, _device_env(r, unset)),
+                    f"!(type(v) == string && v in {lits(NO_DEVICES)})", "c.path + '.env[' + string(n) + '].value'",
+                    "c.stable + '.env[name=' + e.name + '].value'", shown("v"), message, (("v", value),))]
 
 
-def visible_devices_unread(ctx: Ctx) -> str:
-    path = "r.p + '.env[' + string(n) + '].valueFrom'"
-    stable = "r.sp + '.env[name=' + e.name + '].valueFrom'"
-    message = (f"r.lab + ' uses no GPU and takes ' + e.name + ' from ' + {_env_source('e.valueFrom')} + "
+def visible_devices_unread(ctx: Ctx) -> list[Finding]:
+    r = Reads(ctx)
+    computed = "has(e.valueFrom)" if r.typed else "'valueFrom' in e && e.valueFrom != null"
+    message = (f"c.label + ' uses no GPU and takes ' + e.name + ' from ' + {_env_source('e.valueFrom')} + "
                f"', which admission cannot read; anything but void or none there shows it GPUs it was not given'")
-    from_value = _device_env("'valueFrom' in e && e.valueFrom != null",
-                             violation("visible-devices-unread", path, stable, "e.name", message))
-    env_from = guarded("r.c", "envFrom", "list", "[]")
-    prefix = "('prefix' in x && x.prefix != null && x.prefix != '' ? x.prefix : '')"
-    usable = (f"type({prefix}) == string && {lit(VISIBLE_DEVICES)}.startsWith({prefix}) && "
-              f"{prefix} != {lit(VISIBLE_DEVICES)}")
-    named = f"{_env()}.exists(e, type(e) == map && 'name' in e && e.name == {lit(VISIBLE_DEVICES)})"
-    from_message = (f"r.lab + ' uses no GPU and imports variables from ' + {_env_source('x')} + ', which admission "
+    from_value = Finding("visible-devices-unread", (*UNTRUSTED_WITHOUT_GPU, _device_env(r, computed)), "",
+                         "c.path + '.env[' + string(n) + '].valueFrom'",
+                         "c.stable + '.env[name=' + e.name + '].valueFrom'", "e.name", message)
+    env = r.get("c.fields", "env", "list", "[]")
+    named = f"{env}.exists(e, {r.is_map('e')}{'' if r.typed else chr(39) + 'name' + chr(39) + ' in e && '}" \
+            f"e.name == {lit(VISIBLE_DEVICES)})"
+    prefix = "x.?prefix.orValue('')" if r.typed else \
+        "('prefix' in x && x.prefix != null && x.prefix != '' ? x.prefix : '')"
+    usable = (f"{r.is_map('x')}{'' if r.typed else 'type(' + prefix + ') == string && '}"
+              f"{lit(VISIBLE_DEVICES)}.startsWith({prefix}) && {prefix} != {lit(VISIBLE_DEVICES)}")
+    env_from = Each("x", r.get("c.fields", "envFrom", "list", "[]"), usable, "j")
+    from_message = (f"c.label + ' uses no GPU and imports variables from ' + {_env_source('x')} + ', which admission "
                     f"cannot read; if one is {VISIBLE_DEVICES} it may show it GPUs it was not given (set "
                     f"{VISIBLE_DEVICES}=void in env, or isolation.hideGpus)'")
-    found = violation("visible-devices-unread", "r.p + '.envFrom[' + string(k) + ']'",
-                      "r.sp + '.envFrom[' + string(k) + ']'", _env_source("x"), from_message)
-    imports = (f"(!{named} && !{_hidden(ctx)} ? {env_from}.transformList(k, x, type(x) == map && {usable}, {found}) "
-               f": [])")
-    return _per_container(ctx, f"{from_value} + {imports}", _without_gpu(ctx))
+    loops = (Each("t", "variables.templates", f"!t.trusted && !{_hidden(ctx)}"),
+             Each("c", "t.containers", f"!(t.fractional || c.holds) && !{named}"), env_from)
+    imports = Finding("visible-devices-unread", loops, "", "c.path + '.envFrom[' + string(j) + ']'",
+                      "c.stable + '.envFrom[' + string(j) + ']'", _env_source("x"), from_message)
+    return [from_value, imports]
 
 
-def zero_gpu_limit(ctx: Ctx) -> str:
-    parts = []
-    message = ("r.lab + ': ' + k + ': 0 allocates no GPU but may still tolerate GPU taints and select GPU nodes; "
-               "leave the resource out'")
-    for section, field in (("limits", "l"), ("requests", "r")):
-        extra = "!(k in r.lim) && " if field == "r" else ""
-        found = violation("zero-gpu-limit", _res_path(section), _res_stable(section), "k", message)
-        parts.append(f"E.{field}.transformList(k, e, {extra}e.zc && e.z, {found})")
-    return _per_container(ctx, " + ".join(parts))
+def zero_gpu_limit(ctx: Ctx) -> list[Finding]:
+    message = ("c.label + ': ' + e.name + ': 0 allocates no GPU but may still tolerate GPU taints and select GPU "
+               "nodes; leave the resource out'")
+    return [_per_entry("zero-gpu-limit", "e.requested && e.zeroCounting && e.zero", message, "e.name")]
 
 
-def _affinity_keys(spec: str) -> str:
-    """The label keys a required node affinity matches on (``isolation._affinity_keys``)."""
-    affinity = guarded(spec, "affinity", "map", "{}")
-    node = guarded(affinity, "nodeAffinity", "map", "{}")
-    required = guarded(node, "requiredDuringSchedulingIgnoredDuringExecution", "map", "{}")
-    terms = guarded(required, "nodeSelectorTerms", "list", "[]")
-    expressions = guarded("term", "matchExpressions", "list", "[]")
-    return (f"{terms}.map(term, {expressions}.filter(x, type(x) == map && 'key' in x && type(x.key) == string)"
-            f".map(x, x.key)).flatten()")
-
-
-def _gpu_node_reasons(ctx: Ctx) -> str:
-    """``isolation.gpu_node_reasons`` of template ``T``, as a list of strings."""
+def _gpu_node_reasons(r: Reads) -> str:
+    """``isolation.gpu_node_reasons`` of template ``t``, joined by ', ' (``''`` for none)."""
+    ctx = r.ctx
     label = ctx.policy.node_label
-    selector = guarded("T.s", "nodeSelector", "map", "{}")
+    selector = r.get("t.spec", "nodeSelector", "map", "{}")
     selected = f"{selector}[{lit(label)}]"
-    selects = (f"({lit(label)} in {selector} && type({selected}) == string ? "
-               f"[{lit('selects ' + label + '=')} + {selected}] : "
-               f"{lit(label)} in {_affinity_keys('T.s')} ? [{lit('requires ' + label + ' by node affinity')}] : [])")
-    tolerations = guarded("T.s", "tolerations", "list", "[]")
-    every = "(!('key' in x) || x.key == null || x.key == '') && 'operator' in x && x.operator == 'Exists'"
-    tolerates = (f"{tolerations}.filter(x, type(x) == map).map(x, {every} ? ['tolerates every taint'] : "
-                 f"{tolerates_gpu_taint(ctx, 'x')} ? ['tolerates the ' + x.key + ' taint'] : []).flatten()")
-    return f"({selects} + {tolerates})"
+    terms = r.at("t.spec", "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
+                 "list", "[]")
+    expressions = r.get("term", "matchExpressions", "list", "[]")
+    keyed = "" if r.typed else "type(x) == map && 'key' in x && type(x.key) == string && "
+    by_affinity = f"{terms}.exists(term, {expressions}.exists(x, {keyed}x.key == {lit(label)}))"
+    string = "" if r.typed else f" && type({selected}) == string"
+    selects = (f"({lit(label)} in {selector}{string} ? {lit('selects ' + label + '=')} + {selected} : "
+               f"{by_affinity} ? {lit('requires ' + label + ' by node affinity')} : '')")
+    tolerations = r.get("t.spec", "tolerations", "list", "[]")
+    key_unset = "!has(x.key) || x.key == ''" if r.typed else "!('key' in x) || x.key == null || x.key == ''"
+    operator = "x.?operator.orValue('')" if r.typed else "('operator' in x ? x.operator : null)"
+    every = f"({key_unset}) && {operator} == 'Exists'"
+    tolerates = (f"{tolerations}.filter(x, {r.is_map('x')}(({every}) || {tolerates_gpu_taint(ctx, 'x')}))"
+                 f".map(x, ({every}) ? 'tolerates every taint' : 'tolerates the ' + x.key + ' taint')")
+    return f"([{selects}] + {tolerates}).filter(s, s != '').join(', ')"
 
 
-def privileged_gpu(ctx: Ctx) -> str:
-    context = guarded("r.c", "securityContext", "map", "{}")
-    privileged = f"{guarded(context, 'privileged', 'bool', 'false')} == true"
-    why = (f"((P.frac || g.holds) ? [r.lab + ' is privileged and holds a GPU: it sees every GPU of its node, not only "
-           f"its own'] : P.any ? [r.lab + ' is privileged in a pod with GPUs: it runs on a GPU node and sees every GPU "
-           f"of it'] : [{_gpu_node_reasons(ctx)}].filter(w, size(w) > 0).map(w, "
-           f"r.lab + ' is privileged and its pod ' + "
-           f"w.join(', ') + ': on a GPU node it sees every GPU, outside the scheduler\\'s accounting'))")
-    message = "w + '; only trusted namespaces and service accounts (isolation.trusted) may'"
-    found = violation("privileged-gpu", "r.p + '.securityContext.privileged'", "r.sp + '.securityContext.privileged'",
-                      lit("true"), message)
-    return _per_container(ctx, f"{why}.map(w, {found})", f"!{ctx.v('px')}[r.t].trusted && {privileged}")
+def privileged_gpu(ctx: Ctx) -> list[Finding]:
+    r = Reads(ctx)
+    privileged = r.at("c.fields", "securityContext.privileged", "bool", "false")
+    # Why it matters: the container's own GPU, its pod's, or the pod's way onto a GPU node (the reasons after
+    # 'node:', none when it has no way there).
+    why = f"(t.fractional || c.holds ? 'holds' : t.holds ? 'pod' : 'node:' + {_gpu_node_reasons(r)})"
+    said = ("(w == 'holds' ? c.label + ' is privileged and holds a GPU: it sees every GPU of its node, not only its "
+            "own' : w == 'pod' ? c.label + ' is privileged in a pod with GPUs: it runs on a GPU node and sees every "
+            "GPU of it' : c.label + ' is privileged and its pod ' + w.substring(5) + ': on a GPU node it sees every "
+            "GPU, outside the scheduler\\'s accounting')")
+    message = f"{said} + '; only trusted namespaces and service accounts (isolation.trusted) may'"
+    loops = (Each("t", "variables.templates", "!t.trusted"), Each("c", "t.containers", f"{privileged} == true"))
+    return [Finding("privileged-gpu", loops, "w != 'node:'", "c.path + '.securityContext.privileged'",
+                    "c.stable + '.securityContext.privileged'", lit("true"), message, (("w", why),))]
 
 
 def normalised_path(path: str) -> str:
-    """``isolation._normal``: ``posixpath.normpath("/" + path.lstrip("/"))`` in CEL.
+    """``isolation._normal``: ``posixpath.normpath("/" + path.lstrip("/"))`` in CEL (needs the lists library).
 
     Empty and ``.`` segments are dropped; ``..`` pops the segment before it (never above ``/``): a
     segment survives when no later point of the walk goes below its level, where the level after step
@@ -658,202 +666,168 @@ def _under(path: str, directories: tuple[str, ...]) -> str:
     return " || ".join(f"({path} == {lit(d)} || {path}.startsWith({lit(d + '/')}))" for d in directories)
 
 
-def gpu_device_mount(ctx: Ctx) -> str:
-    volumes = guarded("T.s", "volumes", "list", "[]")
-    host = guarded(guarded("x", "hostPath", "map", "{}"), "path", "string", "null")
+def gpu_device_mount(ctx: Ctx) -> list[Finding]:
+    r = Reads(ctx)
+    host = r.at("x", "hostPath.path", "string", "null")
     exposes = (f"(N == '/' || N == '/dev' || N.startsWith({lit(NVIDIA_DEVICE_PREFIX)}) || "
                f"{_under('N', DEVICE_DIRECTORIES)})")
-    vpath = "T.p + '.volumes[' + string(i) + '].hostPath.path'"
-    vstable = stable_item("T.sp + '.volumes'", "i", "x", "name") + " + '.hostPath.path'"
-    vmessage = ("'hostPath ' + " + shown("h") + " + ' exposes the node\\'s GPU devices to the pod, outside the "
-                "scheduler\\'s accounting; GPUs come from resources'")
-    vfound = tviolation("gpu-device-mount", vpath, vstable, "h", vmessage)
     # Only a path that names dev, climbs (..) or is all slashes and dots can normalise to a device directory or /.
     suspect = f"(h.contains('dev') || h.contains('..') || !{matches('h', '[^/.]')})"
-    host_paths = (f"{volumes}.transformList(i, x, type(x) == map && {host} != null, [{host}].map(h, {suspect} ? "
-                  f"[{normalised_path('h')}].filter(N, {exposes}).map(N, {vfound}) : [])[0]).flatten()")
-    per_template = _per_template(ctx, host_paths, f"!{ctx.v('px')}[t].trusted")
-    mounts = guarded("r.c", "volumeMounts", "list", "[]")
-    mount_path = guarded("x", "mountPath", "string", "null")
-    mpath = "r.p + '.volumeMounts[' + string(k) + '].mountPath'"
-    mstable = stable_item("r.sp + '.volumeMounts'", "k", "x", "mountPath") + " + '.mountPath'"
-    mmessage = ("r.lab + ': a mount at ' + " + shown("h") + " + ' asks the NVIDIA runtime (volume-mounts device list "
-                "strategy) for the GPUs it names, outside the scheduler\\'s accounting'")
-    mfound = violation("gpu-device-mount", mpath, mstable, "h", mmessage)
-    # A path under the device-list directory names it (normalising keeps the segments that survive).
-    mount_list = (f"{mounts}.transformList(k, x, type(x) == map && {mount_path} != null && "
-                  f"{mount_path}.contains('nvidia-container-devices'), [{mount_path}].map(h, "
-                  f"[{normalised_path('h')}].filter(N, {_under('N', DEVICE_LIST_DIRECTORIES)}).map(N, {mfound}))[0])"
-                  f".flatten()")
-    per_container = _per_container(ctx, mount_list, f"!{ctx.v('px')}[r.t].trusted")
-    return f"{per_template} + {per_container}"
+    volumes = Each("x", r.get("t.spec", "volumes", "list", "[]"), f"{r.is_map('x')}{host} != null", "i")
+    vmessage = ("'hostPath ' + " + shown("h") + " + ' exposes the node\\'s GPU devices to the pod, outside the "
+                "scheduler\\'s accounting; GPUs come from resources'")
+    untrusted = Each("t", "variables.templates", "!t.trusted")
+    host_paths = Finding("gpu-device-mount", (untrusted, volumes), f"{suspect} && {exposes}",
+                         "t.path + '.volumes[' + string(i) + '].hostPath.path'",
+                         stable_item("t.stable + '.volumes'", "i", "x", "name") + " + '.hostPath.path'", "h", vmessage,
+                         (("h", host), ("N", normalised_path("h"))))
+    mount_path = r.get("x", "mountPath", "string", "null")
+    mounts = Each("x", r.get("c.fields", "volumeMounts", "list", "[]"),
+                  f"{r.is_map('x')}{mount_path} != null && {mount_path}.contains('nvidia-container-devices')", "k")
+    mmessage = (f"c.label + ': a mount at ' + {shown('h')} + ' asks the NVIDIA runtime (volume-mounts device list "
+                f"strategy) for the GPUs it names, outside the scheduler\\'s accounting'")
+    mount_list = Finding("gpu-device-mount", (untrusted, CONTAINERS, mounts), _under("N", DEVICE_LIST_DIRECTORIES),
+                         "c.path + '.volumeMounts[' + string(k) + '].mountPath'",
+                         stable_item("c.stable + '.volumeMounts'", "k", "x", "mountPath") + " + '.mountPath'", "h",
+                         mmessage, (("h", mount_path), ("N", normalised_path("h"))))
+    return [host_paths, mount_list]
 
 
-def cdi_annotation(ctx: Ctx) -> str:
-    annotations = guarded("T.m", "annotations", "map", "{}")
+def cdi_annotation(ctx: Ctx) -> list[Finding]:
+    r = Reads(ctx)
+    annotations = r.get("t.meta", "annotations", "map", "{}")
     is_cdi = " || ".join([f"k.startsWith({lit(p)})" for p in CDI_PREFIXES] + [f"k == {lit(k)}" for k in CDI_KEYS])
     extra = ("(type(x) == string && x.contains('management.nvidia.com/') ? "
              "' (management.nvidia.com/gpu opens every GPU of the node)' : '')")
     message = (f"'annotation ' + k + '=' + {shown('x')} + ' asks the container runtime to inject CDI devices' + "
                f"{extra} + ', outside the scheduler\\'s accounting; only trusted namespaces and service accounts "
                f"(isolation.trusted) may'")
-    path = "T.mp + '.annotations[' + k + ']'"
-    found = tviolation("cdi-annotation", path, path, shown("x"), message)
-    body = f"{annotations}.transformList(k, x, type(k) == string && ({is_cdi}), {found})"
-    return _per_template(ctx, body, f"!{ctx.v('px')}[t].trusted")
+    path = "t.metaPath + '.annotations[' + k + ']'"
+    loops = (Each("t", "variables.templates", "!t.trusted"), Each("k", annotations, is_cdi))
+    return [Finding("cdi-annotation", loops, "", path, path, shown("x"), message, (("x", f"{annotations}[k]"),))]
 
 
-def runtime_class_without_gpu(ctx: Ctx) -> str:
-    name = guarded("T.s", "runtimeClassName", "string", "''")
+def runtime_class_without_gpu(ctx: Ctx) -> list[Finding]:
+    r = Reads(ctx)
+    name = r.get("t.spec", "runtimeClassName", "string", "''")
     message = (f"'runtimeClassName ' + n + ' on a pod that uses no GPU: the NVIDIA runtime shows it the GPUs its "
                f"image\\'s {VISIBLE_DEVICES} names (all, in CUDA images); use the default runtime'")
-    found = tviolation("runtime-class-without-gpu", "T.p + '.runtimeClassName'", "T.sp + '.runtimeClassName'", "n",
-                      message)
-    body = f"[{name}].filter(n, n.startsWith({lit(NVIDIA_RUNTIME_PREFIX)})).map(n, {found})"
-    px = f"{ctx.v('px')}[t]"
-    return _per_template(ctx, body, f"!{px}.trusted && !{px}.any")
+    loops = (Each("t", "variables.templates", "!t.trusted && !t.holds"),)
+    return [Finding("runtime-class-without-gpu", loops, f"n.startsWith({lit(NVIDIA_RUNTIME_PREFIX)})",
+                    "t.path + '.runtimeClassName'", "t.stable + '.runtimeClassName'", "n", message, (("n", name),))]
 
 
 # --- the vendor names (webhook.rules.sharing) -------------------------------------------------------------
 
-
-def _section(section: str) -> str:
-    return "E.l" if section == "limits" else "E.r"
+VENDOR = "e.vendor && e.requested"
 
 
-def _read(section: str, test: str) -> str:
-    """Names of ``sharing._requested`` entries of one section (in requests, where limits lack the name) whose
-    entry ``e`` passes ``test``."""
-    field = _section(section)
-    extra = "!(k in r.lim) && " if section == "requests" else ""
-    return f"{field}.filter(k, {extra}{field}[k].rd && [{field}[k]].exists(e, {test}))"
+def shared_gpu_over_one(ctx: Ctx) -> list[Finding]:
+    message = ("c.label + ': ' + string(e.count) + ' ' + e.name + ' asks for several replicas of a shared GPU, which "
+               "give no more compute than one (the kubelet refuses it with failRequestsGreaterThanOne); ask for 1'")
+    return [_per_entry("shared-gpu-over-one", f"{VENDOR} && e.shared && e.error == '' && e.count > 1", message,
+                       "string(e.count)")]
 
 
-def shared_gpu_over_one(ctx: Ctx) -> str:
-    parts = []
-    message = ("r.lab + ': ' + string(n) + ' ' + k + ' asks for several replicas of a shared GPU, which give no "
-               "more compute than one (the kubelet refuses it with failRequestsGreaterThanOne); ask for 1'")
-    for section in ("limits", "requests"):
-        found = violation("shared-gpu-over-one", _res_path(section), _res_stable(section), "string(n)", message)
-        test = "e.shr && e.e == '' && e.c > 1"
-        parts.append(f"{_read(section, test)}.map(k, [{_section(section)}[k].c].map(n, {found})[0])")
-    return _per_container(ctx, " + ".join(parts))
-
-
-def fractional_gpu_request(ctx: Ctx) -> str:
-    parts = []
-    message = f"r.lab + ': ' + k + ' is a percentage, 0 to 100, not ' + {shown('x')}"
-    for section in ("limits", "requests"):
-        found = violation("fractional-gpu-request", _res_path(section), _res_stable(section), shown("x"), message)
-        test = "e.pct && (e.e != '' || e.c > 100)"
-        parts.append(f"{_read(section, test)}.map(k, [{_section(section)}[k].x].map(x, {found})[0])")
-    seen = f"({_read('limits', 'e.sch')} + {_read('requests', 'e.sch')})"
+def fractional_gpu_request(ctx: Ctx) -> list[Finding]:
+    message = f"c.label + ': ' + e.name + ' is a percentage, 0 to 100, not ' + {shown('e.value')}"
+    out = [_per_entry("fractional-gpu-request", f"{VENDOR} && e.percent && (e.error != '' || e.count > 100)", message,
+                      shown("e.value"))]
+    # The fractional schedulers' names the container asks for.
+    seen = f"c.entries.filter(e, {VENDOR} && e.scheduler).map(e, e.name)"
+    every = (TEMPLATES, CONTAINERS)
     for absolute, percentage in EXCLUSIVE:
         both = lit(f": {absolute} and {percentage} both size the GPU memory; set one of them")
-        found = violation("fractional-gpu-request", RESOURCES_PATH, RESOURCES_STABLE,
-                          lit(absolute + " + " + percentage), "r.lab + " + both)
-        parts.append(f"({lit(absolute)} in {seen} && {lit(percentage)} in {seen} ? [{found}] : [])")
-    volcano = f"{seen}.filter(k, k.startsWith('volcano.sh/vgpu-') && k != {lit(VOLCANO_COUNT)}).sort()"
-    message = ("r.lab + ': ' + V.join(', ') + "
+        out.append(Finding("fractional-gpu-request", every, f"{lit(absolute)} in V && {lit(percentage)} in V",
+                           "c.path + '.resources'", "c.stable + '.resources'", lit(absolute + " + " + percentage),
+                           f"c.label + {both}", (("V", seen),)))
+    volcano = _sorted(ctx, f"c.entries.filter(e, {VENDOR} && e.scheduler && e.name.startsWith('volcano.sh/vgpu-') && "
+                           f"e.name != {lit(VOLCANO_COUNT)})").replace("x.name", "x.name")
+    message = ("c.label + ': ' + W + "
                + lit(" without " + VOLCANO_COUNT + ": Volcano mounts no GPU without a vGPU count"))
-    found = violation("fractional-gpu-request", RESOURCES_PATH, RESOURCES_STABLE, "V.join(', ')", message)
-    parts.append(f"[{volcano}].filter(V, size(V) > 0 && !({lit(VOLCANO_COUNT)} in {seen})).map(V, {found})")
-    return _per_container(ctx, " + ".join(parts))
+    out.append(Finding("fractional-gpu-request", every, f"W != '' && !({lit(VOLCANO_COUNT)} in V)",
+                       "c.path + '.resources'", "c.stable + '.resources'", "W", message,
+                       (("V", seen), ("W", f"{volcano}.map(x, x.name).join(', ')"))))
+    return out
 
 
-def gpu_monitoring_resource(ctx: Ctx) -> str:
-    parts = []
-    message = ("r.lab + ': ' + k + ' gives access to every GPU of the node; only trusted namespaces and service "
-               "accounts (isolation.trusted) may ask for it'")
-    for section in ("limits", "requests"):
-        found = violation("gpu-monitoring-resource", _res_path(section), _res_stable(section), "k", message)
-        parts.append(f"{_read(section, 'e.mon && !e.z')}.map(k, {found})")
-    return _per_container(ctx, " + ".join(parts), f"!{ctx.v('px')}[r.t].trusted")
+def gpu_monitoring_resource(ctx: Ctx) -> list[Finding]:
+    message = ("c.label + ': ' + e.name + ' gives access to every GPU of the node; only trusted namespaces and "
+               "service accounts (isolation.trusted) may ask for it'")
+    return [_per_entry("gpu-monitoring-resource", f"{VENDOR} && e.monitoring && !e.zero", message, "e.name",
+                       template_where="!t.trusted")]
 
 
 # --- the pod's own DRA fields (webhook.rules.claims, what needs no other object) ---------------------------
 
 
-def _declared() -> str:
-    """``spec.resourceClaims[].name`` in order, first occurrence."""
-    claims = guarded("T.s", "resourceClaims", "list", "[]")
-    return f"{claims}.filter(x, type(x) == map && 'name' in x && type(x.name) == string).map(x, x.name).distinct()"
+def _declared(r: Reads) -> str:
+    """``spec.resourceClaims[].name``."""
+    claims = r.get("t.spec", "resourceClaims", "list", "[]")
+    if r.typed:
+        return f"{claims}.map(x, x.name)"
+    return f"{claims}.filter(x, type(x) == map && 'name' in x && type(x.name) == string).map(x, x.name)"
 
 
-def _container_claims(container: str) -> str:
-    return guarded(guarded(container, "resources", "map", "{}"), "claims", "list", "[]")
-
-
-def _has_claims() -> str:
-    """``claims.pod_violations`` looks at all: claims declared, or referenced by a container."""
-    claims = guarded("T.s", "resourceClaims", "list", "[]")
-    containers = (f"{lits(('containers', 'initContainers'))}.exists(l, l in T.s && type(T.s[l]) == list && "
-                  f"T.s[l].exists(c, type(c) == map && {_container_claims('c')}.exists(x, type(x) == map)))")
-    return f"(size({claims}) > 0 || {containers})"
-
-
-def node_name_with_gpus(ctx: Ctx) -> str:
-    node = guarded("T.s", "nodeName", "string", "''")
-    claims = guarded("T.s", "resourceClaims", "list", "[]")
-    lost = f"(size({claims}) > 0 ? 'its claims are never allocated' : 'no GPU capacity is checked')"
+def node_name_with_gpus(ctx: Ctx) -> list[Finding]:
+    r = Reads(ctx)
+    node = r.get("t.spec", "nodeName", "string", "''")
+    lost = "(t.declares ? 'its claims are never allocated' : 'no GPU capacity is checked')"
     message = (f"'nodeName ' + n + ' bypasses the scheduler, so ' + {lost} + '; use nodeSelector "
                f"kubernetes.io/hostname: ' + n")
-    found = tviolation("node-name-with-gpus", "T.p + '.nodeName'", "T.sp + '.nodeName'", "n", message)
-    body = f"[{node}].filter(n, n != '' && (P.uses || size({claims}) > 0)).map(n, {found})"
-    return _per_template(ctx, body)
+    return [Finding("node-name-with-gpus", (TEMPLATES,), "n != '' && (t.uses || t.declares)", "t.path + '.nodeName'",
+                    "t.stable + '.nodeName'", "n", message, (("n", node),))]
 
 
 def _truthy(field: str) -> str:
     return f"({lit(field)} in x && x.{field} != null && x.{field} != '' && x.{field} != false && x.{field} != 0)"
 
 
-def claim_source(ctx: Ctx) -> str:
-    claims = guarded("T.s", "resourceClaims", "list", "[]")
+def claim_source(ctx: Ctx) -> list[Finding]:
+    r = Reads(ctx)
+    claims = r.get("t.spec", "resourceClaims", "list", "[]")
     named = f"[{_truthy('resourceClaimName')}, {_truthy('resourceClaimTemplateName')}].filter(b, b)"
     name = "('name' in x ? x.name : null)"
-    path = "T.p + '.resourceClaims[' + string(i) + ']'"
-    stable = stable_item("T.sp + '.resourceClaims'", "i", "x", "name")
-    message = (f"'claim ' + {quoted('N')} + ' names ' + w + ' of resourceClaimName and resourceClaimTemplateName; "
+    message = (f"'claim ' + {quoted('m')} + ' names ' + w + ' of resourceClaimName and resourceClaimTemplateName; "
                f"exactly one is required'")
-    found = tviolation("claim-source", path, stable, "w", message)
-    body = (f"{claims}.transformList(i, x, type(x) == map && size({named}) != 1, "
-            f"[size({named}) == 2 ? 'both' : 'neither'].map(w, [{name}].map(N, {found})[0])[0])")
-    return _per_template(ctx, body, f"{ctx.v('px')}[t].dra")
+    loops = (Each("t", "variables.templates", "t.dra"), Each("x", claims, "type(x) == map", "i"))
+    return [Finding("claim-source", loops, f"size({named}) != 1", "t.path + '.resourceClaims[' + string(i) + ']'",
+                    stable_item("t.stable + '.resourceClaims'", "i", "x", "name"), "w", message,
+                    (("w", f"size({named}) == 2 ? 'both' : 'neither'"), ("m", name)))]
 
 
-def undeclared_claim(ctx: Ctx) -> str:
-    declared = _declared()
-    listed = f"(size({declared}) > 0 ? {declared}.join(', ') : 'none')"
+def undeclared_claim(ctx: Ctx) -> list[Finding]:
+    r = Reads(ctx)
+    declared = _declared(r)
+    listed = "(size(D) > 0 ? D.join(', ') : 'none')"
     name = "('name' in x ? x.name : null)"
-    path = "r.p + '.resources.claims[' + string(k) + '].name'"
-    stable = stable_item("r.sp + '.resources.claims'", "k", "x", "name") + " + '.name'"
-    message = (f"'claim ' + {quoted('N')} + ' is not declared in ' + T.p + '.resourceClaims (declared: ' + "
+    message = (f"'claim ' + {quoted('m')} + ' is not declared in ' + t.path + '.resourceClaims (declared: ' + "
                f"{listed} + ')'")
-    found = violation("undeclared-claim", path, stable, plain("N"), message)
-    body = (f"(P.dra ? {_container_claims('r.c')}.transformList(k, x, type(x) == map && "
-            f"!({name} in {declared}), [{name}].map(N, {found})[0]) : [])")
-    return _per_container(ctx, body, "r.l != 'ephemeralContainers'")
+    claims = Each("x", _claims_of(r, "c.fields"), "type(x) == map", "k")
+    loops = (Each("t", "variables.templates", "t.dra"), containers(("containers", "initContainers")), claims)
+    return [Finding("undeclared-claim", loops, "!(m in D)", "c.path + '.resources.claims[' + string(k) + '].name'",
+                    stable_item("c.stable + '.resources.claims'", "k", "x", "name") + " + '.name'", plain("m"),
+                    message, (("D", declared), ("m", name)))]
 
 
-def unused_claim(ctx: Ctx) -> str:
-    claims = guarded("T.s", "resourceClaims", "list", "[]")
-    references = _container_claims("c")
-    used = (f"{lits(('containers', 'initContainers'))}.map(l, l in T.s && type(T.s[l]) == list ? "
-            f"T.s[l].filter(c, type(c) == map).map(c, {references}.filter(x, type(x) == map && 'name' in x)"
-            f".map(x, x.name)).flatten() : []).flatten()")
-    path = "T.p + '.resourceClaims[' + string(i) + ']'"
-    stable = "T.sp + '.resourceClaims[name=' + x.name + ']'"
+def unused_claim(ctx: Ctx) -> list[Finding]:
+    r = Reads(ctx)
+    claims = r.get("t.spec", "resourceClaims", "list", "[]")
+    lists = f"[{r.get('t.spec', 'containers', 'list', '[]')}, {r.get('t.spec', 'initContainers', 'list', '[]')}]"
+    is_map = "" if r.typed else "type(c) == map && "
+    used = (f"{lists}.exists(L, L.exists(c, {is_map}{_claims_of(r, 'c')}.exists(y, type(y) == map && 'name' in y && "
+            f"y.name == x.name)))")
+    first = f"{claims}.filter(y, type(y) == map && 'name' in y && y.name == x.name)[0] == x"
     message = ("'claim ' + " + quoted("x.name") + " + ' is declared but no container uses it; its devices would be "
                "allocated for nothing'")
-    found = tviolation("unused-claim", path, stable, "x.name", message)
-    first = f"{claims}.transformList(i2, y, type(y) == map && 'name' in y && y.name == x.name, i2)[0] == i"
-    body = (f"[{used}].map(U, {claims}.transformList(i, x, type(x) == map && 'name' in x && type(x.name) == string && "
-            f"{first} && !(x.name in U), {found}))[0]")
-    return _per_template(ctx, body, f"{ctx.v('px')}[t].dra")
+    loops = (Each("t", "variables.templates", "t.dra"),
+             Each("x", claims, "type(x) == map && 'name' in x && type(x.name) == string", "i"))
+    return [Finding("unused-claim", loops, f"{first} && !{used}", "t.path + '.resourceClaims[' + string(i) + ']'",
+                    "t.stable + '.resourceClaims[name=' + x.name + ']'", "x.name", message)]
 
 
 # Builders of the pod-template rules, by rule id.
-BUILDERS: dict[str, Callable[[Ctx], str]] = {
+BUILDERS: dict[str, Builder] = {
     "invalid-quantity": invalid_quantity,
     "requests-without-limits": requests_without_limits,
     "requests-differ": requests_differ,
@@ -882,6 +856,18 @@ BUILDERS: dict[str, Callable[[Ctx], str]] = {
     "undeclared-claim": undeclared_claim,
     "unused-claim": unused_claim,
 }
+
+# Rules the apiserver already enforces on Pods and built-in templates (validateResourceRequirements; their shape is
+# the schema's): only custom resources need them from us.
+CUSTOM_ONLY = frozenset({"requests-without-limits", "requests-differ", "structure"})
+
+# What a rule's CEL needs beyond the 1.30 floor (webhook.native.target.LIBRARIES): without it the rule stays with
+# the webhook on that target.
+NEEDS: dict[str, tuple[str, ...]] = {
+    # normalised_path walks the segments of a path with slice() and transformList().
+    "gpu-device-mount": ("lists", "two-variable comprehensions"),
+}
+
 
 # Rules the apiserver already enforces on Pods and built-in templates (validateResourceRequirements; their shape is
 # the schema's): only custom resources need them from us.
@@ -967,22 +953,13 @@ READS: dict[str, tuple[str, ...]] = {
 
 
 def matters(ctx: Ctx, rules: list[str]) -> str:
-    """A ``matchConditions`` expression for a policy holding ``rules``: false only for a Pod or built-in workload
-    whose template has nothing those rules read, so the ordinary CPU pods of a cluster (and, for the warn policy,
-    most GPU pods) cost the policy one cheap expression. Custom kinds and claims always go on: CEL cannot tell
-    without reading their templates."""
+    """The ``matchConditions`` expression of a policy on Pods and built-in workloads holding ``rules``: false when
+    the template has nothing those rules read, so the ordinary CPU pods of a cluster (and, for the warn policy, most
+    GPU pods) cost the policy one cheap expression. Every rule says what it reads (:data:`READS`)."""
     triggers = _triggers(ctx)
-    wanted = sorted({name for rule in rules for name in READS.get(rule, ("extended",))} - {"never"})
+    missing = [rule for rule in rules if rule not in READS]
+    if missing:
+        raise KeyError(f"rules without a READS entry (what they read, for matchConditions): {missing}")
+    wanted = sorted({name for rule in rules for name in READS[rule]} - {"never"})
     checks = " || ".join(f"({triggers[name]})" for name in wanted) or "false"
-    builtin = " || ".join(f"(request.kind.group == {lit(g)} && request.kind.kind in {lits(ks)})"
-                          for g, ks in _builtin_by_group().items())
-    return f"!({builtin}) || ({_BUILTIN_TEMPLATE}).exists(t, has(t.spec) && ({checks}))"
-
-
-def _builtin_by_group() -> dict[str, list[str]]:
-    from webhook.native.kinds import BUILTIN_KINDS
-
-    out: dict[str, list[str]] = {}
-    for group, kind, _, _ in BUILTIN_KINDS:
-        out.setdefault(group, []).append(kind)
-    return out
+    return f"({_BUILTIN_TEMPLATE}).exists(t, has(t.spec) && ({checks}))"

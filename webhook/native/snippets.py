@@ -43,12 +43,49 @@ def _at_most(n: int) -> str:
 SENSIBLE_EXPONENT = r"[eE][+-]?0*" + _at_most(MAX_EXPONENT) + "$"
 
 
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How fields are read. ``typed``: objects of a built-in kind, which the apiserver decoded into its types, so
+    every field has its schema's type (an absent one is absent): an optional read is enough. Otherwise
+    (custom resources) any field may hold any JSON value, and every read checks the type it needs."""
+
+    typed: bool
+
+    def get(self, parent: str, key: str, kind: str, default: str) -> str:
+        """``parent.key`` when present (and, untyped, of CEL type ``kind``), else ``default``."""
+        if self.typed:
+            field = f".?{key}" if _IDENTIFIER.fullmatch(key) else f"[?{lit(key)}]"
+            return f"{parent}{field}.orValue({default})"
+        return guarded(parent, key, kind, default)
+
+    def path(self, parent: str, keys: str, kind: str, default: str) -> str:
+        """``parent.a.b.c`` (``keys`` dot-separated, each level a map) when present, else ``default``."""
+        *maps, last = keys.split(".")
+        if self.typed:
+            return f"{parent}{''.join(f'.?{k}' for k in keys.split('.'))}.orValue({default})"
+        for k in maps:
+            parent = guarded(parent, k, "map", "{}")
+        return guarded(parent, last, kind, default)
+
+    def is_map(self, value: str) -> str:
+        return "" if self.typed else f"type({value}) == map"
+
+    def is_string(self, value: str) -> str:
+        return "" if self.typed else f"type({value}) == string"
+
+
 @dataclass(frozen=True)
 class Ctx:
-    """What a builder writes against: the policies, and the variables (``variables.<name>``) it reads. The
-    variables hold the object and, on UPDATE, the old object side by side (records carry ``o``: 0 or 1)."""
+    """What a builder writes against: the policies, the shape of the objects (built-in or custom kinds) and the
+    target's CEL (``two_variable``: two-variable comprehensions; ``lists``: flatten, slice, sort)."""
 
     policies: PolicySet
+    shape: Shape = Shape(typed=False)
+    two_variable: bool = True
+    lists: bool = True
 
     def v(self, name: str) -> str:
         return f"variables.{name}"

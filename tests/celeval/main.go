@@ -1,0 +1,537 @@
+// celeval: the generated admission policies evaluated by the apiserver's own admission CEL packages
+// (k8s.io/apiserver's validating and mutating policy plugins), without a kube-apiserver.
+//
+// It reads one JSON document on stdin:
+//
+//	{"compatibility": "1.29",            // the CEL environment new expressions get on that apiserver (its minor - 1)
+//	 "objects": [ ...ValidatingAdmissionPolicy, ...Binding, MutatingAdmissionPolicy, ...Binding ],
+//	 "requests": [{"id": "...", "operation": "CREATE", "namespace": "ns", "name": "x",
+//	               "kind": {"group": "", "version": "v1", "kind": "Pod"},
+//	               "resource": {"group": "", "version": "v1", "resource": "pods"},
+//	               "object": {...}, "oldObject": {...} or null}]}
+//
+// and writes one JSON document: each expression that does not compile in that environment, and per request
+// what the apiserver's admission would do with it: the MutatingAdmissionPolicies first (reinvocation aside), then
+// the ValidatingAdmissionPolicies on the mutated object, each through its bindings (resource rules, operations,
+// and a namespaceSelector read against the namespace's kubernetes.io/metadata.name label), with the messages,
+// warnings and CEL cost the apiserver would have.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
+	"k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/apiserver/pkg/admission"
+	plugincel "k8s.io/apiserver/pkg/admission/plugin/cel"
+	"k8s.io/apiserver/pkg/admission/plugin/policy/mutating/patch"
+	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
+	"k8s.io/apiserver/pkg/admission/plugin/webhook/matchconditions"
+	celconfig "k8s.io/apiserver/pkg/apis/cel"
+	"k8s.io/apiserver/pkg/cel/environment"
+	"sigs.k8s.io/yaml"
+)
+
+type input struct {
+	Compatibility string                   `json:"compatibility"`
+	Objects       []map[string]interface{} `json:"objects"`
+	Requests      []request                `json:"requests"`
+}
+
+type request struct {
+	ID        string                      `json:"id"`
+	Operation string                      `json:"operation"`
+	Namespace string                      `json:"namespace"`
+	Name      string                      `json:"name"`
+	Kind      metav1.GroupVersionKind     `json:"kind"`
+	Resource  metav1.GroupVersionResource `json:"resource"`
+	Object    map[string]interface{}      `json:"object"`
+	OldObject map[string]interface{}      `json:"oldObject"`
+}
+
+type compileError struct {
+	Policy     string `json:"policy"`
+	Expression string `json:"expression"` // where: "variables[2] name", "validations[0].expression", ...
+	Error      string `json:"error"`
+}
+
+type decision struct {
+	Policy     string `json:"policy"`
+	Binding    string `json:"binding"`
+	Evaluation string `json:"evaluation"` // admit, deny, error
+	Message    string `json:"message,omitempty"`
+}
+
+type result struct {
+	ID        string                 `json:"id"`
+	Allowed   bool                   `json:"allowed"`
+	Message   string                 `json:"message,omitempty"` // the apiserver's refusal, as the client reads it
+	Warnings  []string               `json:"warnings"`
+	Decisions []decision             `json:"decisions"`
+	Mutated   map[string]interface{} `json:"mutated,omitempty"` // the object after the mutating policies, if one patched it
+	Errors    []string               `json:"errors"`            // mutations that failed (failurePolicy applied)
+	Cost      map[string]int64       `json:"cost"`              // CEL cost per policy (validations and messages)
+}
+
+type output struct {
+	Compatibility string         `json:"compatibility"`
+	CompileErrors []compileError `json:"compileErrors"`
+	Results       []result       `json:"results"`
+}
+
+func main() {
+	if err := run(os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "celeval:", err)
+		os.Exit(2)
+	}
+}
+
+func run(in io.Reader, out io.Writer) error {
+	raw, err := io.ReadAll(in)
+	if err != nil {
+		return err
+	}
+	var doc input
+	// As the apiserver decodes an object: whole JSON numbers are int64, not float64.
+	if err := utiljson.Unmarshal(raw, &doc); err != nil {
+		return fmt.Errorf("input: %w", err)
+	}
+	compat := environment.DefaultCompatibilityVersion()
+	if doc.Compatibility != "" {
+		if compat, err = version.ParseMajorMinor(doc.Compatibility); err != nil {
+			return fmt.Errorf("compatibility: %w", err)
+		}
+	}
+	set, err := load(doc.Objects, environment.MustBaseEnvSet(compat))
+	if err != nil {
+		return err
+	}
+	res := output{Compatibility: fmt.Sprintf("%d.%d", compat.Major(), compat.Minor()), CompileErrors: set.errors,
+		Results: []result{}}
+	for _, r := range doc.Requests {
+		res.Results = append(res.Results, set.admit(r))
+	}
+	enc := json.NewEncoder(out)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(res)
+}
+
+// --- compiling -------------------------------------------------------------------------------------------
+
+type vap struct {
+	policy      *admissionregistrationv1.ValidatingAdmissionPolicy
+	validator   validating.Validator
+	validations plugincel.ConditionEvaluator // the same expressions again, to read their CEL cost
+	messages    plugincel.ConditionEvaluator
+}
+
+type mapolicy struct {
+	policy   *admissionregistrationv1.MutatingAdmissionPolicy
+	compiler *plugincel.CompositedCompiler // its variables: each evaluation reads them through a fresh context
+	matcher  matchconditions.Matcher
+	patchers []patch.Patcher
+}
+
+type policySet struct {
+	vaps        []vap
+	vapBindings []*admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	maps        []mapolicy
+	mapBindings []*admissionregistrationv1.MutatingAdmissionPolicyBinding
+	errors      []compileError
+}
+
+func convert(obj map[string]interface{}, into interface{}) error {
+	data, err := json.Marshal(obj)
+	if err != nil {
+		return err
+	}
+	// sigs.k8s.io/yaml's JSON path is strict about unknown fields: a typo in a generated object shows here.
+	return yaml.UnmarshalStrict(data, into)
+}
+
+func load(objects []map[string]interface{}, envs *environment.EnvSet) (*policySet, error) {
+	set := &policySet{errors: []compileError{}}
+	for _, obj := range objects {
+		kind, _ := obj["kind"].(string)
+		apiVersion, _ := obj["apiVersion"].(string)
+		if !strings.HasPrefix(apiVersion, "admissionregistration.k8s.io/") {
+			return nil, fmt.Errorf("%s %s: not an admissionregistration.k8s.io object", apiVersion, kind)
+		}
+		// v1beta1 MutatingAdmissionPolicies carry the same fields as v1: read both into the v1 types.
+		switch kind {
+		case "ValidatingAdmissionPolicy":
+			p := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+			if err := convert(obj, p); err != nil {
+				return nil, fmt.Errorf("%s: %w", kind, err)
+			}
+			set.vaps = append(set.vaps, compileVAP(p, envs, &set.errors))
+		case "ValidatingAdmissionPolicyBinding":
+			b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+			if err := convert(obj, b); err != nil {
+				return nil, fmt.Errorf("%s: %w", kind, err)
+			}
+			set.vapBindings = append(set.vapBindings, b)
+		case "MutatingAdmissionPolicy":
+			p := &admissionregistrationv1.MutatingAdmissionPolicy{}
+			if err := convert(obj, p); err != nil {
+				return nil, fmt.Errorf("%s: %w", kind, err)
+			}
+			set.maps = append(set.maps, compileMAP(p, envs, &set.errors))
+		case "MutatingAdmissionPolicyBinding":
+			b := &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
+			if err := convert(obj, b); err != nil {
+				return nil, fmt.Errorf("%s: %w", kind, err)
+			}
+			set.mapBindings = append(set.mapBindings, b)
+		default:
+			return nil, fmt.Errorf("unexpected kind %q", kind)
+		}
+	}
+	return set, nil
+}
+
+// noteErrors records each expression that did not compile, as the apiserver refuses the object at create.
+func noteErrors(policy, where string, results []plugincel.CompilationResult, errs *[]compileError) {
+	for _, r := range results {
+		if r.Error != nil {
+			*errs = append(*errs, compileError{policy, where, r.Error.Error()})
+		}
+	}
+}
+
+func compiler(envs *environment.EnvSet) *plugincel.CompositedCompiler {
+	c, err := plugincel.NewCompositedCompiler(envs)
+	if err != nil {
+		panic(err) // the base environment always builds
+	}
+	return c
+}
+
+// mode: NewExpressions, the environment an apiserver checks a policy against when it is written.
+const mode = environment.NewExpressions
+
+func compileVariables(c *plugincel.CompositedCompiler, name string, vars []admissionregistrationv1.Variable,
+	opts plugincel.OptionalVariableDeclarations, errs *[]compileError) {
+	for i, v := range vars {
+		r := c.CompileAndStoreVariable(&validating.Variable{Name: v.Name, Expression: v.Expression}, opts, mode)
+		noteErrors(name, fmt.Sprintf("variables[%d] %s", i, v.Name), []plugincel.CompilationResult{r}, errs)
+	}
+}
+
+func compileVAP(p *admissionregistrationv1.ValidatingAdmissionPolicy, envs *environment.EnvSet,
+	errs *[]compileError) vap {
+	opts := plugincel.OptionalVariableDeclarations{HasParams: p.Spec.ParamKind != nil}
+	c := compiler(envs)
+	compileVariables(c, p.Name, p.Spec.Variables, opts, errs)
+	var matcher matchconditions.Matcher
+	if len(p.Spec.MatchConditions) > 0 {
+		accessors := make([]plugincel.ExpressionAccessor, len(p.Spec.MatchConditions))
+		for i := range p.Spec.MatchConditions {
+			accessors[i] = (*matchconditions.MatchCondition)(&p.Spec.MatchConditions[i])
+			check(c, p.Name, fmt.Sprintf("matchConditions[%d]", i), accessors[i], opts, errs)
+		}
+		matcher = matchconditions.NewMatcher(c.CompileCondition(accessors, opts, mode), p.Spec.FailurePolicy,
+			"policy", "validate", p.Name)
+	}
+	validations := make([]plugincel.ExpressionAccessor, len(p.Spec.Validations))
+	messages := make([]plugincel.ExpressionAccessor, len(p.Spec.Validations))
+	for i, v := range p.Spec.Validations {
+		validations[i] = &validating.ValidationCondition{Expression: v.Expression, Message: v.Message, Reason: v.Reason}
+		check(c, p.Name, fmt.Sprintf("validations[%d].expression", i), validations[i], opts, errs)
+		if v.MessageExpression != "" {
+			messages[i] = &validating.MessageExpressionCondition{MessageExpression: v.MessageExpression}
+			check(c, p.Name, fmt.Sprintf("validations[%d].messageExpression", i), messages[i], opts, errs)
+		}
+	}
+	validator := validating.NewValidator(c.CompileCondition(validations, opts, mode), matcher,
+		c.CompileCondition(nil, opts, mode), c.CompileCondition(messages, opts, mode), p.Spec.FailurePolicy, nil)
+	return vap{p, validator, c.CompileCondition(validations, opts, mode), c.CompileCondition(messages, opts, mode)}
+}
+
+func compileMAP(p *admissionregistrationv1.MutatingAdmissionPolicy, envs *environment.EnvSet,
+	errs *[]compileError) mapolicy {
+	opts := plugincel.OptionalVariableDeclarations{HasParams: p.Spec.ParamKind != nil}
+	c := compiler(envs)
+	compileVariables(c, p.Name, p.Spec.Variables, opts, errs)
+	out := mapolicy{policy: p, compiler: c}
+	if len(p.Spec.MatchConditions) > 0 {
+		accessors := make([]plugincel.ExpressionAccessor, len(p.Spec.MatchConditions))
+		for i := range p.Spec.MatchConditions {
+			accessors[i] = (*matchconditions.MatchCondition)(&p.Spec.MatchConditions[i])
+			check(c, p.Name, fmt.Sprintf("matchConditions[%d]", i), accessors[i], opts, errs)
+		}
+		out.matcher = matchconditions.NewMatcher(c.CompileCondition(accessors, opts, mode), p.Spec.FailurePolicy,
+			"policy", "mutate", p.Name)
+	}
+	patchOpts := opts
+	patchOpts.HasPatchTypes = true
+	for i, m := range p.Spec.Mutations {
+		switch {
+		case m.PatchType == admissionregistrationv1.PatchTypeJSONPatch && m.JSONPatch != nil:
+			a := &patch.JSONPatchCondition{Expression: m.JSONPatch.Expression}
+			evaluator := c.CompileMutatingEvaluator(a, patchOpts, mode)
+			for _, e := range evaluator.CompilationErrors() {
+				*errs = append(*errs, compileError{p.Name, fmt.Sprintf("mutations[%d]", i), e.Error()})
+			}
+			out.patchers = append(out.patchers, patch.NewJSONPatcher(evaluator))
+		case m.PatchType == admissionregistrationv1.PatchTypeApplyConfiguration && m.ApplyConfiguration != nil:
+			a := &patch.ApplyConfigurationCondition{Expression: m.ApplyConfiguration.Expression}
+			evaluator := c.CompileMutatingEvaluator(a, patchOpts, mode)
+			for _, e := range evaluator.CompilationErrors() {
+				*errs = append(*errs, compileError{p.Name, fmt.Sprintf("mutations[%d]", i), e.Error()})
+			}
+			out.patchers = append(out.patchers, patch.NewApplyConfigurationPatcher(evaluator))
+		}
+	}
+	return out
+}
+
+// check compiles one expression alone, only to name it when it fails (CompileCondition keeps errors per list).
+func check(c *plugincel.CompositedCompiler, policy, where string, a plugincel.ExpressionAccessor,
+	opts plugincel.OptionalVariableDeclarations, errs *[]compileError) {
+	for _, err := range c.CompileCondition([]plugincel.ExpressionAccessor{a}, opts, mode).CompilationErrors() {
+		*errs = append(*errs, compileError{policy, where, err.Error()})
+	}
+}
+
+// --- admitting ------------------------------------------------------------------------------------------------
+
+func matchesRules(rules []admissionregistrationv1.NamedRuleWithOperations, r request) bool {
+	for _, rule := range rules {
+		if ruleMatches(rule.RuleWithOperations, r) {
+			return true
+		}
+	}
+	return false
+}
+
+func has(list []string, value string) bool {
+	for _, v := range list {
+		if v == "*" || v == value {
+			return true
+		}
+	}
+	return false
+}
+
+func ruleMatches(rule admissionregistrationv1.RuleWithOperations, r request) bool {
+	ops := make([]string, len(rule.Operations))
+	for i, o := range rule.Operations {
+		ops[i] = string(o)
+	}
+	if !has(ops, r.Operation) || !has(rule.APIGroups, r.Resource.Group) ||
+		!has(rule.APIVersions, r.Resource.Version) || !has(rule.Resources, r.Resource.Resource) {
+		return false
+	}
+	return rule.Scope == nil || *rule.Scope == admissionregistrationv1.AllScopes ||
+		(*rule.Scope == admissionregistrationv1.NamespacedScope) == (r.Namespace != "")
+}
+
+func namespaceLabels(ns string) labels.Set {
+	return labels.Set{"kubernetes.io/metadata.name": ns}
+}
+
+func selects(selector *metav1.LabelSelector, r request) bool {
+	if selector == nil || r.Namespace == "" {
+		return true
+	}
+	s, err := metav1.LabelSelectorAsSelector(selector)
+	if err != nil {
+		return false
+	}
+	return s.Matches(namespaceLabels(r.Namespace))
+}
+
+func objectSelects(selector *metav1.LabelSelector, obj map[string]interface{}) bool {
+	if selector == nil {
+		return true
+	}
+	s, err := metav1.LabelSelectorAsSelector(selector)
+	if err != nil {
+		return false
+	}
+	u := unstructured.Unstructured{Object: obj}
+	return s.Matches(labels.Set(u.GetLabels()))
+}
+
+func resourcesMatch(m *admissionregistrationv1.MatchResources, r request, obj map[string]interface{}) bool {
+	if m == nil {
+		return true
+	}
+	if len(m.ResourceRules) > 0 && !matchesRules(m.ResourceRules, r) {
+		return false
+	}
+	if len(m.ExcludeResourceRules) > 0 && matchesRules(m.ExcludeResourceRules, r) {
+		return false
+	}
+	return selects(m.NamespaceSelector, r) && objectSelects(m.ObjectSelector, obj)
+}
+
+func attributes(r request, obj, old map[string]interface{}) *admission.VersionedAttributes {
+	var object, oldObject runtime.Object
+	if obj != nil {
+		object = &unstructured.Unstructured{Object: obj}
+	}
+	if old != nil {
+		oldObject = &unstructured.Unstructured{Object: old}
+	}
+	gvk := schema.GroupVersionKind{Group: r.Kind.Group, Version: r.Kind.Version, Kind: r.Kind.Kind}
+	gvr := schema.GroupVersionResource{Group: r.Resource.Group, Version: r.Resource.Version,
+		Resource: r.Resource.Resource}
+	attrs := admission.NewAttributesRecord(object, oldObject, gvk, r.Namespace, r.Name, gvr, "",
+		admission.Operation(r.Operation), nil, true, nil)
+	return &admission.VersionedAttributes{Attributes: attrs, VersionedKind: gvk, VersionedObject: admission.NewLazyObject(object),
+		VersionedOldObject: admission.NewLazyObject(oldObject)}
+}
+
+func namespaceObject(r request) *corev1.Namespace {
+	if r.Namespace == "" {
+		return nil
+	}
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.Namespace, Labels: namespaceLabels(r.Namespace)}}
+}
+
+var objectInterfaces = admission.NewObjectInterfacesFromScheme(runtime.NewScheme())
+
+func (s *policySet) admit(r request) result {
+	res := result{ID: r.ID, Allowed: true, Warnings: []string{}, Decisions: []decision{}, Errors: []string{},
+		Cost: map[string]int64{}}
+	ctx := context.Background()
+	gvr := schema.GroupVersionResource{Group: r.Resource.Group, Version: r.Resource.Version,
+		Resource: r.Resource.Resource}
+	obj := r.Object
+	ns := namespaceObject(r)
+	// Mutating policies first, in order, each through each of its bindings.
+	for _, m := range s.maps {
+		if !resourcesMatch(m.policy.Spec.MatchConstraints, r, obj) {
+			continue
+		}
+		for _, b := range s.mapBindings {
+			if b.Spec.PolicyName != m.policy.Name || !resourcesMatch(b.Spec.MatchResources, r, obj) {
+				continue
+			}
+			va := attributes(r, obj, r.OldObject)
+			if m.matcher != nil {
+				matched := m.matcher.Match(ctx, va, nil, nil)
+				if matched.Error != nil {
+					res.Errors = append(res.Errors, fmt.Sprintf("%s: matchConditions: %v", m.policy.Name, matched.Error))
+					continue
+				}
+				if !matched.Matches {
+					continue
+				}
+			}
+			// As the apiserver's dispatcher does: one composition context per policy evaluation.
+			evalCtx := m.compiler.CreateContext(ctx)
+			for _, p := range m.patchers {
+				patched, err := p.Patch(evalCtx, patch.Request{MatchedResource: gvr, VersionedAttributes: va,
+					ObjectInterfaces: objectInterfaces, Namespace: ns}, celconfig.RuntimeCELCostBudget)
+				if err != nil {
+					res.Errors = append(res.Errors, fmt.Sprintf("%s: %v", m.policy.Name, err))
+					if m.policy.Spec.FailurePolicy == nil || *m.policy.Spec.FailurePolicy == admissionregistrationv1.Fail {
+						res.Allowed = false
+						res.Message = fmt.Sprintf("policy '%s' with binding '%s' denied request: %v", m.policy.Name,
+							b.Name, err)
+						return res
+					}
+					continue
+				}
+				u, ok := patched.(*unstructured.Unstructured)
+				if !ok {
+					res.Errors = append(res.Errors, fmt.Sprintf("%s: patched object of type %T", m.policy.Name, patched))
+					continue
+				}
+				obj = u.Object
+				va = attributes(r, obj, r.OldObject)
+				res.Mutated = obj
+			}
+		}
+	}
+	// Then the validating policies on the (mutated) object.
+	for _, v := range s.vaps {
+		if !resourcesMatch(v.policy.Spec.MatchConstraints, r, obj) {
+			continue
+		}
+		names := []string{}
+		for _, b := range s.vapBindings {
+			if b.Spec.PolicyName == v.policy.Name {
+				names = append(names, b.Name)
+			}
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			b := s.vapBinding(name)
+			if !resourcesMatch(b.Spec.MatchResources, r, obj) {
+				continue
+			}
+			va := attributes(r, obj, r.OldObject)
+			got := v.validator.Validate(ctx, gvr, va, nil, ns, celconfig.RuntimeCELCostBudget, nil)
+			if len(got.Decisions) > 0 { // matchConditions let it through
+				res.Cost[v.policy.Name] += v.cost(ctx, gvr, va, ns)
+			}
+			for _, d := range got.Decisions {
+				dec := decision{Policy: v.policy.Name, Binding: b.Name, Evaluation: string(d.Evaluation),
+					Message: d.Message}
+				res.Decisions = append(res.Decisions, dec)
+				if d.Action == validating.ActionAdmit {
+					continue
+				}
+				for _, action := range b.Spec.ValidationActions {
+					switch action {
+					case admissionregistrationv1.Deny:
+						if res.Allowed {
+							res.Allowed = false
+							res.Message = fmt.Sprintf("ValidatingAdmissionPolicy '%s' with binding '%s' denied request: %s",
+								v.policy.Name, b.Name, d.Message)
+						}
+					case admissionregistrationv1.Warn:
+						res.Warnings = append(res.Warnings, fmt.Sprintf(
+							"Validation failed for ValidatingAdmissionPolicy '%s' with binding '%s': %s",
+							v.policy.Name, b.Name, d.Message))
+					}
+				}
+			}
+		}
+	}
+	return res
+}
+
+func (s *policySet) vapBinding(name string) *admissionregistrationv1.ValidatingAdmissionPolicyBinding {
+	for _, b := range s.vapBindings {
+		if b.Name == name {
+			return b
+		}
+	}
+	return nil
+}
+
+// cost: the CEL cost of the policy's validations and then its messages, each in a fresh activation as the
+// apiserver's validator evaluates them (the validator itself does not report it). Zero when matchConditions skip.
+func (v vap) cost(ctx context.Context, gvr schema.GroupVersionResource, va *admission.VersionedAttributes,
+	ns *corev1.Namespace) int64 {
+	request := plugincel.CreateAdmissionRequest(va.Attributes, metav1.GroupVersionResource(gvr),
+		metav1.GroupVersionKind(va.VersionedKind))
+	budget := int64(celconfig.RuntimeCELCostBudget)
+	_, left, err := v.validations.ForInput(ctx, va, request, plugincel.OptionalVariableBindings{}, ns, budget)
+	if err != nil {
+		return -1
+	}
+	_, rest, err := v.messages.ForInput(ctx, va, request, plugincel.OptionalVariableBindings{}, ns, left)
+	if err != nil {
+		return -1
+	}
+	return budget - rest
+}

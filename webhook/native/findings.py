@@ -1,0 +1,193 @@
+"""A rule's violations as data, and the CEL forms a policy needs of them.
+
+A :class:`Finding` says where a rule looks (nested loops over the object: templates, container lists,
+containers, resource names...), what must hold there for a violation, and how the webhook words it (path,
+stable path, value, message: ``webhook.core.field.Violation``). The generator renders each finding into:
+
+- :func:`exists`: whether the object has such a violation, stopping at the first. A validation's
+  ``expression`` is made of these, so an object that passes pays only for the cheap tests;
+- :func:`found`: its violations as the webhook prints them (``path: message``), joined by a separator;
+- :func:`keys`: what the old object's violations are about, for an UPDATE.
+
+On UPDATE a violation the old object had too (same rule, same stable path, same value, as
+``webhook.rules.admission.decide`` compares them) is left out: the policy's ``old_keys`` variable holds the
+old object's keys, computed only when a new violation is found on an UPDATE.
+
+The forms are written for the CEL every apiserver from 1.30 accepts: ``exists``, ``filter``, ``map``,
+``join``. Where a :class:`Dialect` has two-variable comprehensions (1.33+), the index of a list item in a
+message comes from ``transformList``; before, from ``indexOf``, which is exact except for two identical items
+of one list (both then report the first one's index; the verdict is the same).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from webhook.native.celtext import lit
+
+# Between violations inside a variable (the unit separator: no message or key of ours holds one; a value that holds
+# one loses it in the key). Messages show "; " instead, as webhook.rules.admission.describe joins violations.
+SEPARATOR = "\u001f"
+
+
+@dataclass(frozen=True)
+class Each:
+    """A loop: ``var`` over the CEL list or map ``over`` (a map's keys), items where ``where`` holds; ``index``
+    names the item's position, for paths and messages only."""
+
+    var: str
+    over: str
+    where: str = ""
+    index: str = ""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One shape of violation of one rule."""
+
+    rule: str
+    loops: tuple[Each, ...]
+    where: str  # at the innermost level: a violation when true
+    path: str  # CEL string expressions, as the webhook writes them
+    stable: str
+    value: str
+    message: str
+    let: tuple[tuple[str, str], ...] = ()  # (name, CEL) bound at the innermost level, before ``where``
+
+    def __post_init__(self) -> None:
+        # An index is known only on the way to a message: a condition that read one could not be rendered as exists.
+        indices = [e.index for e in self.loops if e.index]
+        conditions = " ".join([e.where for e in self.loops] + [self.where] + [v for _, v in self.let])
+        for name in indices:
+            if _mentions(conditions, name):
+                raise ValueError(f"{self.rule}: the index {name!r} is read by a condition")
+
+    @property
+    def key(self) -> str:
+        """What the violation is about (``Violation.subject``), as one CEL string."""
+        return f"{lit(self.rule + '|')} + {self.stable} + '|' + ({self.value}).replace({lit(SEPARATOR)}, '')"
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What the target's CEL offers the renderer beyond the 1.30 floor."""
+
+    two_variable: bool = False
+
+
+# Roots: the variable every finding starts from, and the same for the old object of an UPDATE.
+OLD_ROOTS = {"variables.templates": "variables.old_templates", "variables.requests": "variables.old_requests"}
+UPDATE = "variables.update"
+OLD_KEYS = "variables.old_keys"
+
+
+_LITERALS = re.compile(r"'(?:[^'\\]|\\.)*'" + r'|"(?:[^"\\]|\\.)*"')
+
+
+def _mentions(text: str, name: str) -> bool:
+    """``text`` reads the CEL identifier ``name`` (outside string literals, not as a field)."""
+    code = _LITERALS.sub("''", text)
+    return re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", code) is not None
+
+
+def _and(*parts: str) -> str:
+    kept = [p for p in parts if p and p != "true"]
+    if "false" in kept:
+        return "false"
+    return " && ".join(f"({p})" if " || " in p and not p.startswith("(") else p for p in kept) or "true"
+
+
+def _bind(lets: Sequence[tuple[str, str]], body: str, reads: str, boolean: bool) -> str:
+    """``body`` with the ``lets`` it (or ``reads``) mentions bound, innermost last."""
+    for name, value in reversed(lets):
+        if _mentions(body, name) or _mentions(reads, name):
+            body = f"[{value}].exists({name}, {body})" if boolean else f"[{value}].map({name}, {body})[0]"
+            reads = reads + " " + value
+    return body
+
+
+def _old(f: Finding) -> tuple[Each, ...]:
+    first = f.loops[0]
+    root = OLD_ROOTS.get(first.over)
+    if root is None:
+        raise ValueError(f"{f.rule}: a finding starts from one of {sorted(OLD_ROOTS)}, not {first.over}")
+    return (Each(first.var, root, first.where, first.index), *f.loops[1:])
+
+
+def _indexed(loops: Sequence[Each], body: str) -> str:
+    """``body`` with the indices it reads bound by ``indexOf`` (only the UPDATE comparison reads one in a condition,
+    for a list item that has no name)."""
+    for e in reversed(loops):
+        if e.index and _mentions(body, e.index):
+            body = f"[{e.over}.indexOf({e.var})].exists({e.index}, {body})"
+    return body
+
+
+def _exists(loops: Sequence[Each], leaf: str) -> str:
+    if not loops:
+        return leaf
+    first, rest = loops[0], loops[1:]
+    return f"{first.over}.exists({first.var}, {_and(first.where, _exists(rest, leaf))})"
+
+
+def excused(f: Finding) -> str:
+    """On UPDATE, the old object had this violation too (read inside the innermost loop of ``f``)."""
+    test = f"{OLD_KEYS}.contains({lit(SEPARATOR)} + {f.key} + {lit(SEPARATOR)})"
+    return f"({UPDATE} && {_indexed(f.loops, _bind(f.let, test, '', boolean=True))})"
+
+
+def _violates(f: Finding) -> str:
+    """The innermost condition: a violation, not excused (each binds only the names it reads, so a name the
+    condition guards is not computed before it)."""
+    return _and(_bind(f.let, f.where, "", boolean=True), f"!{excused(f)}")
+
+
+def exists(f: Finding) -> str:
+    """Whether the object has such a violation (not excused)."""
+    return _exists(f.loops, _violates(f))
+
+
+def _with_index(e: Each, dialect: Dialect, body: str, boolean_filter: str = "") -> str:
+    """``e.over`` mapped to ``body`` (reading ``e.var`` and ``e.index``), items passing ``boolean_filter``."""
+    if not e.index or not _mentions(body, e.index):
+        if boolean_filter:
+            return f"{e.over}.filter({e.var}, {boolean_filter}).map({e.var}, {body})"
+        return f"{e.over}.map({e.var}, {body})"
+    if dialect.two_variable:
+        if boolean_filter:
+            return f"{e.over}.transformList({e.index}, {e.var}, {boolean_filter}, {body})"
+        return f"{e.over}.transformList({e.index}, {e.var}, {body})"
+    indexed = f"[{e.over}.indexOf({e.var})].map({e.index}, {body})[0]"
+    if boolean_filter:
+        return f"{e.over}.filter({e.var}, {boolean_filter}).map({e.var}, {indexed})"
+    return f"{e.over}.map({e.var}, {indexed})"
+
+
+def joined(items: str) -> str:
+    """A CEL list of strings, the empty ones left out, joined by the separator."""
+    return f"{items}.filter(s, s != '').join({lit(SEPARATOR)})"
+
+
+def _collect(loops: Sequence[Each], condition: str, text: str, dialect: Dialect) -> str:
+    """``text`` of every innermost item where ``condition`` holds, joined by the separator."""
+    first, rest = loops[0], loops[1:]
+    if not rest:
+        return joined(_with_index(first, dialect, f"{condition} ? {text} : ''", first.where))
+    return joined(_with_index(first, dialect, _collect(rest, condition, text, dialect), first.where))
+
+
+def found(f: Finding, dialect: Dialect) -> str:
+    """The violations, ``path: message`` as the webhook prints them, joined by the separator (``''``: none)."""
+    text = _bind(f.let, f"{f.path} + ': ' + {f.message}", "", boolean=False)
+    return _collect(f.loops, _violates(f), text, dialect)
+
+
+def keys(f: Finding, dialect: Dialect) -> str:
+    """What the old object's violations are about (their keys), joined by the separator: ``variables.old_keys``."""
+    return _collect(_old(f), _bind(f.let, _and(f.where), "", boolean=True), _bind(f.let, f.key, "", boolean=False),
+                    dialect)
+
+
+__all__ = ["SEPARATOR", "Dialect", "Each", "Finding", "exists", "found", "joined", "keys"]
