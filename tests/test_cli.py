@@ -73,21 +73,24 @@ def test_check_prints_one_line_per_violation_and_exits_1(tmp_path):
     )
     result = gpu_webhook("check", path)
     assert result.returncode == 1
+    # FILE:LINE:COLUMN of each field: the nvidia.com/gpu keys of the second and third documents
     assert result.stdout.splitlines() == [
-        f'{path}: Pod default/bad: spec.containers[0].resources.requests[{GPU}]: container "a": {GPU} is requested '
-        "without a limit, set it in limits (requests default to limits)",
-        f'{path}: Pod default/bad: spec.containers[1].resources.limits[{GPU}]: container "b": "500m" is not a whole '
-        "number (GPUs cannot be shared)",
-        f"{path}: Deployment default/web: spec.template.spec.containers[0].resources.requests[{GPU}]: container "
+        f'{path}:26:9: Pod default/bad: spec.containers[0].resources.requests[{GPU}]: container "a": {GPU} is '
+        "requested without a limit, set it in limits (requests default to limits)",
+        f'{path}:31:9: Pod default/bad: spec.containers[1].resources.limits[{GPU}]: container "b": "500m" is not a '
+        "whole number (GPUs cannot be shared)",
+        f"{path}:49:13: Deployment default/web: spec.template.spec.containers[0].resources.requests[{GPU}]: container "
         f'"main": {GPU} requests (1) must equal limits (2)',
     ]
 
 
 def test_check_reads_json_and_stdin_and_custom_resources():
-    job = pytorch_job(seed_pod(), pod(container(limits={GPU: "1.5"})))
-    result = gpu_webhook("check", "-", stdin=json.dumps(job))
+    job = json.dumps(pytorch_job(seed_pod(), pod(container(limits={GPU: "1.5"}))))
+    result = gpu_webhook("check", "-", stdin=job)
     assert result.returncode == 1
-    assert result.stdout.startswith("<stdin>: PyTorchJob default/train: spec.pytorchReplicaSpecs.Worker.template.spec")
+    column = job.index(f'"{GPU}": "1.5"') + 1
+    assert result.stdout.startswith(
+        f"<stdin>:1:{column}: PyTorchJob default/train: spec.pytorchReplicaSpecs.Worker.template.spec")
 
 
 def test_check_expands_lists(tmp_path):
@@ -173,9 +176,16 @@ def cli(capsys, monkeypatch):
 GOOD = "apiVersion: v1\nkind: Pod\nmetadata: {name: good}\nspec: {containers: [{name: c, image: i}]}\n"
 BAD = ("apiVersion: v1\nkind: Pod\nmetadata: {name: bad}\n"
        "spec: {containers: [{name: c, image: i, resources: {requests: {nvidia.com/gpu: 1}}}]}\n")
+BAD_COLUMN = BAD.splitlines()[3].index("nvidia.com/gpu") + 1  # the field is on BAD's fourth line
 BAD_LINE = (": Pod default/bad: spec.containers[0].resources.requests[nvidia.com/gpu]: container \"c\": "
             "nvidia.com/gpu is requested without a limit, set it in limits (requests default to limits)")
 NOTHING = "0 objects checked, 0 denied, 0 warned"
+
+
+def bad_line(path: object, content: str) -> str:
+    """The line check prints for BAD where it is in ``content``."""
+    line = content[:content.index(BAD)].count("\n") + 4
+    return f"{path}:{line}:{BAD_COLUMN}{BAD_LINE}"
 
 
 def alias_bomb(levels: int, fan: int, leaf: str = "[lol]") -> str:
@@ -196,7 +206,6 @@ def nested_lists(depth: int) -> str:
 REFUSED = [  # (id, file content, what stderr says before the summary, each line's start; F is the file)
     ("empty file", "", ["F: no Kubernetes objects"]),
     ("comments and markers only", "# nothing here\n---\n---\n", ["F: no Kubernetes objects"]),
-    ("empty List", "apiVersion: v1\nkind: List\nitems: []\n", ["F: no Kubernetes objects"]),
     ("List item without kind", "kind: List\nitems: [{metadata: {name: x}}]\n",
      ["F: item 1 is not a Kubernetes object (no kind)"]),
     ("nested List item without kind", "kind: List\nitems: [{kind: List, items: [{kind: Pod}, 7]}]\n",
@@ -268,7 +277,7 @@ def test_a_broken_document_is_named_by_number_and_line_and_the_others_are_still_
     path.write_text(content)
     code, out, err = cli("check", str(path))
     assert code == 2
-    assert out.splitlines() == [f"{path}{BAD_LINE}"]
+    assert out.splitlines() == [bad_line(path, content)]
     assert err[0].startswith(f"{path}: {says}") and "unicode string" not in err[0], err
     assert err[1:] == [f"{checked} object{'s' if checked > 1 else ''} checked, 1 denied, 0 warned"]
 
@@ -288,8 +297,14 @@ def test_anchors_within_bounds_are_checked_as_if_written_out(cli, tmp_path):
     (tmp_path / "written.yaml").write_text(written_out)
     with_alias, without = cli("check", str(tmp_path / "shared.yaml")), cli("check", str(tmp_path / "written.yaml"))
     assert with_alias[0] == without[0] == 1
-    assert with_alias[1].replace("shared.yaml", "x") == without[1].replace("written.yaml", "x")
-    assert len(with_alias[1].splitlines()) == 2
+    # The same findings; through the alias, the field is where the anchor wrote it (line 6) for both containers.
+    column = {n: line.index(GPU) + 1 for n, line in enumerate(written_out.splitlines(), 1) if GPU in line}
+    anchored = shared.splitlines()[5].index(GPU) + 1
+    assert [line.split(":", 3)[1:3] for line in with_alias[1].splitlines()] == [["6", f"{anchored}"]] * 2
+    assert [line.split(":", 3)[1:3] for line in without[1].splitlines()] == [[f"{n}", f"{c}"]
+                                                                             for n, c in column.items()]
+    assert ([line.split(":", 3)[3] for line in with_alias[1].splitlines()]
+            == [line.split(":", 3)[3] for line in without[1].splitlines()])
 
 
 def test_a_document_may_use_aliases_up_to_twice_its_size(cli, tmp_path):
@@ -321,12 +336,16 @@ def test_check_always_prints_a_summary_of_objects_denied_and_warned(cli, tmp_pat
 
 def test_check_expands_nested_lists(cli, tmp_path):
     path = tmp_path / "m.yaml"
-    path.write_text(f"kind: List\nitems:\n- kind: List\n  items: [{json.dumps(yaml.safe_load(BAD))}]\n")
+    inner = json.dumps(yaml.safe_load(BAD))
+    path.write_text(f"kind: List\nitems:\n- kind: List\n  items: [{inner}]\n")
     code, out, err = cli("check", str(path))
-    assert (code, out.splitlines(), err) == (1, [f"{path}{BAD_LINE}"], ["1 object checked, 1 denied, 0 warned"])
+    column = len("  items: [") + inner.index('"nvidia.com/gpu"') + 1
+    assert (code, out.splitlines(), err) == (1, [f"{path}:4:{column}{BAD_LINE}"],
+                                             ["1 object checked, 1 denied, 0 warned"])
 
 
 BAD_RECORD = {
+    "line": 9, "column": BAD_COLUMN,  # after GOOD and "---": BAD's fourth line is the file's ninth
     "kind": "Pod", "name": "bad", "namespace": "default",
     "path": "spec.containers[0].resources.requests[nvidia.com/gpu]", "rule": "requests-without-limits",
     "action": "deny", "message": 'container "c": nvidia.com/gpu is requested without a limit, set it in limits '
@@ -348,7 +367,7 @@ def test_check_json_is_one_document_with_the_findings_the_problems_and_a_summary
     code, out, err = cli("check", "-o", "json", str(path))
     assert code == 2 and err[-1] == "2 objects checked, 1 denied, 0 warned"
     assert json.loads(out) == {
-        "findings": [{"file": str(path), **BAD_RECORD, "line": 6}],
+        "findings": [{"file": str(path), **BAD_RECORD}],
         "problems": [{"file": str(path), "problem": err[0].removeprefix(f"{path}: ")}],
         "summary": {"objects": 2, "denied": 1, "warned": 0, "denials": 1, "warnings": 0, "problems": 1,
                     "failOn": "deny", "exitCode": 2},
@@ -370,7 +389,9 @@ def test_check_reads_the_manifests_of_a_directory_like_kubectl(cli, tmp_path, ex
         (tmp_path / name).write_text(json.dumps(yaml.safe_load(BAD)) if name.endswith(".json") else BAD)
     code, out, err = cli("check", *extra, str(tmp_path))
     assert code == 1
-    assert out.splitlines() == [f"{tmp_path / name}{BAD_LINE}" for name in files]
+    in_json = json.dumps(yaml.safe_load(BAD)).index('"nvidia.com/gpu"') + 1
+    assert out.splitlines() == [f"{tmp_path / name}:1:{in_json}{BAD_LINE}" if name.endswith(".json")
+                                else bad_line(tmp_path / name, BAD) for name in files]
     assert err == [f"{len(files)} objects checked, {len(files)} denied, 0 warned"]
 
 
@@ -403,7 +424,7 @@ NODE_FILES = [  # (id, nodes file content, the error after "gpu-webhook: --clust
     ("no Node objects", GOOD,
      "no Node objects (save them with kubectl get nodes,resourceslices,deviceclasses,resourceclaims,"
      "resourceclaimtemplates,runtimeclasses -A -o yaml)"),
-    ("empty List", "kind: List\nitems: []\n", "no Kubernetes objects"),
+    ("empty List", "kind: List\nitems: []\n", "no Node objects"),
     ("broken", "kind: [\n", "document 1: not valid YAML: "),
 ]
 
@@ -572,8 +593,8 @@ def test_check_reads_runtime_classes_beside_the_nodes(tmp_path):
                          write_manifests(tmp_path / "pods.yaml", conflicting, unknown))
     assert result.returncode == 1
     lines = result.stdout.splitlines()
-    assert any(line.startswith(f"{tmp_path}/pods.yaml: Pod default/conflict: spec.runtimeClassName: runtimeClassName "
-                               "nvidia-h100, whose scheduling.nodeSelector contradicts the pod's: "
+    assert any(line.startswith(f"{tmp_path}/pods.yaml:12:3: Pod default/conflict: spec.runtimeClassName: "
+                               "runtimeClassName nvidia-h100, whose scheduling.nodeSelector contradicts the pod's: "
                                "accelerator=nvidia-h100 (pod: nvidia-l4)") for line in lines), lines
     assert any("Pod default/unknown: spec.runtimeClassName: runtimeClassName nvidia, but no such RuntimeClass "
                "exists" in line and "(RuntimeClasses: nvidia-h100)" in line for line in lines), lines
@@ -584,8 +605,8 @@ def test_check_says_which_cpu_container_would_see_every_gpu(tmp_path):
     result = gpu_webhook("check", write_manifests(tmp_path / "leaky.yaml", leaky))
     assert result.returncode == 1
     assert result.stdout == (
-        f"{tmp_path}/leaky.yaml: Pod default/leaky: spec.containers[0].env[0].value: container \"notebook\" uses no "
-        'GPU but sets NVIDIA_VISIBLE_DEVICES="all": the NVIDIA runtime would show it every GPU of its node, outside '
+        f"{tmp_path}/leaky.yaml:9:7: Pod default/leaky: spec.containers[0].env[0].value: container \"notebook\" uses "
+        'no GPU but sets NVIDIA_VISIBLE_DEVICES="all": the NVIDIA runtime would show it every GPU of its node, outside '
         "the scheduler's accounting; remove it or set it to void\n"
     )
 
@@ -615,11 +636,11 @@ def test_check_reads_resource_slices_and_device_classes_and_the_claims_beside_th
     result = gpu_webhook("check", "--policy", str(policy), "--cluster-state", state, manifests)
     assert result.returncode == 1, result.stderr
     assert result.stdout.splitlines() == [
-        f"{manifests}: ResourceClaimTemplate default/six: spec.spec.devices.requests[0].exactly.count: 6 devices of "
-        "class gpu.example.com on one node, but the most any node has is 4 (1 node with such devices; counted its "
-        "selectors (cel-python))",
-        f"{manifests}: Pod default/wants-six: spec.resourceClaims[0]: 6 devices of class gpu.example.com on one node, "
-        "but the most any node has is 4 (1 node with such devices; counted its selectors (cel-python))",
+        f"{manifests}:22:11: ResourceClaimTemplate default/six: spec.spec.devices.requests[0].exactly.count: 6 "
+        "devices of class gpu.example.com on one node, but the most any node has is 4 (1 node with such devices; "
+        "counted its selectors (cel-python))",
+        f"{manifests}:38:5: Pod default/wants-six: spec.resourceClaims[0]: 6 devices of class gpu.example.com on one "
+        "node, but the most any node has is 4 (1 node with such devices; counted its selectors (cel-python))",
     ]
     # Without the state the DRA GPUs are unknown, so fits is not judged by capacity either way; the pod-only
     # rules still run against the template found beside it.

@@ -86,7 +86,7 @@ def test_junit_is_valid_against_the_jenkins_schema_and_has_a_suite_per_file(cli,
     [failure] = apps[1].findall("failure")
     assert failure.get("type") == "requests-without-limits"
     assert failure.get("message").startswith("spec.containers[0].resources.requests[nvidia.com/gpu]: container \"c\"")
-    assert "manifests/apps.yaml, line 11" in failure.text
+    assert "manifests/apps.yaml, line 22, column 9" in failure.text  # its requests' nvidia.com/gpu key
     assert apps[1].find("system-out").text.startswith(
         "warning (init-container-gpus) at spec.initContainers[0].resources: an init container asks for GPUs")
     [error] = broken[0].findall("error")
@@ -141,7 +141,7 @@ def test_sarif_is_valid_against_the_oasis_schema(cli, tree, sarif_validator):  #
     assert rules[denial["ruleIndex"]]["id"] == denial["ruleId"]
     [location] = denial["locations"]
     assert location["physicalLocation"] == {"artifactLocation": {"uri": "manifests/apps.yaml"},
-                                            "region": {"startLine": 11}}
+                                            "region": {"startLine": 22, "startColumn": 9}}
     assert location["logicalLocations"][0]["name"] == "spec.containers[0].resources.requests[nvidia.com/gpu]"
     assert denial["message"]["text"].startswith(
         "Pod team-a/both: spec.containers[0].resources.requests[nvidia.com/gpu]: container \"c\"")
