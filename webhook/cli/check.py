@@ -1083,8 +1083,8 @@ class _Run:
     def skipped_note(self) -> str:
         parts = []
         if self.skipped:
-            parts.append(f"{self.skipped} document{'s' if self.skipped != 1 else ''} that "
-                         f"{'are' if self.skipped != 1 else 'is'} not a Kubernetes object")
+            parts.append(f"{self.skipped} documents that are not Kubernetes objects" if self.skipped != 1
+                         else "1 document that is not a Kubernetes object")
         if self.templates:
             parts.append(f"{self.templates} Helm chart template{'s' if self.templates != 1 else ''} (check what "
                          "helm template renders)")
