@@ -244,6 +244,37 @@ def test_check_refuses_input_with_one_line_each_and_exit_2(cli, tmp_path, conten
         assert line.startswith(start.replace("F: ", f"{path}: ", 1)), line
 
 
+# kubectl's answer when nothing matches: kubectl get pods,deployments -A -o json in a namespace without them.
+EMPTY_LIST = '{"apiVersion":"v1","items":[],"kind":"List","metadata":{"resourceVersion":""}}\n'
+EMPTY_ANSWERS = {  # the output format -> what it writes for no objects
+    "text": lambda out: out == "",
+    "jsonl": lambda out: out == "",
+    "json": lambda out: json.loads(out) == {"findings": [], "problems": [], "summary": {
+        "objects": 0, "denied": 0, "warned": 0, "denials": 0, "warnings": 0, "problems": 0, "failOn": "deny",
+        "exitCode": 0}},
+    "junit": lambda out: 'tests="0" failures="0" errors="0"' in out and "<testcase" not in out,
+    "sarif": lambda out: json.loads(out)["runs"][0]["results"] == []
+    and json.loads(out)["runs"][0]["invocations"][0]["executionSuccessful"] is True,
+}
+
+
+@pytest.mark.parametrize("output", list(EMPTY_ANSWERS))
+def test_an_empty_kubectl_list_is_0_objects_checked_in_every_format(cli, output):
+    code, out, err = cli("check", "-o", output, "-", stdin=EMPTY_LIST)
+    assert (code, err) == (0, [NOTHING]) and EMPTY_ANSWERS[output](out), out
+
+
+@pytest.mark.parametrize("content", [EMPTY_LIST, "apiVersion: v1\nkind: List\nitems: []\n",
+                                     "apiVersion: v1\nitems: []\nkind: PodList\nmetadata: {resourceVersion: ''}\n"],
+                         ids=["kubectl -o json", "YAML", "kubectl -o yaml of a typed List"])
+def test_an_empty_list_file_passes_and_an_empty_file_does_not(cli, tmp_path, content):
+    path = tmp_path / "m.yaml"
+    path.write_text(content)
+    assert cli("check", str(path)) == (0, "", [NOTHING])
+    path.write_text("")
+    assert cli("check", str(path)) == (2, "", [f"{path}: no Kubernetes objects", NOTHING])
+
+
 def test_check_refuses_empty_stdin(cli):
     assert cli("check", "-", stdin="") == (2, "", ["<stdin>: no Kubernetes objects", NOTHING])
 

@@ -576,12 +576,9 @@ class JsonLocator:
         try:
             for step in path:
                 at = _skip_space(text, at)
-                if text[at] == "{":
-                    found = _json_member(text, at + 1, step)
-                    if found < 0:
-                        found = at
-                        break
-                    at = _skip_space(text, _DECODER.raw_decode(text, found)[1]) + 1  # past the colon
+                if text[at] == "{" and (key := _json_member(text, at + 1, step)) >= 0:
+                    found = key
+                    at = _skip_space(text, _DECODER.raw_decode(text, key)[1]) + 1  # past the colon
                 elif text[at] == "[" and step.isdigit() and (element := _json_element(text, at + 1, int(step))) >= 0:
                     found = at = element
                 else:
