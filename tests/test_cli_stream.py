@@ -12,7 +12,8 @@ import yaml
 
 from tests.manifests import container, pod
 from tests.test_cli import cli  # noqa: F401  (the fixture: gpu-webhook in this process)
-from webhook.cli.check import JsonInput, JsonLocator, YamlLocator, steps, yaml_documents
+from webhook.cli import check
+from webhook.cli.check import JsonInput, JsonLocator, YamlLocator, steps, yaml_parts
 
 GPU = "nvidia.com/gpu"
 
@@ -144,9 +145,9 @@ def test_a_json_list_yields_its_first_item_before_the_rest_is_read():
 def test_yaml_documents_are_read_one_at_a_time():
     data = yaml.safe_dump_all(pods(5000)).encode()
     stream = Counted(data)
-    documents = yaml_documents(stream)
-    document, more = next(documents)
-    assert document.value["metadata"]["name"] == "pod-0" and more
+    parts = yaml_parts(stream)
+    first = next(parts)
+    assert first.kind == "document" and first.value["metadata"]["name"] == "pod-0" and first.more
     assert stream.served < 64 * 1024 < len(data) // 10
 
 
@@ -167,6 +168,7 @@ def test_reading_holds_one_item_not_the_file():
     List whole (the control) takes several times the input."""
     items = pods(3000)
     listing, documents = kubectl_list(items), yaml.safe_dump_all(items).encode()
+    yaml_listing = kubectl_yaml_list(items).encode()
     assert len(listing) > 2_000_000 and len(documents) > 700_000
 
     def whole() -> None:
@@ -177,11 +179,15 @@ def test_reading_holds_one_item_not_the_file():
         assert count == len(items)
 
     def by_document() -> None:
-        assert sum(1 for _ in yaml_documents(io.BytesIO(documents))) == len(items)
+        assert sum(1 for _ in yaml_parts(io.BytesIO(documents))) == len(items)
+
+    def by_yaml_item() -> None:
+        assert sum(p.kind == "item" for p in yaml_parts(io.BytesIO(yaml_listing))) == len(items)
 
     assert _peak(whole) > len(listing)
     assert _peak(by_item) < min(8 * CHUNK, len(listing) // 4)  # a few chunks: the text held, what is read on
     assert _peak(by_document) < len(documents) // 4
+    assert _peak(by_yaml_item) < len(yaml_listing) // 4
 
 
 # ------------------------------------------------------------------------------------------ broken input
@@ -215,3 +221,62 @@ def test_a_list_item_without_kind_in_the_first_of_several_documents_is_named_by_
     code, _, err = cli("check", str(path))
     assert code == 2 and err[0] == f"{path}: document 1: item 1 is not a Kubernetes object (no kind)"
 
+
+
+# ------------------------------------------------------------------------------------------ YAML Lists
+
+def kubectl_yaml_list(items: list[dict]) -> str:
+    """As kubectl get -o yaml writes a List: apiVersion, items, kind, metadata."""
+    return yaml.safe_dump({"apiVersion": "v1", "items": items, "kind": "List", "metadata": {"resourceVersion": ""}})
+
+
+def test_a_yaml_list_is_read_item_by_item_and_each_field_is_where_it_is(cli, tmp_path):  # noqa: F811
+    items = [pod(container("a", limits={GPU: 1}), name="ok"), pod(container("a", requests={GPU: 1}), name="bad"),
+             {"apiVersion": "v1", "kind": "List", "items": [pod(container("a", limits={GPU: "0.5"}), name="inner")]}]
+    text = kubectl_yaml_list(items)
+    assert [p.kind for p in yaml_parts(io.BytesIO(text.encode()))] == ["item", "item", "item", "list"]
+    big = kubectl_yaml_list(pods(3000)).encode()
+    stream = Counted(big)
+    parts = yaml_parts(stream)
+    first = next(parts)
+    assert first.kind == "item" and first.value["metadata"]["name"] == "pod-0"
+    assert stream.served < 64 * 1024 < len(big) // 10
+    path = tmp_path / "list.yaml"
+    path.write_text(text)
+    code, out, _ = cli("check", "-o", "jsonl", str(path))
+    lines = text.splitlines()
+    requests = next(n for n, line in enumerate(lines, 1) if "requests:" in line) + 1
+    half = next(n for n, line in enumerate(lines, 1) if "0.5" in line)
+    assert code == 1 and [(r["name"], r["line"], r["column"]) for r in map(json.loads, out.splitlines())] == [
+        ("bad", requests, lines[requests - 1].index(GPU) + 1), ("inner", half, lines[half - 1].index(GPU) + 1)]
+
+
+@pytest.mark.parametrize(("text", "kinds", "says"), [
+    ("apiVersion: v1\nitems:\n- {kind: Pod, metadata: {name: a}}\n- {kind: Pod, metadata: {name: [b}\nkind: List\n",
+     ["item", "problem"], "not valid YAML: "),
+    ("apiVersion: v1\nitems:\n- {kind: Pod, metadata: {name: a}}\n- {kind: Pod, x: *nowhere}\nkind: List\n",
+     ["item", "problem"], "not valid YAML: found undefined alias"),
+    ("apiVersion: v1\nitems:\n- &a {kind: Pod, metadata: {name: a}}\n- {kind: Pod, metadata: {name: b}, x: *a}\n"
+     "kind: List\n", ["item", "item", "list"], ""),
+    ("apiVersion: v1\nitems:\n- {kind: Pod, metadata: {creationTimestamp: 2024-13-45}}\n- {kind: Pod}\nkind: List\n",
+     ["broken-item", "item", "list"], "month must be in 1..12"),
+], ids=["syntax error", "undefined alias", "an alias to an earlier item", "a value refused"])
+def test_a_broken_yaml_list_keeps_the_items_before_the_break(text, kinds, says):
+    parts = list(yaml_parts(io.BytesIO(text.encode())))
+    assert [p.kind for p in parts] == kinds
+    assert says in str(parts[-1].value if parts[-1].kind == "problem" else parts[0].value)
+
+
+def test_a_list_and_the_documents_after_it(cli, tmp_path):  # noqa: F811
+    path = tmp_path / "m.yaml"
+    path.write_text("apiVersion: v1\nitems:\n- {metadata: {name: x}}\nkind: List\n---\n"
+                    "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: []}\n")
+    code, _, err = cli("check", str(path))
+    assert code == 2 and err == [f"{path}: document 1: item 1 is not a Kubernetes object (no kind)",
+                                 "1 object checked, 0 denied, 0 warned"]
+
+
+def test_load_reads_a_yaml_list_whole():
+    text = kubectl_yaml_list(pods(3))
+    [document] = check.load(text)
+    assert document.value == yaml.safe_load(text)

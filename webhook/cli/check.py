@@ -35,6 +35,7 @@ from typing import IO, Any, Protocol, TextIO
 
 import orjson
 import yaml
+from yaml.composer import Composer
 
 from webhook.cli import formats
 from webhook.cli.formats import Checked, Finding, Tally
@@ -158,14 +159,27 @@ def alias_problem(root: yaml.Node) -> str | None:
 
 @dataclass(frozen=True)
 class Document:
-    """One document of a file: its value, or why it could not be loaded, or that it was skipped."""
+    """One document of a file: its value, or why it could not be loaded."""
 
     number: int  # 1-based, counting every document of the file
     value: object = None
     problem: str = ""
     line: int = 1  # the file's line where the document starts, 1-based
     locator: Locator | None = None  # where its fields are
-    skipped: bool = False  # not a Kubernetes object, and --skip-non-kubernetes
+
+
+@dataclass
+class Part:
+    """What a reader found, in the order of the input: a whole document (``document``), an item of a List read
+    item by item (``item``, or ``broken-item`` with why it cannot be read), the rest of that List once its items
+    are done (``list``), a document that cannot be read (``problem``), or one skipped (``skipped``)."""
+
+    kind: str
+    number: int  # the document's
+    value: object = None
+    locator: Locator | None = None
+    index: int = 0  # an item's number in its List, from 1
+    more: bool = False  # another document follows (for documents and Lists)
 
 
 # An anchor (&a) or alias (*a) is a token, so it follows a line start, a space or an indicator.
@@ -199,51 +213,21 @@ def _node_keys(node: yaml.Node) -> list[str] | None:
     return [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
 
 
-def _stream(text: str, first_line: int, before: int, skip: bool = False) -> tuple[list[Document], bool]:
-    """The documents of one YAML stream, numbered after ``before``, and whether a syntax error cut it short.
-    With ``skip``, documents that are not meant as Kubernetes objects are skipped before they are built (a CI
-    file's ``!reference`` tags need no constructor)."""
-    loader = _SafeLoader(text)
-    aliases = may_alias(text)
-    out: list[Document] = []
-    try:
-        while True:
-            number = before + len(out) + 1
-            try:
-                node = loader.get_node() if loader.check_node() else None
-            except yaml.YAMLError as exc:
-                out.append(Document(number, problem=f"not valid YAML: {yaml_problem(exc, first_line)}"))
-                return out, True
-            except RecursionError:
-                out.append(Document(number, problem="not valid YAML: nested too deeply"))
-                return out, True
-            if node is None:
-                return out, False
-            if skip and not (isinstance(node, yaml.ScalarNode) and node.value == ""):
-                keys = _node_keys(node)
-                if keys is None or not looks_like_object(keys):
-                    out.append(Document(number, skipped=True, line=node.start_mark.line + first_line + 1))
-                    continue
-            out.append(_build(loader, node, number, aliases, first_line))
-    finally:
-        loader.dispose()
-
-
-def _build(loader: Any, node: yaml.Node, number: int, aliases: bool, first_line: int) -> Document:
-    """The document's value, unless its aliases expand too far or the constructor refuses a value."""
+def _build(loader: Any, node: yaml.Node, aliases: bool, first_line: int) -> tuple[object, str]:
+    """(value, "") of a composed node, or (None, why not): its aliases expand too far, or the constructor
+    refuses a value."""
     problem = alias_problem(node) if aliases else None
-    line = node.start_mark.line + first_line + 1
     if problem is not None:
-        return Document(number, problem=problem, line=line)
+        return None, problem
     try:
-        return Document(number, loader.construct_document(node), line=line, locator=YamlLocator(node, first_line))
+        return loader.construct_document(node), ""
     except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError) as exc:
         # A value the constructor refuses (a timestamp 2024-13-45, an int too long to convert):
         # reset the constructor so the next document starts clean.
         loader.constructed_objects, loader.recursive_objects, loader.state_generators = {}, {}, []
         loader.deep_construct = False
         reason = yaml_problem(exc, first_line) if isinstance(exc, yaml.YAMLError) else str(exc) or type(exc).__name__
-        return Document(number, problem=f"not valid YAML: {' '.join(reason.split())}", line=line)
+        return None, f"not valid YAML: {' '.join(reason.split())}"
 
 
 def _is_marker(line: bytes) -> bool:
@@ -253,28 +237,89 @@ def _is_marker(line: bytes) -> bool:
 
 # A line before a document's content: blank, a comment or a directive (%YAML, %TAG).
 _PREAMBLE = re.compile(rb"[ \t]*(?:#[^\n]*)?\r?\n?|%[^\n]*\n?")
+# A List's items as a block sequence under a top-level key, as kubectl get -o yaml writes them.
+_BLOCK_ITEMS = re.compile(rb"items:[ \t]*(?:#[^\n]*)?\r?\n?")
+_LOOKAHEAD = 64  # lines of a piece looked at for a List
 
 
-def yaml_pieces(stream: Iterable[bytes]) -> Iterator[tuple[int, int, bytes, bool]]:
-    """(first line, byte offset, bytes, more follow) of each part of a YAML stream that starts at a document
-    marker ``---``. A syntax error ends a YAML stream, so each piece is parsed on its own: a broken document
-    does not hide the ones after it, and only one piece is held at a time. Directives and comments before a
-    marker stay with the document they precede."""
-    lines: list[bytes] = []
-    first = offset = size = count = 0
-    content = False
-    for line in stream:
-        if content and _is_marker(line):
-            yield first, offset, b"".join(lines), True
-            first, offset, lines, content = count, offset + size, [], False
-            size = 0
-        lines.append(line)
-        size += len(line)
-        count += 1
-        if not content and (_is_marker(line) or not _PREAMBLE.fullmatch(line)):
-            content = True
-    if lines:
-        yield first, offset, b"".join(lines), False
+class _Lines:
+    """The lines of a binary stream with one looked ahead, counted in lines and bytes."""
+
+    def __init__(self, stream: Iterable[bytes]):
+        self._lines = iter(stream)
+        self.next: bytes | None = next(self._lines, None)
+        self.number = 0  # lines taken
+        self.offset = 0  # bytes taken
+
+    def take(self) -> bytes:
+        line = self.next
+        assert line is not None
+        self.next = next(self._lines, None)
+        self.number += 1
+        self.offset += len(line)
+        return line
+
+
+class YamlPiece:
+    """One part of a YAML stream, from a document marker ``---`` to the next, given to the parser as it asks for
+    it. A syntax error ends a YAML stream, so each piece is parsed on its own: a broken document does not hide
+    the ones after it. Directives and comments before a marker stay with the document they precede. The piece
+    notes whether it holds an anchor and an alias (only then are aliases counted), and whether it starts as a
+    List whose items are a block sequence (read item by item)."""
+
+    def __init__(self, lines: _Lines, errors: str = "strict"):
+        self._lines, self._errors = lines, errors
+        self.first_line, self.offset = lines.number, lines.offset
+        self._content = False
+        self._ahead: list[bytes] = []
+        self.anchors = self.aliases = False
+
+    def _line(self) -> bytes | None:
+        return self._ahead.pop(0) if self._ahead else self._take()
+
+    def _take(self) -> bytes | None:
+        line = self._lines.next
+        if line is None or (self._content and _is_marker(line)):
+            return None
+        self._lines.take()
+        if not self._content and (_is_marker(line) or not _PREAMBLE.fullmatch(line)):
+            self._content = True
+        return line
+
+    def listed(self) -> bool:
+        """Whether a top-level ``items:`` opens a block in the piece's first lines."""
+        while len(self._ahead) < _LOOKAHEAD and (line := self._take()) is not None:
+            self._ahead.append(line)
+        return any(_BLOCK_ITEMS.fullmatch(line) for line in self._ahead)
+
+    def read(self, size: int = -1) -> str:
+        start = self._lines.offset - sum(map(len, self._ahead))
+        lines: list[bytes] = []
+        count = 0
+        while size < 0 or count < size:
+            line = self._line()
+            if line is None:
+                break
+            lines.append(line)
+            count += len(line)
+        text = _decode(b"".join(lines), start, self._errors)
+        if not self.aliases and "*" in text:
+            self.aliases = _has_token(text, _ALIAS)
+        if not self.anchors and "&" in text:
+            self.anchors = _has_token(text, _ANCHOR)
+        return text
+
+    @property
+    def may_alias(self) -> bool:
+        return self.aliases and self.anchors
+
+    def drain(self) -> None:
+        while self.read(1 << 16):
+            pass
+
+    def more(self) -> bool:
+        """Whether another piece follows (once this one is read)."""
+        return self._lines.next is not None
 
 
 def _decode(data: bytes, offset: int, errors: str = "strict") -> str:
@@ -287,22 +332,137 @@ def _decode(data: bytes, offset: int, errors: str = "strict") -> str:
         ) from None
 
 
-def yaml_documents(stream: Iterable[bytes], skip: bool = False, errors: str = "strict") -> Iterator[
-        tuple[Document, bool]]:
-    """Every document of a YAML stream and whether more follow it; one broken document does not hide the
-    others. Raises :class:`UnreadableInput` at bytes that are not UTF-8."""
+def _event_loader(loader: type) -> type:
+    """``loader`` with PyYAML's composer in Python, which composes a node at a time (libyaml composes only whole
+    documents)."""
+    if hasattr(loader, "compose_node"):
+        return loader
+    return type(f"Event{loader.__name__}", (loader, Composer), {})
+
+
+def _piece_parts(piece: YamlPiece, before: int, skip: bool, lists: bool) -> Iterator[Part]:
+    """The documents of one piece, numbered after ``before``; a List's items one at a time when ``lists`` and the
+    piece starts as a List. With ``skip``, documents that are not meant as Kubernetes objects are skipped before
+    they are built (a CI file's ``!reference`` tags need no constructor)."""
+    events = lists and piece.listed()
+    loader = (_event_loader(_SafeLoader) if events else _SafeLoader)(piece)
+    number = before
+    try:
+        while True:
+            number += 1
+            try:
+                if events:
+                    yield from _event_document(loader, piece, number, skip)
+                    if loader.check_event(yaml.StreamEndEvent):
+                        return
+                    continue
+                node = loader.get_node() if loader.check_node() else None
+                if node is None:
+                    return
+                more = _more(loader) or piece.more()
+            except yaml.YAMLError as exc:
+                yield Part("problem", number, f"not valid YAML: {yaml_problem(exc, piece.first_line)}")
+                return
+            except RecursionError:
+                yield Part("problem", number, "not valid YAML: nested too deeply")
+                return
+            yield _whole(loader, node, number, piece, skip, more)
+    finally:
+        loader.dispose()
+        piece.drain()
+
+
+def _more(loader: Any) -> bool:
+    """Whether the piece holds another document (a broken one is one: it is reported with its number)."""
+    try:
+        return bool(loader.check_node())
+    except (yaml.YAMLError, RecursionError):
+        return True
+
+
+def _whole(loader: Any, node: yaml.Node, number: int, piece: YamlPiece, skip: bool, more: bool) -> Part:
+    if skip and not (isinstance(node, yaml.ScalarNode) and node.value == ""):
+        keys = _node_keys(node)
+        if keys is None or not looks_like_object(keys):
+            return Part("skipped", number)
+    value, problem = _build(loader, node, piece.may_alias, piece.first_line)
+    if problem:
+        return Part("problem", number, problem)
+    return Part("document", number, value, YamlLocator(node, piece.first_line), more=more)
+
+
+def _event_document(loader: Any, piece: YamlPiece, number: int, skip: bool) -> Iterator[Part]:
+    """One document from the parser's events: a List's items composed and yielded one at a time (as kubectl
+    writes a List: apiVersion, then items), the rest as a whole document."""
+    loader.anchors = {}
+    if loader.check_event(yaml.StreamStartEvent):
+        loader.get_event()
+    loader.get_event()  # the document's start
+    if not loader.check_event(yaml.MappingStartEvent):
+        node = loader.compose_node(None, None)
+        loader.get_event()
+        yield _whole(loader, node, number, piece, skip, not loader.check_event(yaml.StreamEndEvent) or piece.more())
+        return
+    start = loader.get_event()
+    pairs: list[tuple[yaml.Node, yaml.Node]] = []
+    listed = False
+    while not loader.check_event(yaml.MappingEndEvent):
+        key = loader.compose_node(None, None)
+        keys = [k.value for k, _ in pairs if isinstance(k, yaml.ScalarNode)]
+        if (isinstance(key, yaml.ScalarNode) and key.value == "items" and loader.check_event(yaml.SequenceStartEvent)
+                and ("kind" in keys or "apiVersion" in keys)):
+            listed = True
+            loader.get_event()
+            index = 0
+            while not loader.check_event(yaml.SequenceEndEvent):
+                index += 1
+                item = loader.compose_node(None, None)
+                value, problem = _build(loader, item, piece.may_alias, piece.first_line)
+                if problem:
+                    yield Part("broken-item", number, problem, index=index)
+                else:
+                    yield Part("item", number, value, YamlLocator(item, piece.first_line), index)
+            loader.get_event()
+        else:
+            pairs.append((key, loader.compose_node(None, None)))
+    end = loader.get_event()
+    loader.get_event()  # the document's end
+    head = yaml.MappingNode(loader.resolve(yaml.MappingNode, None, True), pairs, start.start_mark, end.end_mark,
+                            flow_style=start.flow_style)
+    more = not loader.check_event(yaml.StreamEndEvent) or piece.more()
+    if not listed:
+        yield _whole(loader, head, number, piece, skip, more)
+        return
+    value, problem = _build(loader, head, piece.may_alias, piece.first_line)
+    yield Part("problem", number, problem) if problem else Part("list", number, value, more=more)
+
+
+def yaml_parts(stream: Iterable[bytes], skip: bool = False, lists: bool = True, errors: str = "strict") -> Iterator[
+        Part]:
+    """The documents of a YAML stream, a piece at a time (a List's items one at a time when ``lists``); one broken
+    document does not hide the others. Raises :class:`UnreadableInput` at bytes that are not UTF-8."""
+    lines = _Lines(stream)
     number = 0
-    for first_line, offset, data, more in yaml_pieces(stream):
-        documents = _stream(_decode(data, offset, errors), first_line, number, skip)[0]
-        number += len(documents)
-        for i, document in enumerate(documents, 1):
-            yield document, more or i < len(documents)
+    while lines.next is not None:
+        for part in _piece_parts(YamlPiece(lines, errors), number, skip, lists):
+            number = part.number
+            yield part
+
+
+def yaml_documents(stream: Iterable[bytes], errors: str = "strict") -> Iterator[Document]:
+    """Every document of a YAML stream, whole, as it is read."""
+    for part in yaml_parts(stream, lists=False, errors=errors):
+        if part.kind == "document":
+            locator = part.locator
+            line = locator.root.start_mark.line + locator.first_line + 1 if isinstance(locator, YamlLocator) else 1
+            yield Document(part.number, part.value, line=line, locator=locator)
+        else:
+            yield Document(part.number, problem=str(part.value))
 
 
 def load(text: str) -> list[Document]:
     """Every document in a YAML stream; one broken document does not hide the others."""
-    data = text.encode("utf-8", "surrogatepass")
-    return [document for document, _ in yaml_documents(io.BytesIO(data), errors="surrogatepass")]
+    return list(yaml_documents(io.BytesIO(text.encode("utf-8", "surrogatepass")), errors="surrogatepass"))
 
 
 # ---------------------------------------------------------------------------------------------- JSON
@@ -354,19 +514,6 @@ class BrokenJson(ValueError):
     def __init__(self, reason: str, at: int):
         super().__init__(reason)
         self.reason, self.at = reason, at
-
-
-@dataclass
-class JsonPart:
-    """What :meth:`JsonInput.parts` found: a whole value (``document``), an item of a List read item by item
-    (``item``), the rest of that List once its items are done (``list``)."""
-
-    kind: str
-    number: int
-    value: object = None
-    locator: Locator | None = None
-    index: int = 0  # an item's number in its List, from 1
-    more: bool = False  # another document follows
 
 
 class JsonInput:
@@ -486,7 +633,7 @@ class JsonInput:
             raise BrokenJson(f"expected {' or '.join(repr(w) for w in wanted)}", self.pos)
         self.pos += 1
 
-    def _members(self, number: int) -> Generator[JsonPart, None, tuple[dict[str, object], bool]]:
+    def _members(self, number: int) -> Generator[Part, None, tuple[dict[str, object], bool]]:
         """Walk an object's members at ``pos``; its items, when it is a List, one at a time. Returns the other
         members and whether the items were read one by one (as the generator's return value)."""
         self.pos += 1  # {
@@ -517,7 +664,7 @@ class JsonInput:
             if found == "}":
                 raise BrokenJson("trailing comma is not allowed", comma)
 
-    def _items(self, number: int) -> Iterator[JsonPart]:
+    def _items(self, number: int) -> Iterator[Part]:
         self.pos += 1  # [
         found = self._space()
         index = 0
@@ -526,7 +673,7 @@ class JsonInput:
             self._set_mark(self.pos)
             start = self.absolute(self.pos)
             value = self._value()
-            yield JsonPart("item", number, value, JsonLocator(self, start), index)
+            yield Part("item", number, value, JsonLocator(self, start), index)
             found = self._space()
             comma = self.pos
             self._expect(found, ",]")
@@ -538,7 +685,7 @@ class JsonInput:
                 return
         self.pos += 1
 
-    def parts(self) -> Iterator[JsonPart]:
+    def parts(self) -> Iterator[Part]:
         """The documents of the input, a List's items one at a time; a broken value ends the input (as a syntax
         error ends a YAML stream), reported as a ``problem`` part."""
         number = 0
@@ -555,12 +702,12 @@ class JsonInput:
                     value, listed = self._value(), False
                 found = self._space()
                 if listed:
-                    yield JsonPart("list", number, value, more=bool(found))
+                    yield Part("list", number, value, more=bool(found))
                 else:
-                    yield JsonPart("document", number, value, JsonLocator(self, start), more=bool(found))
+                    yield Part("document", number, value, JsonLocator(self, start), more=bool(found))
         except BrokenJson as exc:
             line, column = self.position(self.absolute(exc.at))
-            yield JsonPart("problem", max(number, 1), f"invalid JSON: {exc.reason} (line {line}, column {column})")
+            yield Part("problem", max(number, 1), f"invalid JSON: {exc.reason} (line {line}, column {column})")
 
 
 @dataclass(frozen=True)
@@ -737,61 +884,59 @@ class Reading:
     skipped: int = 0  # documents skipped
 
 
-def _document_items(document: Document, several: bool, reading: Reading) -> Iterator[Item | str]:
+def _part_items(parts: Iterable[Part], reading: Reading) -> Iterator[Item | str]:
+    """The objects of an input's documents (a List's as they are read), and its problems as lines. A document's
+    problems are named by document when the file has several: those of the first document's items wait for its
+    end, where it is known whether other documents follow."""
+    held: list[str] = []
+    for part in parts:
+        number = part.number
+        prefix = f"document {number}: " if number > 1 else ""
+        found: Iterable[Item | str] = ()
+        if part.kind == "item" and _is_object(part.value):
+            assert isinstance(part.value, Mapping)
+            found = _expand(part.value, prefix, str(part.index), part.locator, ())
+        elif part.kind == "item":
+            found = [f"{prefix}item {part.index} is not a Kubernetes object (no kind)"]
+        elif part.kind == "broken-item":
+            found = [f"{prefix}item {part.index}: {part.value}"]
+        elif part.kind == "list":
+            yield from (f"document 1: {p}" if part.more else p for p in held)
+            held = []
+            if _is_object(part.value):
+                reading.kubernetes = True
+            else:
+                yield f"document {number} is not a Kubernetes object (no kind)"
+        elif part.kind == "problem":
+            yield from held
+            held = []
+            yield f"document {number}: {part.value}"
+        elif part.kind == "skipped":
+            reading.skipped += 1
+        else:
+            yield from _document_items(part, number > 1 or part.more, reading)
+        for entry in found:
+            if isinstance(entry, str) and number == 1:
+                held.append(entry)
+            else:
+                yield entry
+    yield from held
+
+
+def _document_items(part: Part, several: bool, reading: Reading) -> Iterator[Item | str]:
     """The objects of one whole document, and its problems as lines."""
-    if document.skipped:
-        reading.skipped += 1
-        return
-    if document.problem:
-        yield f"document {document.number}: {document.problem}"
-        return
-    value = document.value
+    value = part.value
     if value is None:
         return  # an empty document, as between two "---"
     if reading.skip_others and not (isinstance(value, Mapping) and looks_like_object(value)):
         reading.skipped += 1
         return
     if not _is_object(value):
-        yield f"document {document.number} is not a Kubernetes object (no kind)"
+        yield f"document {part.number} is not a Kubernetes object (no kind)"
         return
     assert isinstance(value, Mapping)
     reading.kubernetes = True
-    yield from _expand(value, f"document {document.number}: " if several else "", "", document.locator, ())
-
-
-def _json_items(parts: Iterable[JsonPart], reading: Reading) -> Iterator[Item | str]:
-    """The objects of a JSON input, a List's as they are read. The problems of the first document's items wait
-    for its end, where it is known whether other documents follow (and they are named by document)."""
-    held: list[str] = []
-    for part in parts:
-        if part.kind == "item":
-            prefix = f"document {part.number}: " if part.number > 1 else ""
-            found: Iterable[Item | str]
-            if _is_object(part.value):
-                assert isinstance(part.value, Mapping)
-                found = _expand(part.value, prefix, str(part.index), part.locator, ())
-            else:
-                found = [f"{prefix}item {part.index} is not a Kubernetes object (no kind)"]
-            for entry in found:
-                if isinstance(entry, str) and part.number == 1:
-                    held.append(entry)
-                else:
-                    yield entry
-        elif part.kind == "list":
-            several = part.number > 1 or part.more
-            yield from (f"document 1: {p}" if several else p for p in held)
-            held = []
-            if _is_object(part.value):
-                reading.kubernetes = True
-            else:
-                yield f"document {part.number} is not a Kubernetes object (no kind)"
-        elif part.kind == "problem":
-            yield from held
-            held = []
-            yield f"document {part.number}: {part.value}"
-        else:
-            several = part.number > 1 or part.more
-            yield from _document_items(Document(part.number, part.value, locator=part.locator), several, reading)
+    yield from _expand(value, f"document {part.number}: " if several else "", "", part.locator, ())
 
 
 def read_items(stream: IO[bytes], source: str, reading: Reading) -> Iterator[Item | str]:
@@ -801,10 +946,9 @@ def read_items(stream: IO[bytes], source: str, reading: Reading) -> Iterator[Ite
     stream.seek(0)
     try:
         if is_json(start.decode("utf-8", "replace"), "" if source == formats.STDIN else source):
-            yield from _json_items(JsonInput(stream).parts(), reading)
+            yield from _part_items(JsonInput(stream).parts(), reading)
         else:
-            for document, more in yaml_documents(stream, reading.skip_others):
-                yield from _document_items(document, document.number > 1 or more, reading)
+            yield from _part_items(yaml_parts(stream, reading.skip_others), reading)
     except UnreadableInput as exc:
         yield str(exc)
 
