@@ -3,10 +3,11 @@ kubeconform and ``kyverno apply`` on the same files, in one run.
 
     python -m bench.check_memory [--size-mb 50] [--ref main] [--kubeconform PATH] [--kyverno PATH]
 
-Generates two inputs of about ``--size-mb`` each, of the same pod (the seed pod as the apiserver hands it to
+Generates three inputs of about ``--size-mb`` each, of the same pod (the seed pod as the apiserver hands it to
 admission, bench/bodies.py: defaulted fields, token volume, tolerations, managedFields, last-applied annotation;
-every tenth with a GPU limit of ``500m``): YAML documents one after the other (``kubectl get -o yaml`` of each, or
-a rendered chart) and a JSON ``List`` as ``kubectl get pods -A -o json`` writes it (4-space indents). Each tool
+every tenth with a GPU limit of ``500m``): YAML documents one after the other (a rendered chart, or
+``kubectl get -o yaml`` of each), a YAML ``List`` as ``kubectl get pods -A -o yaml`` writes it and a JSON
+``List`` as ``kubectl get pods -A -o json`` writes it (4-space indents). Each tool
 runs as a subprocess of a small measuring process, which keeps its output: wall time and peak RSS
 (``ru_maxrss`` of the measuring process's children). ``--ref`` runs webhook/ of that commit (``git archive``) as
 "before"; this checkout is "after". kubeconform and kyverno are found on PATH, in ``$(go env GOPATH)/bin``, or
@@ -31,13 +32,14 @@ from bench import ab, bodies, harness
 
 RESULTS = harness.REPO / "bench" / "results" / "check_memory.json"
 # Runs a command and prints its exit code, wall seconds, peak RSS (KiB) and the last line it wrote (kubeconform's
-# summary is on stdout, check's on stderr).
+# summary is on stdout, check's on stderr), or the line a Go panic starts with.
 _MEASURE = """
 import json, resource, subprocess, sys, time
 start = time.monotonic()
 done = subprocess.run(sys.argv[1:], capture_output=True, text=True)
 wall = time.monotonic() - start
-tail = ((done.stderr.strip() or done.stdout.strip()).splitlines() or [""])[-1]
+lines = (done.stderr.strip() or done.stdout.strip()).splitlines() or [""]
+tail = next((line for line in lines if line.startswith("panic:")), lines[-1])
 print(json.dumps([done.returncode, wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, tail]))
 """
 # A Kyverno policy with the quantity rule check denies in these pods: a GPU limit that is not a whole number.
@@ -64,12 +66,14 @@ spec:
 """
 
 
-def pod_texts() -> tuple[str, str]:
-    """One apiserver-shaped GPU pod as a YAML document and as a List item (its name and limit to be filled)."""
+def pod_texts() -> tuple[str, str, str]:
+    """One apiserver-shaped GPU pod as a YAML document, as an item of a YAML List and of a JSON List (its name and
+    limit to be filled)."""
     pod = bodies.apiserver_object(bodies.seed_pod(), "team-a")
     as_yaml = yaml.safe_dump(pod, sort_keys=True)
+    as_item = "".join(("- " if i == 0 else "  ") + line for i, line in enumerate(as_yaml.splitlines(keepends=True)))
     as_json = "\n".join("        " + line for line in json.dumps(pod, indent=4, sort_keys=True).splitlines())
-    return as_yaml, as_json
+    return as_yaml, as_item, as_json
 
 
 def _filled(template: str, i: int) -> str:
@@ -79,20 +83,27 @@ def _filled(template: str, i: int) -> str:
 
 
 def generate(directory: Path, size: int) -> dict[str, dict[str, int]]:
-    """pods.yaml and pods.json of about ``size`` bytes each: their pod counts and sizes."""
-    as_yaml, as_json = pod_texts()
+    """Inputs of about ``size`` bytes each (YAML documents, a YAML List as kubectl get -o yaml writes it, a JSON
+    List as kubectl get -o json writes it): their pod counts and sizes."""
+    as_yaml, as_item, as_json = pod_texts()
+    counts = {name: max(1, size // len(text)) for name, text in
+              (("pods.yaml", as_yaml), ("list.yaml", as_item), ("list.json", as_json))}
     with open(directory / "pods.yaml", "w") as out:
-        for i in range(max(1, size // len(as_yaml))):
+        for i in range(counts["pods.yaml"]):
             out.write("---\n" if i else "")
             out.write(_filled(as_yaml, i))
-    with open(directory / "pods.json", "w") as out:
+    with open(directory / "list.yaml", "w") as out:
+        out.write("apiVersion: v1\nitems:\n")
+        for i in range(counts["list.yaml"]):
+            out.write(_filled(as_item, i))
+        out.write("kind: List\nmetadata:\n  resourceVersion: ''\n")
+    with open(directory / "list.json", "w") as out:
         out.write('{\n    "apiVersion": "v1",\n    "items": [\n')
-        for i in range(max(1, size // len(as_json))):
+        for i in range(counts["list.json"]):
             out.write(",\n" if i else "")
             out.write(_filled(as_json, i))
         out.write('\n    ],\n    "kind": "List",\n    "metadata": {\n        "resourceVersion": ""\n    }\n}\n')
-    return {name: {"pods": max(1, size // len(text)), "bytes": (directory / name).stat().st_size}
-            for name, text in (("pods.yaml", as_yaml), ("pods.json", as_json))}
+    return {name: {"pods": count, "bytes": (directory / name).stat().st_size} for name, count in counts.items()}
 
 
 def measure(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> dict[str, object]:
@@ -147,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             (work / "policy.yaml").write_text(KYVERNO_POLICY)
             tools["kyverno apply"] = ([kyverno, "apply", str(work / "policy.yaml"), "--resource"], work, None)
         rows = []
-        for name in ("pods.yaml", "pods.json"):
+        for name in inputs:
             for tool, (command, cwd, env) in tools.items():
                 row = {"input": name, "tool": tool, **measure([*command, str(work / name)], cwd, env)}
                 print(f"{name:9} {tool:34} {row['seconds']:8.1f} s {row['peak_mb']:8.1f} MB  exit {row['exit']}  "

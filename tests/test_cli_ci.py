@@ -241,13 +241,19 @@ spec:
 """
 
 
+def write_platform(root: Path) -> Path:
+    """PLATFORM_REPO's files under ``root``."""
+    for name, content in PLATFORM_REPO.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(content)
+    return root
+
+
 def platform_repository(root: Path) -> Path:
     """PLATFORM_REPO as a fresh git repository, every file staged."""
     root.mkdir()
     _git(root, "init", "-q")
-    for name, content in PLATFORM_REPO.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(content)
+    write_platform(root)
     _git(root, "add", ".")
     return root
 
@@ -260,8 +266,7 @@ def test_the_hook_passes_a_platform_repository_and_judges_its_manifests(tmp_path
     [hook] = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
     entry = hook["entry"].split()
     assert entry[:2] == ["gpu-webhook", "check"]
-    repo = platform_repository(tmp_path / "platform")
-    monkeypatch.chdir(repo)
+    monkeypatch.chdir(write_platform(tmp_path))
     files = [name for name in sorted(PLATFORM_REPO) if re.search(hook["files"], name)]
     assert len(files) == len(PLATFORM_REPO) - 1  # all but the chart's _helpers.tpl
     assert main([*entry[1:], *files]) == 0

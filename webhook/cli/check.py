@@ -192,11 +192,6 @@ def _has_token(text: str, pattern: re.Pattern[str]) -> bool:
     return any(m.start() == 0 or text[m.start() - 1] in _TOKEN_STARTS for m in pattern.finditer(text))
 
 
-def may_alias(text: str) -> bool:
-    """False when ``text`` surely has no alias, so most documents skip the alias count."""
-    return _has_token(text, _ALIAS) and _has_token(text, _ANCHOR)
-
-
 # A parser error on one line, its marks counted from the start of the file.
 yaml_problem = yaml_error_line
 
