@@ -77,22 +77,25 @@ def test_check_prints_one_line_per_violation_and_exits_1(tmp_path):
     )
     result = gpu_webhook("check", path)
     assert result.returncode == 1
+    # FILE:LINE:COLUMN of each field: the nvidia.com/gpu keys of the second and third documents
     assert result.stdout.splitlines() == [
-        f'{path}: Pod default/bad: spec.containers[0].resources.requests[{GPU}]: container "a": {GPU} is requested '
-        "without a limit, set it in limits (requests default to limits)",
-        f'{path}: Pod default/bad: spec.containers[1].resources.limits[{GPU}]: container "b": "500m" is not a whole '
-        "number (GPUs cannot be shared)",
-        f"{path}: Deployment default/web: spec.template.spec.containers[0].resources.requests[{GPU}]: container "
+        f'{path}:26:9: Pod default/bad: spec.containers[0].resources.requests[{GPU}]: container "a": {GPU} is '
+        "requested without a limit, set it in limits (requests default to limits)",
+        f'{path}:31:9: Pod default/bad: spec.containers[1].resources.limits[{GPU}]: container "b": "500m" is not a '
+        "whole number (GPUs cannot be shared)",
+        f"{path}:49:13: Deployment default/web: spec.template.spec.containers[0].resources.requests[{GPU}]: container "
         f'"main": {GPU} requests (1) must equal limits (2)',
     ]
 
 
 @pytest.mark.process
 def test_check_reads_json_and_stdin_and_custom_resources():
-    job = pytorch_job(seed_pod(), pod(container(limits={GPU: "1.5"})))
-    result = gpu_webhook("check", "-", stdin=json.dumps(job))
+    job = json.dumps(pytorch_job(seed_pod(), pod(container(limits={GPU: "1.5"}))))
+    result = gpu_webhook("check", "-", stdin=job)
     assert result.returncode == 1
-    assert result.stdout.startswith("<stdin>: PyTorchJob default/train: spec.pytorchReplicaSpecs.Worker.template.spec")
+    column = job.index(f'"{GPU}": "1.5"') + 1
+    assert result.stdout.startswith(
+        f"<stdin>:1:{column}: PyTorchJob default/train: spec.pytorchReplicaSpecs.Worker.template.spec")
 
 
 @pytest.mark.process
@@ -185,9 +188,16 @@ def cli(capsys, monkeypatch):
 GOOD = "apiVersion: v1\nkind: Pod\nmetadata: {name: good}\nspec: {containers: [{name: c, image: i}]}\n"
 BAD = ("apiVersion: v1\nkind: Pod\nmetadata: {name: bad}\n"
        "spec: {containers: [{name: c, image: i, resources: {requests: {nvidia.com/gpu: 1}}}]}\n")
+BAD_COLUMN = BAD.splitlines()[3].index("nvidia.com/gpu") + 1  # the field is on BAD's fourth line
 BAD_LINE = (": Pod default/bad: spec.containers[0].resources.requests[nvidia.com/gpu]: container \"c\": "
             "nvidia.com/gpu is requested without a limit, set it in limits (requests default to limits)")
 NOTHING = "0 objects checked, 0 denied, 0 warned"
+
+
+def bad_line(path: object, content: str) -> str:
+    """The line check prints for BAD where it is in ``content``."""
+    line = content[:content.index(BAD)].count("\n") + 4
+    return f"{path}:{line}:{BAD_COLUMN}{BAD_LINE}"
 
 
 def alias_bomb(levels: int, fan: int, leaf: str = "[lol]") -> str:
@@ -208,7 +218,6 @@ def nested_lists(depth: int) -> str:
 REFUSED = [  # (id, file content, what stderr says before the summary, each line's start; F is the file)
     ("empty file", "", ["F: no Kubernetes objects"]),
     ("comments and markers only", "# nothing here\n---\n---\n", ["F: no Kubernetes objects"]),
-    ("empty List", "apiVersion: v1\nkind: List\nitems: []\n", ["F: no Kubernetes objects"]),
     ("List item without kind", "kind: List\nitems: [{metadata: {name: x}}]\n",
      ["F: item 1 is not a Kubernetes object (no kind)"]),
     ("nested List item without kind", "kind: List\nitems: [{kind: List, items: [{kind: Pod}, 7]}]\n",
@@ -247,6 +256,37 @@ def test_check_refuses_input_with_one_line_each_and_exit_2(cli, tmp_path, conten
         assert line.startswith(start.replace("F: ", f"{path}: ", 1)), line
 
 
+# kubectl's answer when nothing matches: kubectl get pods,deployments -A -o json in a namespace without them.
+EMPTY_LIST = '{"apiVersion":"v1","items":[],"kind":"List","metadata":{"resourceVersion":""}}\n'
+EMPTY_ANSWERS = {  # the output format -> what it writes for no objects
+    "text": lambda out: out == "",
+    "jsonl": lambda out: out == "",
+    "json": lambda out: json.loads(out) == {"findings": [], "problems": [], "summary": {
+        "objects": 0, "denied": 0, "warned": 0, "denials": 0, "warnings": 0, "problems": 0, "failOn": "deny",
+        "exitCode": 0}},
+    "junit": lambda out: 'tests="0" failures="0" errors="0"' in out and "<testcase" not in out,
+    "sarif": lambda out: json.loads(out)["runs"][0]["results"] == []
+    and json.loads(out)["runs"][0]["invocations"][0]["executionSuccessful"] is True,
+}
+
+
+@pytest.mark.parametrize("output", list(EMPTY_ANSWERS))
+def test_an_empty_kubectl_list_is_0_objects_checked_in_every_format(cli, output):
+    code, out, err = cli("check", "-o", output, "-", stdin=EMPTY_LIST)
+    assert (code, err) == (0, [NOTHING]) and EMPTY_ANSWERS[output](out), out
+
+
+@pytest.mark.parametrize("content", [EMPTY_LIST, "apiVersion: v1\nkind: List\nitems: []\n",
+                                     "apiVersion: v1\nitems: []\nkind: PodList\nmetadata: {resourceVersion: ''}\n"],
+                         ids=["kubectl -o json", "YAML", "kubectl -o yaml of a typed List"])
+def test_an_empty_list_file_passes_and_an_empty_file_does_not(cli, tmp_path, content):
+    path = tmp_path / "m.yaml"
+    path.write_text(content)
+    assert cli("check", str(path)) == (0, "", [NOTHING])
+    path.write_text("")
+    assert cli("check", str(path)) == (2, "", [f"{path}: no Kubernetes objects", NOTHING])
+
+
 def test_check_refuses_empty_stdin(cli):
     assert cli("check", "-", stdin="") == (2, "", ["<stdin>: no Kubernetes objects", NOTHING])
 
@@ -280,7 +320,7 @@ def test_a_broken_document_is_named_by_number_and_line_and_the_others_are_still_
     path.write_text(content)
     code, out, err = cli("check", str(path))
     assert code == 2
-    assert out.splitlines() == [f"{path}{BAD_LINE}"]
+    assert out.splitlines() == [bad_line(path, content)]
     assert err[0].startswith(f"{path}: {says}") and "unicode string" not in err[0], err
     assert err[1:] == [f"{checked} object{'s' if checked > 1 else ''} checked, 1 denied, 0 warned"]
 
@@ -300,8 +340,14 @@ def test_anchors_within_bounds_are_checked_as_if_written_out(cli, tmp_path):
     (tmp_path / "written.yaml").write_text(written_out)
     with_alias, without = cli("check", str(tmp_path / "shared.yaml")), cli("check", str(tmp_path / "written.yaml"))
     assert with_alias[0] == without[0] == 1
-    assert with_alias[1].replace("shared.yaml", "x") == without[1].replace("written.yaml", "x")
-    assert len(with_alias[1].splitlines()) == 2
+    # The same findings; through the alias, the field is where the anchor wrote it (line 6) for both containers.
+    column = {n: line.index(GPU) + 1 for n, line in enumerate(written_out.splitlines(), 1) if GPU in line}
+    anchored = shared.splitlines()[5].index(GPU) + 1
+    assert [line.split(":", 3)[1:3] for line in with_alias[1].splitlines()] == [["6", f"{anchored}"]] * 2
+    assert [line.split(":", 3)[1:3] for line in without[1].splitlines()] == [[f"{n}", f"{c}"]
+                                                                             for n, c in column.items()]
+    assert ([line.split(":", 3)[3] for line in with_alias[1].splitlines()]
+            == [line.split(":", 3)[3] for line in without[1].splitlines()])
 
 
 def test_a_document_may_use_aliases_up_to_twice_its_size(cli, tmp_path):
@@ -333,12 +379,16 @@ def test_check_always_prints_a_summary_of_objects_denied_and_warned(cli, tmp_pat
 
 def test_check_expands_nested_lists(cli, tmp_path):
     path = tmp_path / "m.yaml"
-    path.write_text(f"kind: List\nitems:\n- kind: List\n  items: [{json.dumps(yaml.safe_load(BAD))}]\n")
+    inner = json.dumps(yaml.safe_load(BAD))
+    path.write_text(f"kind: List\nitems:\n- kind: List\n  items: [{inner}]\n")
     code, out, err = cli("check", str(path))
-    assert (code, out.splitlines(), err) == (1, [f"{path}{BAD_LINE}"], ["1 object checked, 1 denied, 0 warned"])
+    column = len("  items: [") + inner.index('"nvidia.com/gpu"') + 1
+    assert (code, out.splitlines(), err) == (1, [f"{path}:4:{column}{BAD_LINE}"],
+                                             ["1 object checked, 1 denied, 0 warned"])
 
 
 BAD_RECORD = {
+    "line": 9, "column": BAD_COLUMN,  # after GOOD and "---": BAD's fourth line is the file's ninth
     "kind": "Pod", "name": "bad", "namespace": "default",
     "path": "spec.containers[0].resources.requests[nvidia.com/gpu]", "rule": "requests-without-limits",
     "action": "deny", "message": 'container "c": nvidia.com/gpu is requested without a limit, set it in limits '
@@ -360,7 +410,7 @@ def test_check_json_is_one_document_with_the_findings_the_problems_and_a_summary
     code, out, err = cli("check", "-o", "json", str(path))
     assert code == 2 and err[-1] == "2 objects checked, 1 denied, 0 warned"
     assert json.loads(out) == {
-        "findings": [{"file": str(path), **BAD_RECORD, "line": 6}],
+        "findings": [{"file": str(path), **BAD_RECORD}],
         "problems": [{"file": str(path), "problem": err[0].removeprefix(f"{path}: ")}],
         "summary": {"objects": 2, "denied": 1, "warned": 0, "denials": 1, "warnings": 0, "problems": 1,
                     "failOn": "deny", "exitCode": 2},
@@ -382,7 +432,9 @@ def test_check_reads_the_manifests_of_a_directory_like_kubectl(cli, tmp_path, ex
         (tmp_path / name).write_text(json.dumps(yaml.safe_load(BAD)) if name.endswith(".json") else BAD)
     code, out, err = cli("check", *extra, str(tmp_path))
     assert code == 1
-    assert out.splitlines() == [f"{tmp_path / name}{BAD_LINE}" for name in files]
+    in_json = json.dumps(yaml.safe_load(BAD)).index('"nvidia.com/gpu"') + 1
+    assert out.splitlines() == [f"{tmp_path / name}:1:{in_json}{BAD_LINE}" if name.endswith(".json")
+                                else bad_line(tmp_path / name, BAD) for name in files]
     assert err == [f"{len(files)} objects checked, {len(files)} denied, 0 warned"]
 
 
@@ -415,7 +467,7 @@ NODE_FILES = [  # (id, nodes file content, the error after "gpu-webhook: --clust
     ("no Node objects", GOOD,
      "no Node objects (save them with kubectl get nodes,resourceslices,deviceclasses,resourceclaims,"
      "resourceclaimtemplates,runtimeclasses -A -o yaml)"),
-    ("empty List", "kind: List\nitems: []\n", "no Kubernetes objects"),
+    ("empty List", "kind: List\nitems: []\n", "no Node objects"),
     ("broken", "kind: [\n", "document 1: not valid YAML: "),
 ]
 
@@ -585,8 +637,8 @@ def test_check_reads_runtime_classes_beside_the_nodes(tmp_path):
                          write_manifests(tmp_path / "pods.yaml", conflicting, unknown))
     assert result.returncode == 1
     lines = result.stdout.splitlines()
-    assert any(line.startswith(f"{tmp_path}/pods.yaml: Pod default/conflict: spec.runtimeClassName: runtimeClassName "
-                               "nvidia-h100, whose scheduling.nodeSelector contradicts the pod's: "
+    assert any(line.startswith(f"{tmp_path}/pods.yaml:12:3: Pod default/conflict: spec.runtimeClassName: "
+                               "runtimeClassName nvidia-h100, whose scheduling.nodeSelector contradicts the pod's: "
                                "accelerator=nvidia-h100 (pod: nvidia-l4)") for line in lines), lines
     assert any("Pod default/unknown: spec.runtimeClassName: runtimeClassName nvidia, but no such RuntimeClass "
                "exists" in line and "(RuntimeClasses: nvidia-h100)" in line for line in lines), lines
@@ -598,8 +650,8 @@ def test_check_says_which_cpu_container_would_see_every_gpu(tmp_path):
     result = gpu_webhook("check", write_manifests(tmp_path / "leaky.yaml", leaky))
     assert result.returncode == 1
     assert result.stdout == (
-        f"{tmp_path}/leaky.yaml: Pod default/leaky: spec.containers[0].env[0].value: container \"notebook\" uses no "
-        'GPU but sets NVIDIA_VISIBLE_DEVICES="all": the NVIDIA runtime would show it every GPU of its node, outside '
+        f"{tmp_path}/leaky.yaml:9:7: Pod default/leaky: spec.containers[0].env[0].value: container \"notebook\" uses "
+        'no GPU but sets NVIDIA_VISIBLE_DEVICES="all": the NVIDIA runtime would show it every GPU of its node, outside '
         "the scheduler's accounting; remove it or set it to void\n"
     )
 
@@ -630,11 +682,11 @@ def test_check_reads_resource_slices_and_device_classes_and_the_claims_beside_th
     result = gpu_webhook("check", "--policy", str(policy), "--cluster-state", state, manifests)
     assert result.returncode == 1, result.stderr
     assert result.stdout.splitlines() == [
-        f"{manifests}: ResourceClaimTemplate default/six: spec.spec.devices.requests[0].exactly.count: 6 devices of "
-        "class gpu.example.com on one node, but the most any node has is 4 (1 node with such devices; counted its "
-        "selectors (cel-python))",
-        f"{manifests}: Pod default/wants-six: spec.resourceClaims[0]: 6 devices of class gpu.example.com on one node, "
-        "but the most any node has is 4 (1 node with such devices; counted its selectors (cel-python))",
+        f"{manifests}:22:11: ResourceClaimTemplate default/six: spec.spec.devices.requests[0].exactly.count: 6 "
+        "devices of class gpu.example.com on one node, but the most any node has is 4 (1 node with such devices; "
+        "counted its selectors (cel-python))",
+        f"{manifests}:38:5: Pod default/wants-six: spec.resourceClaims[0]: 6 devices of class gpu.example.com on one "
+        "node, but the most any node has is 4 (1 node with such devices; counted its selectors (cel-python))",
     ]
     # Without the state the DRA GPUs are unknown, so fits is not judged by capacity either way; the pod-only
     # rules still run against the template found beside it.

@@ -20,7 +20,7 @@ import pytest
 import xmlschema
 import yaml
 
-from tests.manifests import container, pod
+from tests.manifests import container, pod, pytorch_job
 from tests.test_cli import cli  # noqa: F401  (the fixture: gpu-webhook in this process)
 from webhook.core.catalog import RULES
 
@@ -86,7 +86,7 @@ def test_junit_is_valid_against_the_jenkins_schema_and_has_a_suite_per_file(cli,
     [failure] = apps[1].findall("failure")
     assert failure.get("type") == "requests-without-limits"
     assert failure.get("message").startswith("spec.containers[0].resources.requests[nvidia.com/gpu]: container \"c\"")
-    assert "manifests/apps.yaml, line 11" in failure.text
+    assert "manifests/apps.yaml, line 22, column 9" in failure.text  # its requests' nvidia.com/gpu key
     assert apps[1].find("system-out").text.startswith(
         "warning (init-container-gpus) at spec.initContainers[0].resources: an init container asks for GPUs")
     [error] = broken[0].findall("error")
@@ -141,7 +141,7 @@ def test_sarif_is_valid_against_the_oasis_schema(cli, tree, sarif_validator):  #
     assert rules[denial["ruleIndex"]]["id"] == denial["ruleId"]
     [location] = denial["locations"]
     assert location["physicalLocation"] == {"artifactLocation": {"uri": "manifests/apps.yaml"},
-                                            "region": {"startLine": 11}}
+                                            "region": {"startLine": 22, "startColumn": 9}}
     assert location["logicalLocations"][0]["name"] == "spec.containers[0].resources.requests[nvidia.com/gpu]"
     assert denial["message"]["text"].startswith(
         "Pod team-a/both: spec.containers[0].resources.requests[nvidia.com/gpu]: container \"c\"")
@@ -204,3 +204,118 @@ def test_the_json_summary_says_what_it_counts(cli, tmp_path):  # noqa: F811
     assert code == 1 and err == ["3 objects checked, 1 denied, 2 warned"]
     assert summary == {"objects": 3, "denied": 1, "warned": 2, "denials": 1, "warnings": 2, "problems": 0,
                        "failOn": "warning", "exitCode": 1}
+
+
+# ------------------------------------------------------------------------------ where a finding points
+
+# A Deployment, the third document of its file: its document starts on line 8, the wrong count on line 24.
+THREE_DOCUMENTS = """\
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings}
+---
+{apiVersion: v1, kind: ServiceAccount, metadata: {name: train}}
+---
+# the training job
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: train
+  namespace: ml
+spec:
+  selector:
+    matchLabels: {app: train}
+  template:
+    metadata:
+      labels: {app: train}
+    spec:
+      serviceAccountName: train
+      containers:
+      - name: train
+        image: trainer:1.0
+        resources: {limits: {nvidia.com/gpu: 0.5}}
+"""
+FIELD = "spec.template.spec.containers[0].resources.limits[nvidia.com/gpu]"
+FIELD_LINE = 24
+FIELD_COLUMN = THREE_DOCUMENTS.splitlines()[FIELD_LINE - 1].index(GPU) + 1
+
+
+@pytest.fixture
+def three_documents(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("train.yaml").write_text(THREE_DOCUMENTS)
+    return "train.yaml"
+
+
+def test_sarif_points_at_the_field_not_at_the_document(cli, three_documents, sarif_validator):  # noqa: F811
+    code, out, _ = cli("check", "-o", "sarif", three_documents)
+    document = json.loads(out)
+    sarif_validator.validate(document)
+    [result] = [r for r in document["runs"][0]["results"] if r["ruleId"] == "invalid-quantity"]
+    [location] = result["locations"]
+    assert code == 1 and location["logicalLocations"][0]["name"] == FIELD
+    assert location["physicalLocation"]["region"] == {"startLine": FIELD_LINE, "startColumn": FIELD_COLUMN}
+    assert document["runs"][0]["columnKind"] == "unicodeCodePoints"
+
+
+def test_junit_text_and_json_point_at_the_field(cli, three_documents, junit_schema):  # noqa: F811
+    code, out, _ = cli("check", "-o", "junit", three_documents)
+    junit_schema.validate(out)
+    [failure] = ET.fromstring(out).findall("testsuite/testcase/failure")
+    assert code == 1 and failure.text.endswith(f"train.yaml, line {FIELD_LINE}, column {FIELD_COLUMN}")
+    code, out, _ = cli("check", three_documents)
+    assert out.startswith(f"train.yaml:{FIELD_LINE}:{FIELD_COLUMN}: Deployment ml/train: {FIELD}: ")
+    code, out, _ = cli("check", "-o", "jsonl", three_documents)
+    assert {(r["line"], r["column"], r["path"]) for r in map(json.loads, out.splitlines())} == {
+        (FIELD_LINE, FIELD_COLUMN, FIELD)}
+
+
+def test_positions_in_a_json_list_its_nested_lists_and_a_custom_resource(cli, tmp_path):  # noqa: F811
+    """kubectl's List (4-space indents): each item's field where it is, an item of a nested List too, and a
+    PyTorchJob's replica template by its key."""
+    job = pytorch_job(pod(container(limits={GPU: 1})), pod(container(limits={GPU: "1.5"})))
+    nested = {"apiVersion": "v1", "kind": "List", "items": [pod(container(requests={GPU: 1}), name="inner")]}
+    listing = {"apiVersion": "v1", "items": [pod(name="cpu"), nested, job], "kind": "List",
+               "metadata": {"resourceVersion": ""}}
+    path = tmp_path / "list.json"
+    text = json.dumps(listing, indent=4)
+    path.write_text(text)
+    code, out, _ = cli("check", "-o", "jsonl", str(path))
+    found = {r["name"]: (r["path"], r["line"], r["column"]) for r in map(json.loads, out.splitlines())}
+
+    def where(needle: str) -> tuple[int, int]:
+        at = text.index(needle)
+        return text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
+
+    assert code == 1 and found == {
+        "inner": ("spec.containers[0].resources.requests[nvidia.com/gpu]", *where(f'"{GPU}": 1')),
+        "train": ("spec.pytorchReplicaSpecs.Worker.template.spec.containers[0].resources.limits[nvidia.com/gpu]",
+                  *where(f'"{GPU}": "1.5"')),
+    }
+
+
+def test_an_admission_review_points_into_its_request_object(cli, tmp_path):  # noqa: F811
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u", "operation": "CREATE", "namespace": "team-a", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "object": pod(container(limits={GPU: "500m"}), name="reviewed")}}
+    path = tmp_path / "review.yaml"
+    path.write_text(yaml.safe_dump(review))
+    code, out, _ = cli("check", str(path))
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if GPU in text)
+    assert code == 1 and out.startswith(f"{path}:{line}:")
+
+
+def test_sarif_rules_link_their_page_on_the_documentation_site():
+    """An absolute helpUri per rule, from the one address of the site (mkdocs.yml's site_url is the same)."""
+    from webhook.cli.formats import sarif_rules
+    from webhook.core.catalog import DOCS_URL
+
+    site = yaml.safe_load((Path(__file__).parent.parent / "mkdocs.yml").read_text())["site_url"]
+    assert site == DOCS_URL and DOCS_URL.startswith("https://") and DOCS_URL.endswith("/")
+    docs = Path(__file__).parent.parent / "docs"
+    for rule in sarif_rules():
+        page = RULES[rule["id"]].page
+        assert rule["helpUri"].startswith(DOCS_URL), rule["helpUri"]
+        assert (docs / page.partition("#")[0]).is_file(), page
+        assert rule["helpUri"] == DOCS_URL + page.partition("#")[0].removesuffix(".md") + "/" + (
+            "#" + page.partition("#")[2] if "#" in page else "")

@@ -72,7 +72,8 @@ def test_json_documents_know_their_line(cli, tmp_path):  # noqa: F811
     path = tmp_path / "m.json"
     path.write_text("\n\n" + json.dumps(pod(name="fine")) + "\n" + json.dumps(bad_pod(), indent=1) + "\n")
     code, out, _ = cli("check", "-o", "json", str(path))
-    assert code == 1 and {f["line"] for f in json.loads(out)["findings"]} == {4}
+    # the second value starts on line 4; the field that is wrong, its requests' nvidia.com/gpu, 13 lines below
+    assert code == 1 and {(f["line"], f["column"]) for f in json.loads(out)["findings"]} == {(17, 7)}
 
 
 # Runs a command and prints its CPU seconds and peak RSS. A small process of its own, because a child's ru_maxrss
@@ -302,6 +303,7 @@ def test_a_pytorch_master_is_held_to_nproc_per_node(cli, tmp_path):  # noqa: F81
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     code, out, _ = cli("check", str(path))
+    line = path.read_text().splitlines().index("  nprocPerNode: '4'") + 1
     assert code == 0 and out.splitlines() == [
-        f"{path}: PyTorchJob default/train: spec.nprocPerNode: warning: 4 processes per node but the Master "
+        f"{path}:{line}:3: PyTorchJob default/train: spec.nprocPerNode: warning: 4 processes per node but the Master "
         "container has 2 GPUs"]

@@ -213,6 +213,7 @@ COMMANDS = {
 }
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("args", list(COMMANDS.values()), ids=list(COMMANDS))
 def test_each_command_prints_every_problem_in_one_line_and_exits_2(tmp_path, args):
     name, text, problems = ALL_AT_ONCE[0]
@@ -351,9 +352,9 @@ def test_a_bad_isolation_policy_is_refused_naming_the_key(text, problem):
     assert any(problem in p for p in caught.value.problems), caught.value.problems
 
 
-def test_the_native_policies_defaults_are_the_ones_the_generator_falls_back_to():
-    from webhook.native.generate import DEFAULT_EXCLUDED, settings
+def test_the_native_policies_defaults_are_the_ones_the_generator_reads():
+    from webhook.native.generate import settings
 
-    assert DEFAULTS["nativePolicies"] == {"customKinds": [], "excludeNamespaces": list(DEFAULT_EXCLUDED)}
+    assert DEFAULTS["nativePolicies"] == {"customKinds": [], "excludeNamespaces": ["kube-system", "kube-node-lease"]}
     assert settings(load_policy(None))[1] == ["kube-system", "kube-node-lease"]
     assert settings(parse_policy("nativePolicies: {customKinds: []}"))[1] == ["kube-system", "kube-node-lease"]

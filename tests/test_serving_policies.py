@@ -126,6 +126,7 @@ def test_serve_checks_its_policy_without_importing_jsonschema_into_the_master(tm
     assert refused.stderr.count("\n") == 1 and "perContainr" in refused.stderr
 
 
+@pytest.mark.process
 def test_a_reload_refused_logs_every_problem_of_the_new_version(tmp_path, capsys):
     path = tmp_path / "policy.yaml"
     path.write_text("limits: {perPod: 4}\n")

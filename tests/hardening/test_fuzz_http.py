@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import subprocess
 from collections import defaultdict
 
@@ -166,10 +167,11 @@ def _cli_lines(path, policy) -> tuple[int, dict[str, list[tuple[bool, str]]]]:
                             capture_output=True, text=True, timeout=60)
     assert result.returncode in (0, 1), result.stderr
     by_object: dict[str, list[tuple[bool, str]]] = defaultdict(list)
-    prefix = f"{path}: "
+    prefix = re.compile(rf"{re.escape(str(path))}:\d+:\d+: ")  # FILE:LINE:COLUMN of the field
     for line in result.stdout.splitlines():
-        assert line.startswith(prefix), line
-        identity, _, rest = line[len(prefix):].partition(": ")
+        where_in_file = prefix.match(line)
+        assert where_in_file, line
+        identity, _, rest = line[where_in_file.end():].partition(": ")
         where, _, message = rest.partition(": ")
         warned = message.startswith("warning: ")
         by_object[identity].append((not warned, f"{where}: {message.removeprefix('warning: ')}"))

@@ -1,10 +1,14 @@
 """What ``gpu-webhook check`` found, written for a person or for a CI system.
 
-``text`` is one line per violation; ``jsonl`` one JSON object per violation and line; ``json`` one JSON
-document with every violation, the input problems and a summary; ``junit`` JUnit XML as Jenkins and GitLab
-read it (one testsuite per input file, one testcase per object, a ``<failure>`` per violation that fails the
-run); ``sarif`` SARIF 2.1.0 as code scanning reads it (the rule table as ``tool.driver.rules``, each result at
-its file and the first line of its document).
+``text`` is one line per violation, ``FILE:LINE:COLUMN: Kind namespace/name: path: message``; ``jsonl`` one
+JSON object per violation and line; ``json`` one JSON document with every violation, the input problems and a
+summary; ``junit`` JUnit XML as Jenkins and GitLab read it (one testsuite per input file, one testcase per
+object, a ``<failure>`` per violation that fails the run); ``sarif`` SARIF 2.1.0 as code scanning reads it (the
+rule table as ``tool.driver.rules`` with each rule's page, each result at the line and column of its field).
+
+Writers are told of each object as it is decided: ``text`` and ``jsonl`` write its lines at once; ``json`` and
+``sarif`` keep the findings alone until the end; ``junit`` writes each testcase to a temporary file, since a
+testsuite's counts come before its testcases.
 
 A violation fails the run when it is denied, or with ``--fail-on warning`` when it is only warned about; the
 JUnit report makes failures of exactly those, so the report and the exit code agree. The XML is written with
@@ -15,14 +19,16 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 from urllib.parse import quote
+from xml.sax.saxutils import quoteattr
 
 from webhook import __version__
-from webhook.core.catalog import RULES
+from webhook.core.catalog import RULES, page_url
 
 OUTPUTS = ("text", "json", "jsonl", "junit", "sarif")
 FAIL_ON = ("deny", "warning")
@@ -43,20 +49,27 @@ class Finding:
     rule: str
     action: str  # deny or warn
     message: str
-    line: int = 1  # the file's line where the object's document starts
+    line: int = 0  # the file's line of the field (or of its closest ancestor that exists); 0: not known
+    column: int = 0  # its column, from 1
 
     @property
     def object(self) -> str:
         return object_label(self.kind, self.namespace, self.name)
 
+    @property
+    def where(self) -> str:
+        """``FILE:LINE:COLUMN``, as compilers and editors write a position; the file alone when it is not known."""
+        return f"{self.file}:{self.line}:{self.column}" if self.line > 0 else self.file
+
     def text(self) -> str:
         note = "" if self.action == "deny" else "warning: "
-        return f"{self.file}: {self.object}: {self.path}: {note}{self.message}"
+        return f"{self.where}: {self.object}: {self.path}: {note}{self.message}"
 
-    def record(self) -> dict[str, str]:
-        """The ``-o jsonl`` object (what ``-o json`` wrote one per line before it was one document)."""
-        return {"file": self.file, "kind": self.kind, "name": self.name, "namespace": self.namespace,
-                "path": self.path, "rule": self.rule, "action": self.action, "message": self.message}
+    def record(self) -> dict[str, str | int]:
+        """The ``-o jsonl`` object, also each of ``-o json``'s findings."""
+        return {"file": self.file, "line": self.line, "column": self.column, "kind": self.kind, "name": self.name,
+                "namespace": self.namespace, "path": self.path, "rule": self.rule, "action": self.action,
+                "message": self.message}
 
 
 def object_label(kind: str, namespace: str, name: str) -> str:
@@ -71,21 +84,12 @@ class Checked:
     kind: str
     name: str
     namespace: str
-    line: int
+    line: int  # where the object starts; 0: not known
     findings: tuple[Finding, ...] = ()
 
     @property
     def label(self) -> str:
         return object_label(self.kind, self.namespace, self.name)
-
-
-@dataclass
-class FileReport:
-    """One input file: the objects checked in it and, one line each, what could not be read."""
-
-    source: str
-    problems: list[str] = field(default_factory=list)
-    objects: list[Checked] = field(default_factory=list)
 
 
 @dataclass
@@ -130,39 +134,57 @@ def fails(finding: Finding, fail_on: str) -> bool:
 
 
 class Writer:
-    """Writes the reports of the files one by one (``add``), then what needs all of them (``finish``)."""
+    """Told of each input file (``begin``, ``end``), its problems and each object decided in it as they come;
+    then ``finish`` writes what needs all of them."""
 
     def __init__(self, out: TextIO, fail_on: str = "deny"):
         self.out = out
         self.fail_on = fail_on
-        self.reports: list[FileReport] = []
 
-    def add(self, report: FileReport) -> None:
-        self.reports.append(report)
+    def begin(self, source: str) -> None:
+        pass
+
+    def problem(self, source: str, problem: str) -> None:
+        pass
+
+    def object(self, source: str, checked: Checked) -> None:
+        pass
+
+    def end(self, source: str) -> None:
+        pass
 
     def finish(self, tally: Tally, status: int) -> None:
         pass
 
 
 class Text(Writer):
-    def add(self, report: FileReport) -> None:
-        for checked in report.objects:
-            for finding in checked.findings:
-                print(finding.text(), file=self.out)
+    def object(self, source: str, checked: Checked) -> None:
+        for finding in checked.findings:
+            print(finding.text(), file=self.out)
 
 
 class JsonLines(Writer):
-    def add(self, report: FileReport) -> None:
-        for checked in report.objects:
-            for finding in checked.findings:
-                print(json.dumps(finding.record()), file=self.out)
+    def object(self, source: str, checked: Checked) -> None:
+        for finding in checked.findings:
+            print(json.dumps(finding.record()), file=self.out)
 
 
 class JsonDocument(Writer):
+    def __init__(self, out: TextIO, fail_on: str = "deny"):
+        super().__init__(out, fail_on)
+        self.findings: list[dict[str, str | int]] = []
+        self.problems: list[dict[str, str]] = []
+
+    def problem(self, source: str, problem: str) -> None:
+        self.problems.append({"file": source, "problem": problem})
+
+    def object(self, source: str, checked: Checked) -> None:
+        self.findings.extend(f.record() for f in checked.findings)
+
     def finish(self, tally: Tally, status: int) -> None:
         document = {
-            "findings": [{**f.record(), "line": f.line} for r in self.reports for c in r.objects for f in c.findings],
-            "problems": [{"file": r.source, "problem": p} for r in self.reports for p in r.problems],
+            "findings": self.findings,
+            "problems": self.problems,
             "summary": {**tally.summary(), "failOn": self.fail_on, "exitCode": status},
         }
         self.out.write(json.dumps(document, indent=2) + "\n")
@@ -176,49 +198,87 @@ def xml_text(text: str) -> str:
     return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
+def _spool() -> IO[str]:
+    return tempfile.SpooledTemporaryFile(max_size=1 << 20, mode="w+", encoding="utf-8")
+
+
+def _copy(spool: IO[str], out: TextIO) -> None:
+    spool.seek(0)
+    for chunk in iter(lambda: spool.read(1 << 16), ""):
+        out.write(chunk)
+    spool.close()
+
+
 class JUnit(Writer):
     """JUnit XML: a testsuite per file, a testcase per object (``Pod team-a/trainer``) and per input problem
-    (an ``<error>``), a ``<failure>`` per violation that fails the run (its ``type`` the rule id, its
-    ``message`` the field path and message); warnings that do not fail the run go to the testcase's
-    ``<system-out>``."""
+    (an ``<error>``, before the objects), a ``<failure>`` per violation that fails the run (its ``type`` the rule
+    id, its ``message`` the field path and message, its text the file, line and column); warnings that do not
+    fail the run go to the testcase's ``<system-out>``. Testcases are written to a temporary file as they come:
+    a testsuite's counts come first."""
+
+    def __init__(self, out: TextIO, fail_on: str = "deny"):
+        super().__init__(out, fail_on)
+        self.body = _spool()  # the testsuites done
+        self.totals = {"tests": 0, "failures": 0, "errors": 0}
+        self.cases: IO[str] | None = None  # the testcases of the file being read
+        self.problems: list[str] = []
+        self.counts = dict(self.totals)
+
+    def begin(self, source: str) -> None:
+        self.cases, self.problems, self.counts = _spool(), [], {"tests": 0, "failures": 0, "errors": 0}
+
+    def problem(self, source: str, problem: str) -> None:
+        self.problems.append(problem)
+
+    def object(self, source: str, checked: Checked) -> None:
+        assert self.cases is not None
+        case = ET.Element("testcase", name=xml_text(checked.label), classname=xml_text(source))
+        self.counts["tests"] += 1
+        notes = []
+        for finding in checked.findings:
+            if fails(finding, self.fail_on):
+                failure = ET.SubElement(case, "failure", type=finding.rule,
+                                        message=xml_text(f"{finding.path}: {finding.message}"))
+                failure.text = xml_text(f"{finding.action} ({finding.rule}) at {finding.path}\n{finding.message}\n"
+                                        f"{finding.file}, line {finding.line}, column {finding.column}")
+            else:
+                notes.append(f"warning ({finding.rule}) at {finding.path}: {finding.message}")
+        if any(fails(f, self.fail_on) for f in checked.findings):
+            self.counts["failures"] += 1
+        if notes:
+            ET.SubElement(case, "system-out").text = xml_text("\n".join(notes))
+        self._case(self.cases, case)
+
+    @staticmethod
+    def _case(spool: IO[str], case: ET.Element) -> None:
+        ET.indent(case, level=2)
+        spool.write("    " + ET.tostring(case, encoding="unicode") + "\n")
+
+    def end(self, source: str) -> None:
+        assert self.cases is not None
+        problems = _spool()
+        for problem in self.problems:
+            case = ET.Element("testcase", name=xml_text(problem), classname=xml_text(source))
+            error = ET.SubElement(case, "error", type="unreadable-input", message=xml_text(problem))
+            error.text = xml_text(f"{source}: {problem}")
+            self._case(problems, case)
+            self.counts["tests"] += 1
+            self.counts["errors"] += 1
+        counts = " ".join(f"{key}={quoteattr(str(value))}" for key, value in self.counts.items())
+        name = quoteattr(xml_text(source))
+        self.body.write(f"  <testsuite name={name} file={name} {counts}>\n")
+        _copy(problems, self.body)  # type: ignore[arg-type]
+        _copy(self.cases, self.body)  # type: ignore[arg-type]
+        self.body.write("  </testsuite>\n")
+        for key, value in self.counts.items():
+            self.totals[key] += value
+        self.cases = None
 
     def finish(self, tally: Tally, status: int) -> None:
-        root = ET.Element("testsuites", name="gpu-webhook check")
-        totals = {"tests": 0, "failures": 0, "errors": 0}
-        for report in self.reports:
-            suite = ET.SubElement(root, "testsuite", name=xml_text(report.source), file=xml_text(report.source))
-            counts = {"tests": 0, "failures": 0, "errors": 0}
-            for problem in report.problems:
-                case = ET.SubElement(suite, "testcase", name=xml_text(problem), classname=xml_text(report.source))
-                error = ET.SubElement(case, "error", type="unreadable-input", message=xml_text(problem))
-                error.text = xml_text(f"{report.source}: {problem}")
-                counts["tests"] += 1
-                counts["errors"] += 1
-            for checked in report.objects:
-                case = ET.SubElement(suite, "testcase", name=xml_text(checked.label), classname=xml_text(report.source))
-                counts["tests"] += 1
-                notes = []
-                for finding in checked.findings:
-                    if fails(finding, self.fail_on):
-                        failure = ET.SubElement(case, "failure", type=finding.rule,
-                                                message=xml_text(f"{finding.path}: {finding.message}"))
-                        failure.text = xml_text(
-                            f"{finding.action} ({finding.rule}) at {finding.path}\n{finding.message}\n"
-                            f"{finding.file}, line {finding.line}"
-                        )
-                    else:
-                        notes.append(f"warning ({finding.rule}) at {finding.path}: {finding.message}")
-                if any(fails(f, self.fail_on) for f in checked.findings):
-                    counts["failures"] += 1
-                if notes:
-                    ET.SubElement(case, "system-out").text = xml_text("\n".join(notes))
-            for key, value in counts.items():
-                suite.set(key, str(value))
-                totals[key] += value
-        for key, value in totals.items():
-            root.set(key, str(value))
-        ET.indent(root)
-        self.out.write('<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n")
+        counts = " ".join(f"{key}={quoteattr(str(value))}" for key, value in self.totals.items())
+        self.out.write(f'<?xml version="1.0" encoding="UTF-8"?>\n<testsuites name="gpu-webhook check" {counts}>\n')
+        _copy(self.body, self.out)
+        self.out.write("</testsuites>\n")
 
 
 def artifact_uri(source: str) -> str:
@@ -241,7 +301,8 @@ def sarif_rules() -> list[dict[str, Any]]:
         entry: dict[str, Any] = {
             "id": rule.id,
             "shortDescription": {"text": _plain(rule.refuses), "markdown": rule.refuses},
-            "help": {"text": f"docs/{rule.page}", "markdown": f"[docs/{rule.page}](docs/{rule.page})"},
+            "helpUri": page_url(rule.page),
+            "help": {"text": page_url(rule.page), "markdown": f"[{rule.page}]({page_url(rule.page)})"},
             "defaultConfiguration": {"level": "error" if rule.default == "deny" else "warning"},
             "properties": {"reportedAt": _plain(rule.reports)},
         }
@@ -253,53 +314,56 @@ def sarif_rules() -> list[dict[str, Any]]:
 
 
 class Sarif(Writer):
-    """SARIF 2.1.0: a result per violation, ``level`` error (denied) or warning, at its file and the first line
-    of its object's document, the field path in the message and as a logical location. Input problems are
-    the invocation's notifications. Standard input has no file to point at: its results carry the logical
-    location alone."""
+    """SARIF 2.1.0: a result per violation, ``level`` error (denied) or warning, at the line and column of its
+    field in its file, the field path in the message and as a logical location. Input problems are the
+    invocation's notifications. Standard input has no file to point at: its results carry the logical location
+    alone. Columns count characters (``columnKind`` unicodeCodePoints)."""
+
+    def __init__(self, out: TextIO, fail_on: str = "deny"):
+        super().__init__(out, fail_on)
+        self.rules = sarif_rules()
+        self.index = {rule["id"]: i for i, rule in enumerate(self.rules)}
+        self.results: list[dict[str, Any]] = []
+        self.notifications: list[dict[str, Any]] = []
+
+    def problem(self, source: str, problem: str) -> None:
+        notification: dict[str, Any] = {"level": "error", "message": {"text": f"{source}: {problem}"}}
+        if source != STDIN:
+            notification["locations"] = [{"physicalLocation": {"artifactLocation": {"uri": artifact_uri(source)}}}]
+        self.notifications.append(notification)
+
+    def object(self, source: str, checked: Checked) -> None:
+        self.results.extend(self._result(f) for f in checked.findings)
 
     def finish(self, tally: Tally, status: int) -> None:
-        rules = sarif_rules()
-        index = {rule["id"]: i for i, rule in enumerate(rules)}
-        results: list[dict[str, Any]] = []
-        notifications: list[dict[str, Any]] = []
-        for report in self.reports:
-            for problem in report.problems:
-                notification: dict[str, Any] = {"level": "error", "message": {"text": f"{report.source}: {problem}"}}
-                if report.source != STDIN:
-                    notification["locations"] = [
-                        {"physicalLocation": {"artifactLocation": {"uri": artifact_uri(report.source)}}}
-                    ]
-                notifications.append(notification)
-            for checked in report.objects:
-                results.extend(self._result(f, index) for f in checked.findings)
         run = {
-            "tool": {"driver": {"name": "gpu-webhook", "version": __version__, "rules": rules}},
+            "tool": {"driver": {"name": "gpu-webhook", "version": __version__, "rules": self.rules}},
             "invocations": [{"executionSuccessful": status != EXIT_UNREADABLE, "exitCode": status,
-                             "toolExecutionNotifications": notifications}],
-            "results": results,
+                             "toolExecutionNotifications": self.notifications}],
+            "columnKind": "unicodeCodePoints",
+            "results": self.results,
         }
         document = {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}
         self.out.write(json.dumps(document, indent=2) + "\n")
 
-    def _result(self, finding: Finding, index: dict[str, int]) -> dict[str, Any]:
+    def _result(self, finding: Finding) -> dict[str, Any]:
         location: dict[str, Any] = {
             "logicalLocations": [{"name": finding.path, "fullyQualifiedName": f"{finding.object}: {finding.path}",
                                   "kind": "member"}],
         }
         if finding.file != STDIN:
-            location["physicalLocation"] = {
-                "artifactLocation": {"uri": artifact_uri(finding.file)},
-                "region": {"startLine": max(1, finding.line)},
-            }
+            region = {"startLine": max(1, finding.line)}
+            if finding.column > 0:
+                region["startColumn"] = finding.column
+            location["physicalLocation"] = {"artifactLocation": {"uri": artifact_uri(finding.file)}, "region": region}
         result: dict[str, Any] = {
             "ruleId": finding.rule,
             "level": "error" if finding.action == "deny" else "warning",
             "message": {"text": f"{finding.object}: {finding.path}: {finding.message}"},
             "locations": [location],
         }
-        if finding.rule in index:
-            result["ruleIndex"] = index[finding.rule]
+        if finding.rule in self.index:
+            result["ruleIndex"] = self.index[finding.rule]
         return result
 
 

@@ -155,6 +155,13 @@ def _parser() -> argparse.ArgumentParser:
         "-R", "--recursive", action="store_true", help="read directories' subdirectories too (as kubectl -R)"
     )
     lint.add_argument(
+        "--skip-non-kubernetes", action="store_true",
+        help="skip what is not meant as a Kubernetes object instead of refusing it: documents with neither kind nor "
+        "apiVersion and metadata (CI files, Helm values, Chart.yaml, package.json), files with no documents, and "
+        "Helm chart templates (files under templates/ beside a Chart.yaml: check what helm template renders); "
+        "the pre-commit hook's mode",
+    )
+    lint.add_argument(
         "paths", nargs="+", metavar="PATH", help="YAML or JSON manifest files or directories of them; - for stdin"
     )
 
@@ -395,7 +402,7 @@ def _check(args: argparse.Namespace) -> int:
         policies = check.with_cluster_checks(policies)
     return check.run(
         args.paths, policies, args.namespace, output=args.output, recursive=args.recursive, cluster_state=state,
-        fail_on=args.fail_on,
+        fail_on=args.fail_on, skip_others=args.skip_non_kubernetes,
     )
 
 
