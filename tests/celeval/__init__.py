@@ -62,6 +62,7 @@ class Answer:
     decisions: list[dict[str, Any]]
     mutated: dict[str, Any] | None
     errors: list[str]
+    decoded: dict[str, Any] | None = None
     cost: dict[str, int] = field(default_factory=dict)
 
 
@@ -83,5 +84,5 @@ def evaluate(objects: Sequence[Mapping[str, Any]], requests: Sequence[Request], 
         raise RuntimeError(f"celeval failed ({done.returncode}): {done.stderr.strip()}")
     out = json.loads(done.stdout)
     answers = [Answer(r["allowed"], r.get("message", ""), r["warnings"], r["decisions"], r.get("mutated"),
-                      r["errors"], r["cost"]) for r in out["results"]]
+                      r["errors"], decoded=r.get("decoded"), cost=r["cost"]) for r in out["results"]]
     return Evaluation(out["compileErrors"], answers)

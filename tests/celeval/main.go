@@ -23,10 +23,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"sort"
 	"strings"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -47,6 +51,7 @@ import (
 
 type input struct {
 	Compatibility string                   `json:"compatibility"`
+	Repeat        int                      `json:"repeat"` // admit each request this many times, for its time
 	Objects       []map[string]interface{} `json:"objects"`
 	Requests      []request                `json:"requests"`
 }
@@ -81,9 +86,11 @@ type result struct {
 	Message   string                 `json:"message,omitempty"` // the apiserver's refusal, as the client reads it
 	Warnings  []string               `json:"warnings"`
 	Decisions []decision             `json:"decisions"`
+	Decoded   map[string]interface{} `json:"decoded,omitempty"` // a built-in object as the apiserver decoded it
 	Mutated   map[string]interface{} `json:"mutated,omitempty"` // the object after the mutating policies, if one patched it
 	Errors    []string               `json:"errors"`            // mutations that failed (failurePolicy applied)
 	Cost      map[string]int64       `json:"cost"`              // CEL cost per policy (validations and messages)
+	Nanos     int64                  `json:"nanos,omitempty"`   // with repeat: mean wall time of one admission
 }
 
 type output struct {
@@ -93,7 +100,15 @@ type output struct {
 }
 
 func main() {
+	// CELEVAL_PROFILE=file: a CPU profile of the run (go tool pprof), to see what a policy's evaluation spends on.
+	if path := os.Getenv("CELEVAL_PROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err == nil && pprof.StartCPUProfile(f) == nil {
+			defer pprof.StopCPUProfile()
+		}
+	}
 	if err := run(os.Stdin, os.Stdout); err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "celeval:", err)
 		os.Exit(2)
 	}
@@ -122,7 +137,17 @@ func run(in io.Reader, out io.Writer) error {
 	res := output{Compatibility: fmt.Sprintf("%d.%d", compat.Major(), compat.Minor()), CompileErrors: set.errors,
 		Results: []result{}}
 	for _, r := range doc.Requests {
-		res.Results = append(res.Results, set.admit(r))
+		got := set.admit(r)
+		if doc.Repeat > 0 {
+			timing = true // the timed admissions leave out the cost, read by evaluating again
+			start := time.Now()
+			for i := 0; i < doc.Repeat; i++ {
+				set.admit(r)
+			}
+			got.Nanos = time.Since(start).Nanoseconds() / int64(doc.Repeat)
+			timing = false
+		}
+		res.Results = append(res.Results, got)
 	}
 	enc := json.NewEncoder(out)
 	enc.SetEscapeHTML(false)
@@ -226,7 +251,11 @@ const mode = environment.NewExpressions
 func compileVariables(c *plugincel.CompositedCompiler, name string, vars []admissionregistrationv1.Variable,
 	opts plugincel.OptionalVariableDeclarations, errs *[]compileError) {
 	for i, v := range vars {
+		start := time.Now()
 		r := c.CompileAndStoreVariable(&validating.Variable{Name: v.Name, Expression: v.Expression}, opts, mode)
+		if os.Getenv("CELEVAL_COMPILE_TIMES") != "" {
+			fmt.Fprintf(os.Stderr, "compile %s %s %d ms\n", name, v.Name, time.Since(start).Milliseconds())
+		}
 		noteErrors(name, fmt.Sprintf("variables[%d] %s", i, v.Name), []plugincel.CompilationResult{r}, errs)
 	}
 }
@@ -404,11 +433,25 @@ func namespaceObject(r request) *corev1.Namespace {
 	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.Namespace, Labels: namespaceLabels(r.Namespace)}}
 }
 
+// timing: admissions being timed skip the second evaluation that reads their CEL cost.
+var timing bool
+
 var objectInterfaces = admission.NewObjectInterfacesFromScheme(runtime.NewScheme())
 
 func (s *policySet) admit(r request) result {
 	res := result{ID: r.ID, Allowed: true, Warnings: []string{}, Decisions: []decision{}, Errors: []string{},
 		Cost: map[string]int64{}}
+	// A built-in kind reaches admission policies as the apiserver decoded, defaulted and validated it.
+	if obj, refusal := decoded(r.Kind.Kind, r.Object); refusal != "" {
+		res.Allowed, res.Message = false, refusal
+		return res
+	} else if obj != nil {
+		r.Object = obj
+		res.Decoded = obj
+		if old, _ := decoded(r.Kind.Kind, r.OldObject); old != nil {
+			r.OldObject = old
+		}
+	}
 	ctx := context.Background()
 	gvr := schema.GroupVersionResource{Group: r.Resource.Group, Version: r.Resource.Version,
 		Resource: r.Resource.Resource}
@@ -479,7 +522,7 @@ func (s *policySet) admit(r request) result {
 			}
 			va := attributes(r, obj, r.OldObject)
 			got := v.validator.Validate(ctx, gvr, va, nil, ns, celconfig.RuntimeCELCostBudget, nil)
-			if len(got.Decisions) > 0 { // matchConditions let it through
+			if len(got.Decisions) > 0 && !timing { // matchConditions let it through
 				res.Cost[v.policy.Name] += v.cost(ctx, gvr, va, ns)
 			}
 			for _, d := range got.Decisions {
@@ -507,6 +550,133 @@ func (s *policySet) admit(r request) result {
 		}
 	}
 	return res
+}
+
+// typed: the built-in kinds whose objects the apiserver decodes into their Go types before admission.
+func typed(kind string) runtime.Object {
+	switch kind {
+	case "Pod":
+		return &corev1.Pod{}
+	case "PodTemplate":
+		return &corev1.PodTemplate{}
+	case "ReplicationController":
+		return &corev1.ReplicationController{}
+	case "Deployment":
+		return &appsv1.Deployment{}
+	case "ReplicaSet":
+		return &appsv1.ReplicaSet{}
+	case "StatefulSet":
+		return &appsv1.StatefulSet{}
+	case "DaemonSet":
+		return &appsv1.DaemonSet{}
+	case "Job":
+		return &batchv1.Job{}
+	case "CronJob":
+		return &batchv1.CronJob{}
+	}
+	return nil
+}
+
+// decoded: a built-in object as an apiserver hands it to admission policies: decoded into its type (quantities in
+// their canonical form), a Pod's missing requests defaulted from its limits, and refused (with a message naming
+// the apiserver) when its extended resources break the rules the apiserver itself enforces (not whole, negative,
+// requests without limits, requests unequal to limits). Not built in: (nil, "").
+func decoded(kind string, obj map[string]interface{}) (map[string]interface{}, string) {
+	into := typed(kind)
+	if into == nil || obj == nil {
+		return nil, ""
+	}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj, into); err != nil {
+		return nil, fmt.Sprintf("apiserver: the object does not decode: %v", err)
+	}
+	var specs []*corev1.PodSpec
+	switch o := into.(type) {
+	case *corev1.Pod:
+		specs = append(specs, &o.Spec)
+		for _, list := range [][]corev1.Container{o.Spec.Containers, o.Spec.InitContainers} {
+			for i := range list {
+				c := &list[i]
+				for name, q := range c.Resources.Limits {
+					if c.Resources.Requests == nil {
+						c.Resources.Requests = corev1.ResourceList{}
+					}
+					if _, ok := c.Resources.Requests[name]; !ok {
+						c.Resources.Requests[name] = q.DeepCopy()
+					}
+				}
+			}
+		}
+	case *corev1.PodTemplate:
+		specs = append(specs, &o.Template.Spec)
+	case *corev1.ReplicationController:
+		if o.Spec.Template != nil {
+			specs = append(specs, &o.Spec.Template.Spec)
+		}
+	case *appsv1.Deployment:
+		specs = append(specs, &o.Spec.Template.Spec)
+	case *appsv1.ReplicaSet:
+		specs = append(specs, &o.Spec.Template.Spec)
+	case *appsv1.StatefulSet:
+		specs = append(specs, &o.Spec.Template.Spec)
+	case *appsv1.DaemonSet:
+		specs = append(specs, &o.Spec.Template.Spec)
+	case *batchv1.Job:
+		specs = append(specs, &o.Spec.Template.Spec)
+	case *batchv1.CronJob:
+		specs = append(specs, &o.Spec.JobTemplate.Spec.Template.Spec)
+	}
+	for _, spec := range specs {
+		for _, list := range [][]corev1.Container{spec.Containers, spec.InitContainers, containersOf(spec.EphemeralContainers)} {
+			for _, c := range list {
+				if problem := extendedProblem(c.Resources); problem != "" {
+					return nil, fmt.Sprintf("apiserver: container %q: %s", c.Name, problem)
+				}
+			}
+		}
+	}
+	out, err := runtime.DefaultUnstructuredConverter.ToUnstructured(into)
+	if err != nil {
+		return nil, fmt.Sprintf("apiserver: %v", err)
+	}
+	return out, ""
+}
+
+func containersOf(ephemeral []corev1.EphemeralContainer) []corev1.Container {
+	out := make([]corev1.Container, len(ephemeral))
+	for i, e := range ephemeral {
+		out[i] = corev1.Container{Name: e.Name, Resources: e.Resources}
+	}
+	return out
+}
+
+// extendedProblem: what pkg/apis/core/validation refuses in a container's extended resources (names with a domain
+// outside kubernetes.io): a count that is not whole or is negative, requests without limits, requests unequal to
+// limits.
+func extendedProblem(r corev1.ResourceRequirements) string {
+	extended := func(name corev1.ResourceName) bool {
+		n := string(name)
+		return strings.Contains(n, "/") && !strings.HasPrefix(n, "kubernetes.io/") && !strings.HasPrefix(n, "requests.")
+	}
+	for _, list := range []corev1.ResourceList{r.Limits, r.Requests} {
+		for name, q := range list {
+			if extended(name) && (q.Sign() < 0 || q.MilliValue()%1000 != 0) {
+				return fmt.Sprintf("%s must be a whole, non-negative number", name)
+			}
+		}
+	}
+	for name, q := range r.Requests {
+		if !extended(name) {
+			continue
+		}
+		limit, ok := r.Limits[name]
+		if !ok {
+			return fmt.Sprintf("%s: limit must be set for non overcommitable resources", name)
+		}
+		if limit.Cmp(q) != 0 {
+			return fmt.Sprintf("%s: must be equal to %s limit", name, name)
+		}
+	}
+	return ""
 }
 
 func (s *policySet) vapBinding(name string) *admissionregistrationv1.ValidatingAdmissionPolicyBinding {

@@ -6,12 +6,13 @@ stable path, value, message: ``webhook.core.field.Violation``). The generator re
 
 - :func:`exists`: whether the object has such a violation, stopping at the first. A validation's
   ``expression`` is made of these, so an object that passes pays only for the cheap tests;
-- :func:`found`: its violations as the webhook prints them (``path: message``), joined by a separator;
+- :func:`found`: its violations as the webhook prints them (``path: message``), joined by a separator,
+  without those an UPDATE's old object had too;
 - :func:`keys`: what the old object's violations are about, for an UPDATE.
 
 On UPDATE a violation the old object had too (same rule, same stable path, same value, as
-``webhook.rules.admission.decide`` compares them) is left out: the policy's ``old_keys`` variable holds the
-old object's keys, computed only when a new violation is found on an UPDATE.
+``webhook.rules.admission.decide`` compares them) is not held against it: each rule's ``<rule>_old`` variable
+holds the old object's keys, read only when the object has such a violation on an UPDATE.
 
 The forms are written for the CEL every apiserver from 1.30 accepts: ``exists``, ``filter``, ``map``,
 ``join``. Where a :class:`Dialect` has two-variable comprehensions (1.33+), the index of a list item in a
@@ -80,7 +81,16 @@ class Dialect:
 # Roots: the variable every finding starts from, and the same for the old object of an UPDATE.
 OLD_ROOTS = {"variables.templates": "variables.old_templates", "variables.requests": "variables.old_requests"}
 UPDATE = "variables.update"
-OLD_KEYS = "variables.old_keys"
+
+
+def variable(rule: str) -> str:
+    """The name of a rule's variable in a policy (``invalid-quantity`` -> ``invalid_quantity``)."""
+    return re.sub(r"[^A-Za-z0-9]", "_", rule)
+
+
+def old_keys(rule: str) -> str:
+    """The variable that holds the keys of the rule's violations in the old object of an UPDATE."""
+    return f"variables.{variable(rule)}_old"
 
 
 _LITERALS = re.compile(r"'(?:[^'\\]|\\.)*'" + r'|"(?:[^"\\]|\\.)*"')
@@ -134,7 +144,7 @@ def _exists(loops: Sequence[Each], leaf: str) -> str:
 
 def excused(f: Finding) -> str:
     """On UPDATE, the old object had this violation too (read inside the innermost loop of ``f``)."""
-    test = f"{OLD_KEYS}.contains({lit(SEPARATOR)} + {f.key} + {lit(SEPARATOR)})"
+    test = f"{old_keys(f.rule)}.contains({lit(SEPARATOR)} + {f.key} + {lit(SEPARATOR)})"
     return f"({UPDATE} && {_indexed(f.loops, _bind(f.let, test, '', boolean=True))})"
 
 
@@ -145,8 +155,8 @@ def _violates(f: Finding) -> str:
 
 
 def exists(f: Finding) -> str:
-    """Whether the object has such a violation (not excused)."""
-    return _exists(f.loops, _violates(f))
+    """Whether the object has such a violation, excused or not (on UPDATE, :func:`found` says which are new)."""
+    return _exists(f.loops, _bind(f.let, f.where, "", boolean=True) if f.where else "true")
 
 
 def _with_index(e: Each, dialect: Dialect, body: str, boolean_filter: str = "") -> str:
@@ -185,9 +195,9 @@ def found(f: Finding, dialect: Dialect) -> str:
 
 
 def keys(f: Finding, dialect: Dialect) -> str:
-    """What the old object's violations are about (their keys), joined by the separator: ``variables.old_keys``."""
+    """What the old object's violations are about (their keys), joined by the separator (:func:`old_keys`)."""
     return _collect(_old(f), _bind(f.let, _and(f.where), "", boolean=True), _bind(f.let, f.key, "", boolean=False),
                     dialect)
 
 
-__all__ = ["SEPARATOR", "Dialect", "Each", "Finding", "exists", "found", "joined", "keys"]
+__all__ = ["SEPARATOR", "Dialect", "Each", "Finding", "exists", "found", "joined", "keys", "old_keys", "variable"]

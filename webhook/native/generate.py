@@ -35,7 +35,7 @@ import yaml
 from webhook.core.policy import PolicySet
 from webhook.native import claims, kinds, mutations, pods
 from webhook.native.celtext import lit
-from webhook.native.findings import SEPARATOR, Dialect, Finding, exists, found, joined, keys
+from webhook.native.findings import SEPARATOR, Dialect, Finding, exists, found, joined, keys, variable
 from webhook.native.rules import BUILDERS, native_rules, setting, webhook_rules
 from webhook.native.snippets import Ctx, Shape
 from webhook.native.target import DEFAULT, LIBRARIES, Target
@@ -76,10 +76,6 @@ CUSTOM = Family("custom-", False, "templates", "custom kinds")
 CLAIMS = Family("claims-", True, "requests", "ResourceClaims and ResourceClaimTemplates")
 # resource.k8s.io/v1 (DRA GA) is served from this minor.
 DRA_MINOR = 34
-
-
-def _variable(rule: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]", "_", rule)
 
 
 def _ctx(policies: PolicySet, target: Target, typed: bool) -> Ctx:
@@ -123,7 +119,7 @@ def _rules(ctx: Ctx, family: Family, action: str, target: Target) -> list[RuleCe
         test = " || ".join(exists(f) for f in findings)
         if gate != "true":
             test = f"{gate} && ({test})"
-        out.append(RuleCel(rule.id, _variable(rule.id), test,
+        out.append(RuleCel(rule.id, variable(rule.id), test,
                            joined("[" + ", ".join(found(f, dialect) for f in findings) + "]"),
                            joined("[" + ", ".join(keys(f, dialect) for f in findings) + "]")))
     return out
@@ -139,29 +135,33 @@ def _describe(found: str) -> str:
     return f"[{found}].map(v, [{text}].map(s, {fitted})[0])[0]"
 
 
-def _template_variables(ctx: Ctx, family: Family, custom_kinds: Sequence[kinds.CustomKind]) -> list[tuple[str, str]]:
-    """Where the findings start: the object's pod templates as records (``templates``; the resource names they use,
-    classified once; ``old_templates`` for an UPDATE), or a claim's device requests."""
+def _template_variables(ctx: Ctx, family: Family, custom_kinds: Sequence[kinds.CustomKind],
+                        texts: Sequence[str]) -> list[tuple[str, str]]:
+    """Where the findings start: the object's pod templates as records (``templates``, with the facts the rules in
+    ``texts`` read; ``old_templates`` for an UPDATE) and its resource names, classified once; or a claim's device
+    requests."""
     if family is CLAIMS:
         return [("requests", claims.requests("object", ctx.two_variable)),
                 ("old_requests", claims.requests("oldObject", ctx.two_variable))]
     out: list[tuple[str, str]] = []
     if family is CUSTOM:
         out.append(("kind", kinds.KIND))
-    for prefix, root in (("", "object"), ("old_", "oldObject")):
-        if family is BUILTIN:
-            found = kinds.builtin_templates(root)
-        else:
-            found = kinds.custom_templates(root, custom_kinds, ctx.two_variable)
-        out.append((f"{prefix}nodes", found))
-        if not prefix:
-            # Names are classified once, from the object (an old violation matters only when the object has it too).
-            out.extend(pods.name_variables(ctx))
-        containers = pods.container_records(ctx, "n.spec", "n.path", "n.stable")
-        fields = pods.template_fields(ctx, "n.spec", "n.meta", "C")
-        record = ", ".join([f"'{k}': dyn(n.{k})" for k in ("path", "stable", "metaPath", "spec", "meta")]
-                           + [f"'{k}': dyn({v})" for k, v in fields.items()])
-        out.append((f"{prefix}templates", f"variables.{prefix}nodes.map(n, [{containers}].map(C, {{{record}}})[0])"))
+    read = " ".join(texts)
+    facts = {k: v for k, v in pods.template_facts(ctx, "n.spec", "n.meta").items()
+             if re.search(rf"\bt\.{k}\b", read)}
+    fields = ", ".join([f"'{k}': dyn(n.{k})" for k in ("path", "stable", "metaPath", "spec", "meta")]
+                       + [f"'{k}': dyn({v})" for k, v in facts.items()])
+    # The object's templates and, on UPDATE, the old object's, by one expression (index 0 and 1).
+    roots = "(variables.update ? [object, oldObject] : [object])"
+    found = (kinds.builtin_templates("R") if family is BUILTIN
+             else kinds.custom_templates("R", custom_kinds, ctx.two_variable))
+    out.append(("nodes", f"{roots}.map(R, {found})"))
+    out.append(("pods", f"variables.nodes.map(N, N.filter(n, {kinds.is_node('n.node')}).map(n, {kinds.node_record('n')}))"))
+    # Names are classified once, from the object (an old violation matters only when the object has it too).
+    out.extend(pods.name_variables(ctx, "variables.pods[0]"))
+    out.append(("all_templates", f"variables.pods.map(P, P.map(n, {{{fields}}}))"))
+    out.append(("templates", "variables.all_templates[0]"))
+    out.append(("old_templates", "variables.update ? variables.all_templates[1] : []"))
     return out
 
 
@@ -172,18 +172,21 @@ def _validating_policy(name: str, policies: PolicySet, family: Family, action: s
     rules = _rules(ctx, family, action, target)
     if not rules:
         return None
-    # The old object's violations, as keys between separators: read only on UPDATE, when a violation is found.
-    every_key = joined("[" + ", ".join(r.keys for r in rules) + "]")
-    variables = [("update", "request.operation == 'UPDATE'"),
-                 *_template_variables(ctx, family, custom_kinds),
-                 ("old_keys", f"{lit(SEPARATOR)} + {every_key} + {lit(SEPARATOR)}")]
+    texts = [t for r in rules for t in (r.test, r.found, r.keys)]
+    variables = [("update", "request.operation == 'UPDATE'"), *_template_variables(ctx, family, custom_kinds, texts)]
+    # Each rule's violations in the old object, as keys between separators: read only on UPDATE, when the object
+    # has such a violation (it is excused when the old object had it too).
+    for r in rules:
+        variables.append((f"{r.name}_old", f"{lit(SEPARATOR)} + {r.keys} + {lit(SEPARATOR)}"))
     for r in rules:
         variables.append((r.name, r.test))
     for r in rules:
         variables.append((f"{r.name}_found", r.found))
     if action == "deny":
+        # Violations, and on UPDATE at least one the old object did not have.
         violated = " || ".join(f"variables.{r.name}" for r in rules)
-        variables.append(("violated", violated))
+        new = " || ".join(f"(variables.{r.name} && variables.{r.name}_found != '')" for r in rules)
+        variables.append(("violated", f"({violated}) && (!variables.update || {new})"))
         every = joined("[" + ", ".join(f"(variables.{r.name} ? variables.{r.name}_found : '')" for r in rules) + "]")
         validations = [{
             "expression": "!variables.violated",
@@ -193,7 +196,7 @@ def _validating_policy(name: str, policies: PolicySet, family: Family, action: s
         }]
     else:
         validations = [{
-            "expression": f"!variables.{r.name}",
+            "expression": f"!variables.{r.name} || (variables.update && variables.{r.name}_found == '')",
             "messageExpression": f"variables.{r.name} ? string({_describe(f'variables.{r.name}_found')}) : ''",
             "message": f"{r.rule}: {FALLBACK}",
         } for r in rules]

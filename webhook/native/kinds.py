@@ -126,23 +126,33 @@ def _record(path: str, stable: str, meta_path: str, spec: str, meta: str) -> str
     return record(path=path, stable=stable, metaPath=meta_path, spec=spec, meta=meta)
 
 
-def _node_record(n: str, path: str, stable: str) -> str:
-    """The template record of node ``n`` at ``path``: a pod template (``{metadata, spec}``), or a bare pod spec."""
-    template = _record(f"{path} + '.spec'", f"{stable} + '.spec'", f"{path} + '.metadata'", f"{n}.spec",
-                       guarded(n, "metadata", "map", "{}"))
-    bare = _record(path, stable, f"{path} + '.metadata'", n, "{}")
-    return f"('spec' in {n} && {is_pod_spec(n + '.spec')} ? {template} : {bare})"
+def _select(x: str, name: str) -> str:
+    return f"{x}.{name}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) else f"{x}[{lit(name)}]"
 
 
-def _is_node(n: str) -> str:
-    return f"({n} != null && (('spec' in {n} && {is_pod_spec(n + '.spec')}) || {is_pod_spec(n)}))"
-
-
-def _fields(x: str, names: list[str]) -> str:
-    """``x.a.b``: the map at those fields, or null."""
+def _guarded(x: str, names: Sequence[str], kind: str) -> tuple[str, str]:
+    """(the condition that ``x.a.b`` exists and is a ``kind``, ``x.a.b``): every step a map holding the next name."""
+    tests = []
     for name in names:
-        x = f"[{x}].map(w, type(w) == map && {lit(name)} in w && type(w[{lit(name)}]) == map ? w[{lit(name)}] : null)[0]"
-    return x
+        tests.append(f"type({x}) == map && {lit(name)} in {x}")
+        x = _select(x, name)
+    tests.append(f"type({x}) == {kind}")
+    return " && ".join(tests), x
+
+
+def is_node(n: str) -> str:
+    """A pod template (``{metadata, spec}`` with a pod spec) or a bare pod spec (``webhook.core.podspecs``)."""
+    return f"(type({n}) == map && (('spec' in {n} && {is_pod_spec(n + '.spec')}) || {is_pod_spec(n)}))"
+
+
+def node_record(n: str) -> str:
+    """The template record of the node record ``n`` (``{path, stable, node}``): a pod template or a bare pod spec."""
+    def child(p: str, name: str) -> str:
+        return f"({p} == '' ? {lit(name)} : {p} + {lit('.' + name)})"
+    template = _record(child("n.path", "spec"), child("n.stable", "spec"), child("n.path", "metadata"), "n.node.spec",
+                       guarded("n.node", "metadata", "map", "{}"))
+    bare = _record("n.path", "n.stable", child("n.path", "metadata"), "n.node", "{}")
+    return f"('spec' in n.node && {is_pod_spec('n.node.spec')} ? {template} : {bare})".replace("n.", f"{n}.")
 
 
 def _list_stable(prefix: str, i: str, x: str) -> str:
@@ -152,78 +162,67 @@ def _list_stable(prefix: str, i: str, x: str) -> str:
     return f"(type({x}) == map && 'name' in {x} && type({x}.name) == string ? {by_name} : {by_group})"
 
 
+def _join(path: str, text: str) -> str:
+    """The CEL string ``path`` followed by the literal ``text`` (``path`` empty: ``text`` without its dot)."""
+    if path == "''":
+        return lit(text.removeprefix("."))
+    return f"{path} + {lit(text)}"
+
+
+def _candidate(path: str, stable: str, node: str) -> str:
+    return record(path=path, stable=stable, node=node)
+
+
 def _walk(x: str, path: str, stable: str, segments: list[str], depth: int, two_variable: bool) -> str:
-    """The template records under ``x`` (whose path so far is the CEL string ``path``) along ``segments``."""
+    """The candidate nodes ``{path, stable, node}`` under ``x`` (whose path so far is the CEL string ``path``) along
+    ``segments``, as a list; a node that is no pod template is dropped later (``templates``). One wildcard is one
+    comprehension; a second needs flatten."""
     fixed: list[str] = []
     while segments and segments[0] != "*" and not segments[0].endswith("[*]"):
         fixed.append(segments.pop(0))
-    node = _fields(x, fixed[:-1]) if fixed else x
-    here = path + (" + " + lit("." + ".".join(fixed)) if fixed and path != "''" else
-                   " + " + lit(".".join(fixed)) if fixed else "")
-    here = lit(".".join(fixed)) if path == "''" and fixed else here
-    stable_here = here if stable == path else (stable + (" + " + lit("." + ".".join(fixed)) if fixed else ""))
+    suffix = "".join("." + f for f in fixed)
     if not segments:
-        target = f"[{node}].map(w, type(w) == map && {lit(fixed[-1])} in w ? w[{lit(fixed[-1])}] : null)[0]" \
-            if fixed else node
-        n = f"n{depth}"
-        return f"[{target}].filter({n}, {_is_node(n)}).map({n}, {_node_record(n, here, stable_here)})"
+        cond, node = _guarded(x, fixed, "map")
+        return f"({cond} ? [{_candidate(_join(path, suffix), _join(stable, suffix), node)}] : [])"
     wildcard = segments.pop(0)
-    if fixed:
-        parent = f"[{node}].map(w, type(w) == map && {lit(fixed[-1])} in w ? w[{lit(fixed[-1])}] : null)[0]"
-    else:
-        parent = node
-    if wildcard.endswith("[*]"):
-        name = wildcard[:-3]
-        parent = f"[{parent}].map(w, type(w) == map && {lit(name)} in w && type(w[{lit(name)}]) == list ? " \
-                 f"w[{lit(name)}] : [])[0]"
-        prefix = (f"{here} + {lit('.' + name)}" if here != "''" else lit(name))
-        stable_prefix = (f"{stable_here} + {lit('.' + name)}" if stable_here != "''" else lit(name))
-        i, item = f"i{depth}", f"x{depth}"
-        item_path = f"{prefix} + '[' + string({i}) + ']'"
-        item_stable = _list_stable(stable_prefix, i, item)
-        inner = _walk(item, item_path, item_stable, segments, depth + 1, two_variable)
+    last = not any(s == "*" or s.endswith("[*]") for s in segments)
+    if wildcard == "*":
+        cond, values = _guarded(x, fixed, "map")
+        k = f"k{depth}"
+        here = f"{_join(path, suffix)} + '.' + {k}" if (path, suffix) != ("''", "") else k
+        stable_here = f"{_join(stable, suffix)} + '.' + {k}" if (stable, suffix) != ("''", "") else k
+        item = f"{values}[{k}]"
+        if last:
+            leaf_cond, node = _guarded(item, segments, "map")
+            tail = "." + ".".join(segments)
+            found = _candidate(_join(here, tail) if segments else here,
+                               _join(stable_here, tail) if segments else stable_here, node)
+            return f"({cond} ? {values}.filter({k}, {leaf_cond}).map({k}, {found}) : [])"
+        inner = _walk(item, here, stable_here, segments, depth + 1, two_variable)
+        return f"({cond} ? {values}.map({k}, {inner}).flatten() : [])"
+    name = wildcard[:-3]
+    cond, values = _guarded(x, [*fixed, name], "list")
+    i, item = f"i{depth}", f"x{depth}"
+    here = f"{_join(path, suffix + '.' + name)} + '[' + string({i}) + ']'"
+    stable_here = _list_stable(_join(stable, suffix + "." + name), i, item)
+    if last:
+        leaf_cond, node = _guarded(item, segments, "map")
+        tail = "." + ".".join(segments)
+        found = _candidate(_join(here, tail) if segments else here,
+                           f"{stable_here} + {lit(tail)}" if segments else stable_here, node)
         if two_variable:
-            return f"{parent}.transformList({i}, {item}, {inner}).flatten()" if False else \
-                _items(parent, i, item, inner, two_variable)
-        return _items(parent, i, item, inner, two_variable)
-    k = f"k{depth}"
-    parent = f"[{parent}].map(w, type(w) == map ? w : {{}})[0]"
-    key_path = f"{here} + '.' + {k}" if here != "''" else k
-    key_stable = f"{stable_here} + '.' + {k}" if stable_here != "''" else k
-    inner = _walk(f"{parent}[{k}]", key_path, key_stable, segments, depth + 1, two_variable)
-    return _flat(f"{parent}.map({k}, {inner})")
-
-
-_FLATTEN = "flatten"
-
-
-def _items(parent: str, i: str, item: str, inner: str, two_variable: bool) -> str:
+            return f"({cond} ? {values}.transformList({i}, {item}, {leaf_cond}, {found}) : [])"
+        return (f"({cond} ? {values}.filter({item}, {leaf_cond}).map({item}, "
+                f"[{values}.indexOf({item})].map({i}, {found})[0]) : [])")
+    inner = _walk(item, here, stable_here, segments, depth + 1, two_variable)
     if two_variable:
-        return _flat(f"{parent}.transformList({i}, {item}, {inner})")
-    return _flat(f"{parent}.map({item}, [{parent}.indexOf({item})].map({i}, {inner})[0])")
-
-
-def _flat(nested: str) -> str:
-    """A list of lists made one list. Only here: a path with one wildcard is walked without it (see nodes)."""
-    return f"{nested}.{_FLATTEN}()"
+        return f"({cond} ? {values}.transformList({i}, {item}, {inner}).flatten() : [])"
+    return f"({cond} ? {values}.map({item}, [{values}.indexOf({item})].map({i}, {inner})[0]).flatten() : [])"
 
 
 def nodes(root: str, path: str, two_variable: bool) -> str:
-    """The template records at ``path`` under ``root``: ``{path, stable, metaPath, spec, meta}``."""
-    text = _walk(root, "''", "''", path.split("."), 0, two_variable)
-    if wildcards(CustomKind("", "", (path,))) <= 1:
-        # One wildcard: its inner walk yields at most one record per item; filter instead of flatten.
-        text = _single(text)
-    return text
-
-
-def _single(text: str) -> str:
-    """Rewrite ``X.map(v, [n].filter(...).map(...)).flatten()`` for a one-wildcard path so it needs no flatten:
-    keep the items whose list is not empty, then take each one's record."""
-    if not text.endswith(".flatten()"):
-        return text
-    body = text[: -len(".flatten()")]
-    return f"{body}.filter(r0, size(r0) > 0).map(r0, r0[0])"
+    """The candidate nodes at ``path`` under ``root``: ``{path, stable, node}``."""
+    return _walk(root, "''", "''", path.split("."), 0, two_variable)
 
 
 def custom_templates(root: str, kinds: Sequence[CustomKind], two_variable: bool) -> str:
@@ -232,22 +231,22 @@ def custom_templates(root: str, kinds: Sequence[CustomKind], two_variable: bool)
     expression = "[]"
     for k in reversed(kinds):
         parts = " + ".join(nodes(root, path, two_variable) for path in k.templates)
-        expression = f"variables.kind == {lit(k.group + '/' + k.resource)} ? ({parts}) :\n{expression}"
+        expression = f"variables.kind == {lit(k.group + '/' + k.resource)} ? {parts} :\n{expression}"
     return expression
 
 
 def builtin_templates(root: str) -> str:
-    """The template record of a Pod or a built-in workload (``root``: ``object`` or ``oldObject``)."""
-    def one(template: str, at: str) -> str:
-        spec, meta = f"{template}.spec", f"{template}.?metadata.orValue({{}})"
-        rec = _record(lit(at + ".spec"), lit(at + ".spec"), lit(at + ".metadata"), spec, meta)
-        return f"({template.replace('.', '.?', 1) if False else _present(template)} ? [{rec}] : [])"
+    """The candidate node of a Pod or a built-in workload (``root``: ``object`` or ``oldObject``): the Pod itself, or
+    its template."""
+    def one(at: str) -> str:
+        node = f"{root}.{at}"
+        return f"({_present(node)} ? [{_candidate(lit(at), lit(at), node)}] : [])"
     branches = [
-        ("Pod", f"[{_record(lit('spec'), lit('spec'), lit('metadata'), root + '.spec', root + '.metadata')}]"),
-        ("PodTemplate", one(f"{root}.template", "template")),
-        ("CronJob", one(f"{root}.spec.jobTemplate.spec.template", "spec.jobTemplate.spec.template")),
+        ("Pod", f"[{_candidate(lit(''), lit(''), root)}]"),
+        ("PodTemplate", one("template")),
+        ("CronJob", one("spec.jobTemplate.spec.template")),
     ]
-    expression = one(f"{root}.spec.template", "spec.template")
+    expression = one("spec.template")
     for kind, text in reversed(branches):
         expression = f"request.kind.kind == {lit(kind)} ? {text} :\n{expression}"
     return expression

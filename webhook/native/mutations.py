@@ -33,12 +33,11 @@ def _escape_pointer(token: str) -> str:
 
 
 def _names(container: str, ctx: Ctx) -> str:
-    """A container's GPU names whose value is not a valid 0 (an invalid count still asks for the device)."""
-    parts = []
-    for section in ("limits", "requests"):
+    """A container's GPU names whose value is not a valid 0 (an invalid count still asks for the device), each once."""
+    def used(section: str) -> str:
         m = f"{container}.?resources.?{section}.orValue({{}})"
-        parts.append(f"{m}.filter(k, k.contains('/') && {is_gpu(ctx, 'k')} && !{is_zero(f'{m}[k]')})")
-    return " + ".join(parts)
+        return f"{m}.filter(k, k.contains('/') && {is_gpu(ctx, 'k')} && !{is_zero(f'{m}[k]')})"
+    return f"[{used('limits')}].map(A, A + {used('requests')}.filter(k, !(k in A)))[0]"
 
 
 def variables(ctx: Ctx) -> list[tuple[str, str]]:
@@ -128,8 +127,8 @@ def tolerations(ctx: Ctx) -> str | None:
                            + ", ".join(f"{lit(k)}: {lit(v)}" for k, v in toleration.items()) + "}}")
         candidates = "[" + ", ".join(records) + "]"
     else:
-        candidates = ("variables.used.map(n, {'t': {'key': n, 'effect': 'NoSchedule'}, "
-                      "'o': {'key': n, 'operator': 'Exists', 'effect': 'NoSchedule'}})")
+        candidates = ("variables.used.map(n, {'t': {'key': string(n), 'effect': 'NoSchedule'}, "
+                      "'o': {'key': string(n), 'operator': 'Exists', 'effect': 'NoSchedule'}})")
     present = "object.spec.?tolerations.orValue([])"
     added = f"{candidates}.filter(c, !{present}.exists(x, {_tolerated_by('c.t', 'x')})).map(c, c.o)"
     return (f"{on} && size(variables.used) > 0 ? [{added}].map(a, size(a) == 0 ? [] : "

@@ -1,20 +1,22 @@
 """The pod-template rules as findings: each rule's check in ``webhook.rules``, read field by field.
 
-Every finding starts from ``variables.templates``, the object's pod templates as records (``webhook.native.kinds``):
+Every finding starts from ``variables.templates``, the object's pod templates as records:
 
 - ``t.path``, ``t.stable``, ``t.metaPath``: where the pod spec and its metadata are (``spec``,
   ``spec.template.spec``, ``spec.pytorchReplicaSpecs.Worker.template.spec``...), and the spec's path with list
   items by name;
 - ``t.spec``, ``t.meta``: the pod spec and the template's metadata;
-- facts the rules share, each computed once per template and only when a rule of the policy reads it
-  (:data:`FACTS`): ``t.uses`` (a container names a policy GPU: ``PodGPUs.uses_gpus``), ``t.holds`` (the pod
-  holds a GPU of some kind or asks a fractional scheduler: ``GpuUse.any``), ``t.fractional``, ``t.counted``,
-  ``t.trusted`` (``Policy.trusts``), ``t.declares`` (``spec.resourceClaims`` is not empty), ``t.dra`` (it
-  declares or references claims).
+- what the rules share about the pod, computed once (:func:`template_facts`): ``t.uses`` (a container names a
+  policy GPU: ``PodGPUs.uses_gpus``), ``t.holds`` (it holds a GPU of some kind or asks a fractional scheduler:
+  ``GpuUse.any``), ``t.fractional``, ``t.trusted`` (``Policy.trusts``), ``t.declares`` (``spec.resourceClaims``
+  is not empty), ``t.dra`` (it declares or references claims).
 
-Then the container lists (``l``), the containers (``c``, at index ``i``) and their resource names (``k``).
-What a rule reads of a container is written with :class:`~webhook.native.snippets.Shape`: plain optional reads
-for Pods and the built-in workloads, type-checked reads for custom resources.
+Then the container lists (``l``), the containers (``c``, at index ``i``, which only messages read) and their
+resource names (``k``), read as they are: nothing is built for a container unless a rule's condition needs it.
+Resource names are classified once per object (:data:`CLASSES`: ``variables.gpus``, ``variables.holding``...),
+so a rule asks ``k in variables.gpus``. What a rule reads of a container is written with
+:class:`~webhook.native.snippets.Shape`: plain optional reads for Pods and the built-in workloads, type-checked
+reads for custom resources.
 """
 
 from __future__ import annotations
@@ -52,8 +54,10 @@ from webhook.native.snippets import (
     escaped,
     holds_name,
     is_gpu,
+    is_zero,
     plain,
     quantity_error,
+    quantity_reason,
     quoted,
     shown,
     stable_item,
@@ -73,7 +77,8 @@ TEMPLATES = Each("t", "variables.templates")
 
 @dataclass(frozen=True)
 class Reads:
-    """Field reads for one shape of object (``webhook.native.snippets.Shape``)."""
+    """Field reads for one shape of object (``webhook.native.snippets.Shape``), and the container ``c`` of list
+    ``l`` at index ``i`` as the rules see it."""
 
     ctx: Ctx
 
@@ -96,22 +101,95 @@ class Reads:
         values = self.get(parent, key, "list", "[]")
         return values if self.typed else f"{values}.filter(x, type(x) == map)"
 
+    def containers(self, lists: tuple[str, ...] = CONTAINER_LISTS, where: str = "") -> tuple[Each, Each]:
+        """The loops over the container lists named and their containers (``c``, index ``i``)."""
+        if self.typed:
+            items = "t.spec[?l].orValue([])"
+        else:
+            items = "(l in t.spec && type(t.spec[l]) == list ? t.spec[l] : [])"
+        tests = [] if self.typed else ["type(c) == map"]
+        return Each("l", lits(lists)), Each("c", items, " && ".join([*tests, *([where] if where else [])]), "i")
 
-# The records the rules read (see the module's docstring and container_records).
-CONTAINERS = Each("c", "t.containers")
-ENTRIES = Each("e", "c.entries")
-ENTRY_PATH = "c.path + '.resources.' + e.section + '[' + e.name + ']'"
-ENTRY_STABLE = "c.stable + '.resources.' + e.section + '[' + e.name + ']'"
+    def section(self, name: str, container: str = "c") -> str:
+        """The container's ``resources.limits`` or ``resources.requests`` (``{}`` when absent or not a map)."""
+        return self.at(container, f"resources.{name}", "map", "{}")
+
+    def names(self, section: str, where: str) -> Each:
+        """The loop over the resource names (``k``) of a section of ``c``."""
+        return Each("k", self.section(section), where)
+
+    PATH = "t.path + '.' + l + '[' + string(i) + ']'"
+
+    @property
+    def stable(self) -> str:
+        if self.typed:
+            return "t.stable + '.' + l + '[name=' + c.name + ']'"
+        return stable_item("t.stable + '.' + l", "i", "c", "name")
+
+    @property
+    def label(self) -> str:
+        """``Container.label``: ``container "name"``, or ``container <path>`` without a name."""
+        if self.typed:
+            return "'container \"' + c.name + '\"'"
+        has_name = "('name' in c && type(c.name) == string && c.name != '')"
+        shown_name = f"({matches('c.name', '^[-a-z0-9.]*$')} ? c.name : {escaped('c.name')})"
+        return f"({has_name} ? 'container \"' + {shown_name} + '\"' : 'container ' + {self.PATH})"
+
+    @property
+    def name(self) -> str:
+        """The container's ``name`` as it is (null when absent)."""
+        return "c.name" if self.typed else "('name' in c ? c.name : null)"
+
+    def entry_path(self, section: str) -> str:
+        return f"{self.PATH} + '.resources.{section}[' + k + ']'"
+
+    def entry_stable(self, section: str) -> str:
+        return f"{self.stable} + '.resources.{section}[' + k + ']'"
+
+    @property
+    def resources_path(self) -> str:
+        return f"{self.PATH} + '.resources'"
+
+    @property
+    def resources_stable(self) -> str:
+        return f"{self.stable} + '.resources'"
+
+    def claims(self, container: str = "c") -> str:
+        return self.at(container, "resources.claims", "list", "[]")
+
+    def sidecar(self, container: str = "c") -> str:
+        if self.typed:
+            return f"({container}.?restartPolicy.orValue('') == 'Always')"
+        return f"('restartPolicy' in {container} && {container}.restartPolicy == 'Always')"
+
+    def valid(self, value: str) -> str:
+        """The value is a GPU count (``gpu_count`` accepts it)."""
+        return f"{quantity_reason(value, self.typed)} == ''"
+
+    def error(self, value: str) -> str:
+        """``gpu_count``'s message for the value, ``''`` when it is a count."""
+        return quantity_error(value, self.typed)
+
+    def counts(self, container: str = "c") -> str:
+        """The container's policy GPUs with a valid count, each once, as ``{name, count}``: requests, else limits
+        (what the scheduler holds)."""
+        sections = f"[{self.section('limits', container)}, {self.section('requests', container)}]"
+        valid = (f"{sections}.map(M, M.filter(k, k in variables.gpus && {self.valid('M[k]')}).map(k, "
+                 f"{record(name='k', count=count('M[k]'))}))")
+        return f"[{valid}].map(P, P[0].filter(x, !P[1].exists(y, y.name == x.name)) + P[1])[0]"
+
+    def holds(self, container: str = "c") -> str:
+        """The container holds a GPU of some kind (``isolation.container_gpus``): a holding name not a valid 0, or a
+        claim."""
+        sections = [f"{self.section(s, container)}.exists(k, k in variables.holding && "
+                    f"!{is_zero(self.section(s, container) + '[k]')})" for s in ("limits", "requests")]
+        return f"({' || '.join(sections)} || size({self.claims(container)}) > 0)"
 
 
-def containers(lists: tuple[str, ...] = CONTAINER_LISTS, where: str = "") -> Each:
-    """The loop over the containers of the lists named (all three by default)."""
-    tests = [] if lists == CONTAINER_LISTS else [
-        f"c.list == {lit(lists[0])}" if len(lists) == 1 else f"c.list in {lits(lists)}"]
-    return Each("c", "t.containers", " && ".join(tests + ([where] if where else [])))
+TEMPLATES = Each("t", "variables.templates")
 
 
-# --- names, entries, containers and templates: the records, computed once per object ------------------------
+# --- names and templates: what is computed once per object --------------------------------------------------
 
 # The classes of a resource name, each a list of the object's names: a name is classified once per object.
 CLASSES: dict[str, Callable[[Ctx], str]] = {
@@ -119,102 +197,32 @@ CLASSES: dict[str, Callable[[Ctx], str]] = {
     "holding": lambda ctx: holds_name(ctx, "k"),  # it holds a GPU of some kind (isolation.container_gpus)
     "zero_counting": lambda ctx: zero_counting(ctx, "k"),  # zero-gpu-limit reads it
     "vendor": lambda ctx: matches("k", READ_BY_SHARING),  # the vendor-name checks read it (sharing.requested)
-    "shared": lambda ctx: matches("k", SHARED),
-    "percent": lambda ctx: matches("k", PERCENT),
+    "shared": lambda ctx: f"k in variables.vendor && {matches('k', SHARED)}",
+    "percent": lambda ctx: f"k in variables.vendor && {matches('k', PERCENT)}",
     "scheduler": lambda ctx: matches("k", SCHEDULER),
-    "monitoring": lambda ctx: matches("k", MONITORING),
+    "monitoring": lambda ctx: f"k in variables.vendor && {matches('k', MONITORING)}",
 }
 
 
-def name_variables(ctx: Ctx, nodes: str = "variables.nodes") -> list[tuple[str, str]]:
+def name_variables(ctx: Ctx, pods: str = "variables.pods") -> list[tuple[str, str]]:
     """``names``: every resource name with a domain (every GPU name has one) in the containers and pod-level
     resources of the object's templates, and one list per class of :data:`CLASSES`. The names are collected by
     joining and splitting again on the separator (a name that holds one only adds names no container has)."""
     r = Reads(ctx)
     sep = lit(SEPARATOR)
-    if r.typed:
-        lists = "[n.spec.?containers.orValue([]), n.spec.?initContainers.orValue([]), " \
-                "n.spec.?ephemeralContainers.orValue([]), dyn([n.spec])]"
-    else:
-        lists = "[" + ", ".join(r.items("n.spec", name) for name in CONTAINER_LISTS) + ", [n.spec]]"
-    sections = f"[{r.at('c', 'resources.limits', 'map', '{}')}, {r.at('c', 'resources.requests', 'map', '{}')}]"
+    lists = "[" + ", ".join(r.items("n.spec", name) for name in CONTAINER_LISTS) + ", " + (
+        "dyn([n.spec])" if r.typed else "[n.spec]") + "]"
+    sections = f"[{r.section('limits')}, {r.section('requests')}]"
     per_container = f"{sections}.map(m, m.filter(k, k.contains('/')).join({sep})).join({sep})"
-    names = (f"{nodes}.map(n, {lists}.map(L, L.map(c, {per_container}).join({sep})).join({sep})).join({sep})"
+    names = (f"{pods}.map(n, {lists}.map(L, L.map(c, {per_container}).join({sep})).join({sep})).join({sep})"
              f".split({sep}).filter(k, k != '')")
     return [("names", names)] + [(name, f"variables.names.filter(k, {test(ctx)})") for name, test in CLASSES.items()]
 
 
-def _entries(r: Reads, container: str) -> str:
-    """The container's resource names with a domain, limits first: ``{section, name, value, error, count, zero,
-    gpu, holds, zeroCounting, vendor, requested, shared, percent, scheduler, monitoring}``. ``error`` is
-    ``gpu_count``'s message ('' when valid) and ``count`` the count, for the names a rule reads the value of."""
-    limits = r.at(container, "resources.limits", "map", "{}")
-    fields = {
-        "section": "S.section", "name": "k", "value": "x", "error": "err",
-        "count": f"rel && err == '' ? {count('x')} : 0",
-        "zero": f"rel && err == '' && {count('x')} == 0",
-        "gpu": "k in variables.gpus", "holds": "k in variables.holding",
-        "zeroCounting": "k in variables.zero_counting", "vendor": "k in variables.vendor",
-        "requested": f"S.section == 'limits' || !(k in {limits})", "shared": "k in variables.shared",
-        "percent": "k in variables.percent", "scheduler": "k in variables.scheduler",
-        "monitoring": "k in variables.monitoring",
-    }
-    entry = "{" + ", ".join(f"{lit(k)}: dyn({v})" for k, v in fields.items()) + "}"
-    relevant = "k in variables.gpus || k in variables.holding || k in variables.vendor"
-    sections = "[" + ", ".join(record(section=lit(s), values=r.at(container, "resources." + s, "map", "{}"))
-                               for s in ("limits", "requests")) + "]"
-    per_section = (f"{sections}.map(S, S.values.filter(k, k.contains('/')).map(k, [S.values[k]].map(x, "
-                   f"[{relevant}].map(rel, [rel ? {quantity_error('x')} : ''].map(err, {entry})[0])[0])[0]))")
-    # Two lists, one per section, made one (no flatten before Kubernetes 1.35).
-    return f"[{per_section}].map(P, P[0] + P[1])[0]"
-
-
-def _container_record(r: Reads, path: str, stable: str) -> str:
-    """The record of container ``c`` at index ``i`` of the list ``L.list`` of a spec at ``path``."""
-    here = f"{path} + '.' + L.list + '[' + string(i) + ']'"
-    if r.typed:
-        stable_here = f"{stable} + '.' + L.list + '[name=' + c.name + ']'"
-        label = "'container \"' + c.name + '\"'"
-        named = "c.name"
-        sidecar = "c.?restartPolicy.orValue('') == 'Always'"
-        claims = "c.?resources.?claims.orValue([])"
-    else:
-        stable_here = stable_item(f"{stable} + '.' + L.list", "i", "c", "name")
-        has_name = "('name' in c && type(c.name) == string && c.name != '')"
-        shown_name = f"({matches('c.name', '^[-a-z0-9.]*$')} ? c.name : {escaped('c.name')})"
-        label = f"({has_name} ? 'container \"' + {shown_name} + '\"' : 'container ' + {here})"
-        named = "('name' in c ? c.name : null)"
-        sidecar = "('restartPolicy' in c && c.restartPolicy == 'Always')"
-        claims = r.at("c", "resources.claims", "list", "[]")
-    # The effective count of each policy GPU with a valid value: requests, else limits (the scheduler's view).
-    counts = ("E.filter(e, e.gpu && e.error == '' && (e.section == 'requests' || !E.exists(q, q.section == 'requests' "
-              "&& q.name == e.name && q.gpu && q.error == '')))")
-    fields = {
-        "list": "L.list", "index": "i", "order": "L.order * 1000000 + i", "path": here, "stable": stable_here,
-        "label": label, "name": named, "fields": "c", "sidecar": sidecar,
-        "limits": r.at("c", "resources.limits", "map", "{}"), "entries": "E", "counts": counts,
-        "named": "E.exists(e, e.gpu)", "counted": "E.exists(e, e.gpu && !e.zero)",
-        "holds": f"E.exists(e, e.holds && !e.zero) || size({claims}) > 0",
-        "fractional": "E.exists(e, e.scheduler && !e.zero)",
-    }
-    record_ = "{" + ", ".join(f"{lit(k)}: dyn({v})" for k, v in fields.items()) + "}"
-    return f"[{_entries(r, 'c')}].map(E, {record_})[0]"
-
-
-def container_records(ctx: Ctx, spec: str, path: str, stable: str) -> str:
-    """The records of every container of the pod spec ``spec``, in list order (containers, init containers,
-    ephemeral containers): one list per kind, made one."""
-    r = Reads(ctx)
-    lists = "[" + ", ".join(record(list=lit(name), order=str(n), items=r.get(spec, name, "list", "[]"))
-                            for n, name in enumerate(CONTAINER_LISTS)) + "]"
-    record_ = _container_record(r, path, stable)
-    if ctx.two_variable:
-        where = "" if r.typed else "type(c) == map, "
-        per_list = f"L.items.transformList(i, c, {where}{record_})"
-    else:
-        items = "L.items" if r.typed else "L.items.filter(c, type(c) == map)"
-        per_list = f"{items}.map(c, [L.items.indexOf(c)].map(i, {record_})[0])"
-    return f"[{lists}.map(L, {per_list})].map(P, P[0] + P[1] + P[2])[0]"
+def _some_container(r: Reads, spec: str, test: str, lists: tuple[str, ...] = CONTAINER_LISTS) -> str:
+    """Some container ``c`` of the pod spec ``spec`` passes ``test``."""
+    containers = "[" + ", ".join(r.items(spec, name) for name in lists) + "]"
+    return f"{containers}.exists(L, L.exists(c, {test}))"
 
 
 def _account(r: Reads, spec: str) -> str:
@@ -238,33 +246,33 @@ def _trusted(r: Reads, spec: str) -> str:
     return r.ctx.ns(text)
 
 
-def _claims_of(r: Reads, container: str) -> str:
-    return r.at(container, "resources.claims", "list", "[]")
-
-
-def _has_claims(r: Reads, spec: str) -> str:
-    """``claims.pod_violations`` looks at all: claims declared, or referenced by a container."""
-    claims = r.get(spec, "resourceClaims", "list", "[]")
-    lists = f"[{r.items(spec, 'containers')}, {r.items(spec, 'initContainers')}]"
-    references = _claims_of(r, "c") if r.typed else f"{_claims_of(r, 'c')}.filter(x, type(x) == map)"
-    return f"(size({claims}) > 0 || {lists}.exists(L, L.exists(c, size({references}) > 0)))"
-
-
-def template_fields(ctx: Ctx, spec: str, meta: str, containers: str) -> dict[str, str]:
-    """The facts of a template record, as CEL reading ``spec``, ``meta`` and its container records ``containers``."""
+def template_facts(ctx: Ctx, spec: str, meta: str) -> dict[str, str]:
+    """What the rules share about a pod spec, as CEL reading ``spec`` and its template's ``meta``; each short-cuts
+    when the object names no resource of the class it asks about."""
     r = Reads(ctx)
     annotations = r.get(meta, "annotations", "map", "{}")
-    fractional = f"({containers}.exists(c, c.fractional) || {lits(FRACTION_ANNOTATIONS)}.exists(a, a in {annotations}))"
+    sections = ("limits", "requests")
+
+    def names(test: str) -> str:
+        return " || ".join(f"{r.section(s)}.exists(k, {test.replace('X', r.section(s) + '[k]')})" for s in sections)
+
+    scheduler = _some_container(r, spec, names(f"k in variables.scheduler && !{is_zero('X')}"))
+    fractional = (f"((size(variables.scheduler) > 0 && {scheduler}) || "
+                  f"{lits(FRACTION_ANNOTATIONS)}.exists(a, a in {annotations}))")
+    claims = r.claims() if r.typed else f"{r.claims()}.filter(x, type(x) == map)"
+    declared = r.get(spec, "resourceClaims", "list", "[]")
     return {
-        "containers": containers,
-        "uses": f"{containers}.exists(c, c.named)",
+        "uses": f"size(variables.gpus) > 0 && {_some_container(r, spec, names('k in variables.gpus'))}",
         "fractional": fractional,
-        "holds": f"{fractional} || {containers}.exists(c, c.holds)",
-        "counted": f"{containers}.exists(c, c.counted)",
+        "holds": f"{fractional} || {_some_container(r, spec, r.holds())}",
         "trusted": _trusted(r, spec),
-        "declares": f"size({r.get(spec, 'resourceClaims', 'list', '[]')}) > 0",
-        "dra": _has_claims(r, spec),
+        "declares": f"size({declared}) > 0",
+        "dra": f"size({declared}) > 0 || {_some_container(r, spec, f'size({claims}) > 0', LISTS_WITH_CLAIMS)}",
+        "gpuCounts": gpu_counts(r, spec),
     }
+
+
+LISTS_WITH_CLAIMS = ("containers", "initContainers")
 
 
 # --- the builders -----------------------------------------------------------------------------------------------
@@ -280,58 +288,84 @@ def _cap(ctx: Ctx, attribute: str) -> str:
     return ctx.ns(lambda p: str(getattr(p, attribute)))
 
 
-def _per_entry(rule: str, where: str, message: str, value: str, template_where: str = "",
-               container_where: str = "", let: tuple[tuple[str, str], ...] = ()) -> Finding:
-    loops = (Each("t", "variables.templates", template_where), Each("c", "t.containers", container_where),
-             Each("e", "c.entries", where))
-    return Finding(rule, loops, "", ENTRY_PATH, ENTRY_STABLE, value, message, let)
+def _per_name(r: Reads, rule: str, sections: tuple[str, ...], names: str, where: str, message: str, value: str,
+              let: tuple[tuple[str, str], ...] = (), template: str = "", container: str = "",
+              requests_only: bool = False) -> list[Finding]:
+    """A finding per section on the resource names (``k``, value ``x``) of every container: the names passing
+    ``names`` (cheap: class lists) are read, then ``where``. With ``requests_only``, a name in requests counts only
+    when limits lack it (``sharing.requested``)."""
+    out = []
+    for section in sections:
+        test = names
+        if section == "requests" and requests_only:
+            test = f"!(k in {r.section('limits')}) && {names}"
+        loops = (Each("t", "variables.templates", template), *r.containers(where=container), r.names(section, test))
+        out.append(Finding(rule, loops, where, r.entry_path(section), r.entry_stable(section), value, message,
+                           (("x", f"{r.section(section)}[k]"), *let)))
+    return out
 
 
 # --- the quantity rules --------------------------------------------------------------------------------------
 
 
 def invalid_quantity(ctx: Ctx) -> list[Finding]:
-    return [_per_entry("invalid-quantity", "e.gpu && e.error != ''", "c.label + ': ' + e.error", about("e.value"))]
+    r = Reads(ctx)
+    return _per_name(r, "invalid-quantity", ("limits", "requests"), "k in variables.gpus", "e != ''",
+                     f"{r.label} + ': ' + e", about("x"), (("e", r.error("x")),), template="t.uses")
 
 
 def requests_without_limits(ctx: Ctx) -> list[Finding]:
-    message = "c.label + ': ' + e.name + ' is requested without a limit, set it in limits (requests default to limits)'"
-    return [_per_entry("requests-without-limits", "e.section == 'requests' && e.gpu && !(e.name in c.limits)",
-                       message, about("e.value"))]
+    r = Reads(ctx)
+    message = f"{r.label} + ': ' + k + ' is requested without a limit, set it in limits (requests default to limits)'"
+    return _per_name(r, "requests-without-limits", ("requests",),
+                     f"k in variables.gpus && !(k in {r.section('limits')})", "", message, about("x"),
+                     template="t.uses")
 
 
 def requests_differ(ctx: Ctx) -> list[Finding]:
-    message = "c.label + ': ' + e.name + ' requests (' + " + about("e.value") + " + ') must equal limits (' + " \
-        + about("l.value") + " + ')'"
-    limit = "c.entries.filter(q, q.section == 'limits' && q.name == e.name)"
-    found = _per_entry("requests-differ", "e.section == 'requests' && e.gpu && e.error == '' && e.name in c.limits",
-                       message, "string(e.count) + ' != ' + string(l.count)", let=(("l", f"{limit}[0]"),))
-    return [Finding(found.rule, found.loops, "l.error == '' && l.count != e.count", found.path, found.stable,
-                    found.value, found.message, found.let)]
+    r = Reads(ctx)
+    message = f"{r.label} + ': ' + k + ' requests (' + {about('x')} + ') must equal limits (' + {about('y')} + ')'"
+    return _per_name(r, "requests-differ", ("requests",), f"k in variables.gpus && k in {r.section('limits')}",
+                     f"{r.valid('x')} && {r.valid('y')} && {count('x')} != {count('y')}", message,
+                     f"string({count('x')}) + ' != ' + string({count('y')})",
+                     (("y", f"{r.section('limits')}[k]"),), template="t.uses")
 
 
 def per_container_limit(ctx: Ctx) -> list[Finding]:
     if not any(p.per_container for p in _policies(ctx)):
         return []
+    r = Reads(ctx)
     cap = _cap(ctx, "per_container")
-    message = f"c.label + ': ' + string(e.count) + ' ' + e.name + ' is over the limit of ' + string({cap}) + ' per container'"
-    return [_per_entry("per-container-limit", f"e.section == 'limits' && e.gpu && e.error == '' && {cap} != 0 && "
-                       f"e.count > {cap}", message, "string(e.count)")]
+    message = f"{r.label} + ': ' + string(n) + ' ' + k + ' is over the limit of ' + string({cap}) + ' per container'"
+    return _per_name(r, "per-container-limit", ("limits",), "k in variables.gpus", f"n > {cap}", message,
+                     "string(n)", (("n", f"{r.valid('x')} ? {count('x')} : 0"),), template=f"{cap} != 0 && t.uses")
+
+
+def gpu_counts(r: Reads, spec: str) -> str:
+    """``t.gpuCounts``: per app and init container, in order, its list, place, whether it is a sidecar, and its
+    counts (:meth:`Reads.counts`)."""
+    out = []
+    for name in ("containers", "initContainers"):
+        values = r.items(spec, name)
+        sidecar = r.sidecar("c") if name == "initContainers" else "false"
+        one = record(list=lit(name), pos="p", sidecar=sidecar, counts=r.counts("c"))
+        out.append(f"[{values}].map(L, L.map(c, [L.indexOf(c)].map(p, {one})[0]))[0]")
+    return " + ".join(out)
 
 
 def _effective(container: str, name: str) -> str:
-    """The count the scheduler holds for ``name`` in the container record: requests, else limits."""
+    """The count the scheduler holds for ``name`` in a ``t.gpuCounts`` entry."""
     return f"([0] + {container}.counts.filter(x, x.name == {name}).map(x, x.count)).sum()"
 
 
 def _total(name: str) -> str:
     """``pod_gpu_totals`` of ``name`` in template ``t``: app containers and sidecars together, or an init container
     with the sidecars started before it, whichever is larger."""
-    running = (f"([0] + t.containers.filter(a, a.list == 'containers' || (a.list == 'initContainers' && a.sidecar))"
-               f".map(a, {_effective('a', name)})).sum()")
-    before = (f"([0] + t.containers.filter(b, b.list == 'initContainers' && b.sidecar && b.order < p.order)"
-              f".map(b, {_effective('b', name)})).sum()")
-    peaks = f"t.containers.filter(p, p.list == 'initContainers' && !p.sidecar).map(p, {_effective('p', name)} + {before})"
+    running = (f"([0] + t.gpuCounts.filter(a, a.list == 'containers' || a.sidecar).map(a, {_effective('a', name)}))"
+               f".sum()")
+    before = (f"([0] + t.gpuCounts.filter(b, b.sidecar && b.pos < p.pos).map(b, {_effective('b', name)})).sum()")
+    peaks = (f"t.gpuCounts.filter(p, p.list == 'initContainers' && !p.sidecar)"
+             f".map(p, {_effective('p', name)} + {before})")
     return f"([{running}] + {peaks}).max()"
 
 
@@ -339,11 +373,10 @@ def per_pod_limit(ctx: Ctx) -> list[Finding]:
     if not any(p.per_pod for p in _policies(ctx)):
         return []
     cap = _cap(ctx, "per_pod")
-    # Each name once: at the first container (in list order) that counts it.
-    first = "!t.containers.exists(o, o.list != 'ephemeralContainers' && o.order < c.order && " \
-            "o.counts.exists(x, x.name == g.name))"
-    loops = (Each("t", "variables.templates", f"{cap} != 0 && t.uses"),
-             Each("c", "t.containers", "c.list != 'ephemeralContainers'"), Each("g", "c.counts"))
+    # Each name once: at the first container (app containers, then init containers) that counts it.
+    first = ("!t.gpuCounts.exists(o, (o.list == c.list ? o.pos < c.pos : o.list == 'containers') && "
+             "o.counts.exists(x, x.name == g.name))")
+    loops = (Each("t", "variables.templates", f"{cap} != 0 && t.uses"), Each("c", "t.gpuCounts"), Each("g", "c.counts"))
     message = f"'pod asks for ' + string(n) + ' ' + g.name + ', over the limit of ' + string({cap}) + ' per pod'"
     return [Finding("per-pod-limit", loops, f"n > {cap} && {first}", "t.path", "t.stable", "string(n) + ' ' + g.name",
                     message, (("n", _total("g.name")),))]
@@ -404,6 +437,7 @@ def accelerator_conflict(ctx: Ctx) -> list[Finding]:
 
 
 # --- odd shapes, ephemeral containers, pod-level resources -----------------------------------------------
+# --- odd shapes, ephemeral containers, pod-level resources -----------------------------------------------
 
 
 def _not_a_mapping(loops: tuple[Each, ...], parent: str, key: str, base: str, stable: str) -> Finding:
@@ -427,11 +461,11 @@ def structure(ctx: Ctx) -> list[Finding]:
         items = Each("x", f"({lit(name)} in t.spec && type({value}) == list ? {value} : [])", index="i")
         out.append(Finding("structure", (TEMPLATES, items), "type(x) != map", "t.path" + item, "t.stable" + item, "''",
                            lit("must be a container mapping")))
-    every = (TEMPLATES, CONTAINERS)
-    out.append(_not_a_mapping(every, "c.fields", "resources", "c.path", "c.stable"))
-    resources = r.get("c.fields", "resources", "map", "{}")
+    every = (TEMPLATES, *r.containers())
+    out.append(_not_a_mapping(every, "c", "resources", Reads.PATH, r.stable))
+    resources = r.get("c", "resources", "map", "{}")
     for key in ("limits", "requests"):
-        out.append(_not_a_mapping(every, resources, key, "c.path + '.resources'", "c.stable + '.resources'"))
+        out.append(_not_a_mapping(every, resources, key, r.resources_path, r.resources_stable))
     out.append(_not_a_mapping((TEMPLATES,), "t.spec", "resources", "t.path", "t.stable"))
     spec_resources = r.get("t.spec", "resources", "map", "{}")
     for key in ("limits", "requests"):
@@ -464,16 +498,17 @@ def _sorted(ctx: Ctx, records: str) -> str:
     return f"[{records}].map(L, L.map(x, L.filter(y, size(L.filter(z, z.name < y.name)) == L.indexOf(x))[0]))[0]"
 
 
-def _held(ctx: Ctx, nonzero: bool) -> str:
+def _held(r: Reads, nonzero: bool) -> str:
     """``"1 nvidia.com/gpu, 2 …"``: the container's GPU counts by name, sorted (zeros dropped if asked)."""
-    counts = "c.counts.filter(x, x.count != 0)" if nonzero else "c.counts"
-    return f"{_sorted(ctx, counts)}.map(x, string(x.count) + ' ' + x.name).join(', ')"
+    counts = f"{r.counts()}.filter(x, x.count != 0)" if nonzero else r.counts()
+    return f"{_sorted(r.ctx, counts)}.map(x, string(x.count) + ' ' + x.name).join(', ')"
 
 
 def ephemeral_gpu(ctx: Ctx) -> list[Finding]:
-    loops = (TEMPLATES, containers(("ephemeralContainers",), "size(c.counts) > 0"))
-    return [Finding("ephemeral-gpu", loops, "", "c.path + '.resources'", "c.stable + '.resources'", "h",
-                    lit("ephemeral containers may not use GPUs"), (("h", _held(ctx, False)),))]
+    r = Reads(ctx)
+    loops = (Each("t", "variables.templates", "t.uses"), *r.containers(("ephemeralContainers",)))
+    return [Finding("ephemeral-gpu", loops, "h != ''", r.resources_path, r.resources_stable, "h",
+                    lit("ephemeral containers may not use GPUs"), (("h", _held(r, False)),))]
 
 
 def pod_level_gpu(ctx: Ctx) -> list[Finding]:
@@ -493,19 +528,21 @@ def pod_level_gpu(ctx: Ctx) -> list[Finding]:
 
 
 def mixed_gpu_and_mig(ctx: Ctx) -> list[Finding]:
-    slices = _sorted(ctx, "c.counts.filter(x, x.name.startsWith('nvidia.com/mig-'))")
-    message = "'container ' + " + quoted("c.name") + " + ' mixes nvidia.com/gpu with MIG slices (' + S + ')'"
-    loops = (TEMPLATES, CONTAINERS)
-    return [Finding("mixed-gpu-and-mig", loops, "c.counts.exists(x, x.name == 'nvidia.com/gpu') && S != ''",
-                    "c.path + '.resources'", "c.stable + '.resources'", "S", message,
-                    (("S", f"{slices}.map(x, x.name).join(', ')"),))]
+    r = Reads(ctx)
+    slices = _sorted(ctx, "G.filter(x, x.name.startsWith('nvidia.com/mig-'))")
+    message = f"'container ' + {quoted(r.name)} + ' mixes nvidia.com/gpu with MIG slices (' + S + ')'"
+    loops = (Each("t", "variables.templates", "t.uses"), *r.containers())
+    return [Finding("mixed-gpu-and-mig", loops, "G.exists(x, x.name == 'nvidia.com/gpu') && S != ''",
+                    r.resources_path, r.resources_stable, "S", message,
+                    (("G", r.counts()), ("S", f"{slices}.map(x, x.name).join(', ')")))]
 
 
 def init_container_gpus(ctx: Ctx) -> list[Finding]:
-    loops = (TEMPLATES, containers(("initContainers",), "!c.sidecar"))
+    r = Reads(ctx)
+    loops = (Each("t", "variables.templates", "t.uses"), *r.containers(("initContainers",), f"!{r.sidecar()}"))
     message = "'an init container asks for GPUs (' + h + '); they stay reserved for the pod\\'s lifetime'"
-    return [Finding("init-container-gpus", loops, "h != ''", "c.path + '.resources'", "c.stable + '.resources'", "h",
-                    message, (("h", _held(ctx, True)),))]
+    return [Finding("init-container-gpus", loops, "h != ''", r.resources_path, r.resources_stable, "h", message,
+                    (("h", _held(r, True)),))]
 
 
 def cpu_pod_on_gpu_nodes(ctx: Ctx) -> list[Finding]:
@@ -552,57 +589,65 @@ def _env_source(source: str) -> str:
 
 def _device_env(r: Reads, where: str) -> Each:
     """The device variables of container ``c``'s env (``e``, at index ``n``)."""
-    env = r.get("c.fields", "env", "list", "[]")
+    env = r.get("c", "env", "list", "[]")
     named = "" if r.typed else "type(e) == map && 'name' in e && "
     return Each("e", env, f"{named}e.name in {lits(DEVICE_VARIABLES)} && {where}", "n")
 
 
-UNTRUSTED_WITHOUT_GPU = (Each("t", "variables.templates", "!t.trusted"),
-                         Each("c", "t.containers", "!(t.fractional || c.holds)"))
+def _untrusted_without_gpu(r: Reads, where: str = "") -> tuple[Each, ...]:
+    """Containers of untrusted pods that hold no GPU (``GpuUse.holds``; a fractional scheduler's pod holds one)."""
+    test = f"!(t.fractional || {r.holds()})" + (f" && {where}" if where else "")
+    return (Each("t", "variables.templates", "!t.trusted"), *r.containers(where=test))
 
 
 def visible_devices_without_gpu(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     value = "e.?value.orValue('')" if r.typed else "('value' in e ? e.value : '')"
     unset = "!has(e.valueFrom)" if r.typed else "!('valueFrom' in e && e.valueFrom != null)"
-    message = (f"c.label + ' uses no GPU but sets ' + e.name + '=' + {shown('v')} + "
+    message = (f"{r.label} + ' uses no GPU but sets ' + e.name + '=' + {shown('v')} + "
                f"': the NVIDIA runtime would show it ' + (v == 'all' ? 'every GPU of its node' : 'the GPUs it names') + "
                f"', outside the scheduler\\'s accounting; remove it or set it to void'")
-    return [Finding("visible-devices-without-gpu", (*UNTRUSTED_WITHOUT_GPU, _device_env(r, unset)),
-                    f"!(type(v) == string && v in {lits(NO_DEVICES)})", "c.path + '.env[' + string(n) + '].value'",
-                    "c.stable + '.env[name=' + e.name + '].value'", shown("v"), message, (("v", value),))]
+    env = r.get("c", "env", "list", "[]")
+    has_device_env = f"{env}.exists(e, {r.is_map('e')}'name' in e && e.name in {lits(DEVICE_VARIABLES)})"
+    return [Finding("visible-devices-without-gpu", (*_untrusted_without_gpu(r, has_device_env), _device_env(r, unset)),
+                    f"!(type(v) == string && v in {lits(NO_DEVICES)})", f"{Reads.PATH} + '.env[' + string(n) + '].value'",
+                    f"{r.stable} + '.env[name=' + e.name + '].value'", shown("v"), message, (("v", value),))]
 
 
 def visible_devices_unread(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     computed = "has(e.valueFrom)" if r.typed else "'valueFrom' in e && e.valueFrom != null"
-    message = (f"c.label + ' uses no GPU and takes ' + e.name + ' from ' + {_env_source('e.valueFrom')} + "
+    message = (f"{r.label} + ' uses no GPU and takes ' + e.name + ' from ' + {_env_source('e.valueFrom')} + "
                f"', which admission cannot read; anything but void or none there shows it GPUs it was not given'")
-    from_value = Finding("visible-devices-unread", (*UNTRUSTED_WITHOUT_GPU, _device_env(r, computed)), "",
-                         "c.path + '.env[' + string(n) + '].valueFrom'",
-                         "c.stable + '.env[name=' + e.name + '].valueFrom'", "e.name", message)
-    env = r.get("c.fields", "env", "list", "[]")
-    named = f"{env}.exists(e, {r.is_map('e')}{'' if r.typed else chr(39) + 'name' + chr(39) + ' in e && '}" \
-            f"e.name == {lit(VISIBLE_DEVICES)})"
-    prefix = "x.?prefix.orValue('')" if r.typed else \
-        "('prefix' in x && x.prefix != null && x.prefix != '' ? x.prefix : '')"
+    env = r.get("c", "env", "list", "[]")
+    from_value = Finding("visible-devices-unread", (*_untrusted_without_gpu(r, f"size({env}) > 0"),
+                                                    _device_env(r, computed)), "",
+                         f"{Reads.PATH} + '.env[' + string(n) + '].valueFrom'",
+                         f"{r.stable} + '.env[name=' + e.name + '].valueFrom'", "e.name", message)
+    named = (f"{env}.exists(e, {r.is_map('e')}{'' if r.typed else chr(39) + 'name' + chr(39) + ' in e && '}"
+             f"e.name == {lit(VISIBLE_DEVICES)})")
+    prefix = ("x.?prefix.orValue('')" if r.typed
+              else "('prefix' in x && x.prefix != null && x.prefix != '' ? x.prefix : '')")
     usable = (f"{r.is_map('x')}{'' if r.typed else 'type(' + prefix + ') == string && '}"
               f"{lit(VISIBLE_DEVICES)}.startsWith({prefix}) && {prefix} != {lit(VISIBLE_DEVICES)}")
-    env_from = Each("x", r.get("c.fields", "envFrom", "list", "[]"), usable, "j")
-    from_message = (f"c.label + ' uses no GPU and imports variables from ' + {_env_source('x')} + ', which admission "
+    env_from = r.get("c", "envFrom", "list", "[]")
+    from_message = (f"{r.label} + ' uses no GPU and imports variables from ' + {_env_source('x')} + ', which admission "
                     f"cannot read; if one is {VISIBLE_DEVICES} it may show it GPUs it was not given (set "
                     f"{VISIBLE_DEVICES}=void in env, or isolation.hideGpus)'")
     loops = (Each("t", "variables.templates", f"!t.trusted && !{_hidden(ctx)}"),
-             Each("c", "t.containers", f"!(t.fractional || c.holds) && !{named}"), env_from)
-    imports = Finding("visible-devices-unread", loops, "", "c.path + '.envFrom[' + string(j) + ']'",
-                      "c.stable + '.envFrom[' + string(j) + ']'", _env_source("x"), from_message)
+             *r.containers(where=f"size({env_from}) > 0 && !(t.fractional || {r.holds()}) && !{named}"),
+             Each("x", env_from, usable, "j"))
+    imports = Finding("visible-devices-unread", loops, "", f"{Reads.PATH} + '.envFrom[' + string(j) + ']'",
+                      f"{r.stable} + '.envFrom[' + string(j) + ']'", _env_source("x"), from_message)
     return [from_value, imports]
 
 
 def zero_gpu_limit(ctx: Ctx) -> list[Finding]:
-    message = ("c.label + ': ' + e.name + ': 0 allocates no GPU but may still tolerate GPU taints and select GPU "
-               "nodes; leave the resource out'")
-    return [_per_entry("zero-gpu-limit", "e.requested && e.zeroCounting && e.zero", message, "e.name")]
+    r = Reads(ctx)
+    message = (f"{r.label} + ': ' + k + ': 0 allocates no GPU but may still tolerate GPU taints and select GPU "
+               f"nodes; leave the resource out'")
+    return _per_name(r, "zero-gpu-limit", ("limits", "requests"), "k in variables.zero_counting", is_zero("x"),
+                     message, "k", requests_only=True)
 
 
 def _gpu_node_reasons(r: Reads) -> str:
@@ -630,18 +675,18 @@ def _gpu_node_reasons(r: Reads) -> str:
 
 def privileged_gpu(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
-    privileged = r.at("c.fields", "securityContext.privileged", "bool", "false")
+    privileged = r.at("c", "securityContext.privileged", "bool", "false")
     # Why it matters: the container's own GPU, its pod's, or the pod's way onto a GPU node (the reasons after
     # 'node:', none when it has no way there).
-    why = f"(t.fractional || c.holds ? 'holds' : t.holds ? 'pod' : 'node:' + {_gpu_node_reasons(r)})"
-    said = ("(w == 'holds' ? c.label + ' is privileged and holds a GPU: it sees every GPU of its node, not only its "
-            "own' : w == 'pod' ? c.label + ' is privileged in a pod with GPUs: it runs on a GPU node and sees every "
-            "GPU of it' : c.label + ' is privileged and its pod ' + w.substring(5) + ': on a GPU node it sees every "
-            "GPU, outside the scheduler\\'s accounting')")
+    why = f"(t.fractional || {r.holds()} ? 'holds' : t.holds ? 'pod' : 'node:' + {_gpu_node_reasons(r)})"
+    said = (f"(w == 'holds' ? {r.label} + ' is privileged and holds a GPU: it sees every GPU of its node, not only "
+            f"its own' : w == 'pod' ? {r.label} + ' is privileged in a pod with GPUs: it runs on a GPU node and sees "
+            f"every GPU of it' : {r.label} + ' is privileged and its pod ' + w.substring(5) + ': on a GPU node it "
+            f"sees every GPU, outside the scheduler\\'s accounting')")
     message = f"{said} + '; only trusted namespaces and service accounts (isolation.trusted) may'"
-    loops = (Each("t", "variables.templates", "!t.trusted"), Each("c", "t.containers", f"{privileged} == true"))
-    return [Finding("privileged-gpu", loops, "w != 'node:'", "c.path + '.securityContext.privileged'",
-                    "c.stable + '.securityContext.privileged'", lit("true"), message, (("w", why),))]
+    loops = (Each("t", "variables.templates", "!t.trusted"), *r.containers(where=f"{privileged} == true"))
+    return [Finding("privileged-gpu", loops, "w != 'node:'", f"{Reads.PATH} + '.securityContext.privileged'",
+                    f"{r.stable} + '.securityContext.privileged'", lit("true"), message, (("w", why),))]
 
 
 def normalised_path(path: str) -> str:
@@ -682,13 +727,13 @@ def gpu_device_mount(ctx: Ctx) -> list[Finding]:
                          stable_item("t.stable + '.volumes'", "i", "x", "name") + " + '.hostPath.path'", "h", vmessage,
                          (("h", host), ("N", normalised_path("h"))))
     mount_path = r.get("x", "mountPath", "string", "null")
-    mounts = Each("x", r.get("c.fields", "volumeMounts", "list", "[]"),
+    mounts = Each("x", r.get("c", "volumeMounts", "list", "[]"),
                   f"{r.is_map('x')}{mount_path} != null && {mount_path}.contains('nvidia-container-devices')", "k")
-    mmessage = (f"c.label + ': a mount at ' + {shown('h')} + ' asks the NVIDIA runtime (volume-mounts device list "
+    mmessage = (f"{r.label} + ': a mount at ' + {shown('h')} + ' asks the NVIDIA runtime (volume-mounts device list "
                 f"strategy) for the GPUs it names, outside the scheduler\\'s accounting'")
-    mount_list = Finding("gpu-device-mount", (untrusted, CONTAINERS, mounts), _under("N", DEVICE_LIST_DIRECTORIES),
-                         "c.path + '.volumeMounts[' + string(k) + '].mountPath'",
-                         stable_item("c.stable + '.volumeMounts'", "k", "x", "mountPath") + " + '.mountPath'", "h",
+    mount_list = Finding("gpu-device-mount", (untrusted, *r.containers(), mounts), _under("N", DEVICE_LIST_DIRECTORIES),
+                         f"{Reads.PATH} + '.volumeMounts[' + string(k) + '].mountPath'",
+                         stable_item(f"{r.stable} + '.volumeMounts'", "k", "x", "mountPath") + " + '.mountPath'", "h",
                          mmessage, (("h", mount_path), ("N", normalised_path("h"))))
     return [host_paths, mount_list]
 
@@ -719,43 +764,52 @@ def runtime_class_without_gpu(ctx: Ctx) -> list[Finding]:
 
 # --- the vendor names (webhook.rules.sharing) -------------------------------------------------------------
 
-VENDOR = "e.vendor && e.requested"
-
 
 def shared_gpu_over_one(ctx: Ctx) -> list[Finding]:
-    message = ("c.label + ': ' + string(e.count) + ' ' + e.name + ' asks for several replicas of a shared GPU, which "
-               "give no more compute than one (the kubelet refuses it with failRequestsGreaterThanOne); ask for 1'")
-    return [_per_entry("shared-gpu-over-one", f"{VENDOR} && e.shared && e.error == '' && e.count > 1", message,
-                       "string(e.count)")]
+    r = Reads(ctx)
+    message = (f"{r.label} + ': ' + string({count('x')}) + ' ' + k + ' asks for several replicas of a shared GPU, "
+               f"which give no more compute than one (the kubelet refuses it with failRequestsGreaterThanOne); "
+               f"ask for 1'")
+    return _per_name(r, "shared-gpu-over-one", ("limits", "requests"), "k in variables.shared",
+                     f"{r.valid('x')} && {count('x')} > 1", message, f"string({count('x')})",
+                     template="size(variables.shared) > 0", requests_only=True)
+
+
+def _seen(r: Reads) -> str:
+    """The fractional schedulers' names the container asks for (``sharing.requested``)."""
+    lim, req = r.section("limits"), r.section("requests")
+    test = "k in variables.vendor && k in variables.scheduler"
+    return f"({lim}.filter(k, {test}) + {req}.filter(k, !(k in {lim}) && {test}))"
 
 
 def fractional_gpu_request(ctx: Ctx) -> list[Finding]:
-    message = f"c.label + ': ' + e.name + ' is a percentage, 0 to 100, not ' + {shown('e.value')}"
-    out = [_per_entry("fractional-gpu-request", f"{VENDOR} && e.percent && (e.error != '' || e.count > 100)", message,
-                      shown("e.value"))]
-    # The fractional schedulers' names the container asks for.
-    seen = f"c.entries.filter(e, {VENDOR} && e.scheduler).map(e, e.name)"
-    every = (TEMPLATES, CONTAINERS)
+    r = Reads(ctx)
+    message = f"{r.label} + ': ' + k + ' is a percentage, 0 to 100, not ' + {shown('x')}"
+    out = _per_name(r, "fractional-gpu-request", ("limits", "requests"), "k in variables.percent",
+                    f"!({r.valid('x')}) || {count('x')} > 100", message, shown("x"),
+                    template="size(variables.percent) > 0", requests_only=True)
+    containers = (Each("t", "variables.templates", "size(variables.scheduler) > 0"), *r.containers())
     for absolute, percentage in EXCLUSIVE:
         both = lit(f": {absolute} and {percentage} both size the GPU memory; set one of them")
-        out.append(Finding("fractional-gpu-request", every, f"{lit(absolute)} in V && {lit(percentage)} in V",
-                           "c.path + '.resources'", "c.stable + '.resources'", lit(absolute + " + " + percentage),
-                           f"c.label + {both}", (("V", seen),)))
-    volcano = _sorted(ctx, f"c.entries.filter(e, {VENDOR} && e.scheduler && e.name.startsWith('volcano.sh/vgpu-') && "
-                           f"e.name != {lit(VOLCANO_COUNT)})").replace("x.name", "x.name")
-    message = ("c.label + ': ' + W + "
+        out.append(Finding("fractional-gpu-request", containers, f"{lit(absolute)} in V && {lit(percentage)} in V",
+                           r.resources_path, r.resources_stable, lit(absolute + " + " + percentage), f"{r.label} + {both}",
+                           (("V", _seen(r)),)))
+    volcano = f"V.filter(k, k.startsWith('volcano.sh/vgpu-') && k != {lit(VOLCANO_COUNT)}).map(k, {{'name': k}})"
+    message = (f"{r.label} + ': ' + W + "
                + lit(" without " + VOLCANO_COUNT + ": Volcano mounts no GPU without a vGPU count"))
-    out.append(Finding("fractional-gpu-request", every, f"W != '' && !({lit(VOLCANO_COUNT)} in V)",
-                       "c.path + '.resources'", "c.stable + '.resources'", "W", message,
-                       (("V", seen), ("W", f"{volcano}.map(x, x.name).join(', ')"))))
+    out.append(Finding("fractional-gpu-request", containers, f"W != '' && !({lit(VOLCANO_COUNT)} in V)",
+                       r.resources_path, r.resources_stable, "W", message,
+                       (("V", _seen(r)), ("W", f"{_sorted(ctx, volcano)}.map(x, x.name).join(', ')"))))
     return out
 
 
 def gpu_monitoring_resource(ctx: Ctx) -> list[Finding]:
-    message = ("c.label + ': ' + e.name + ' gives access to every GPU of the node; only trusted namespaces and "
-               "service accounts (isolation.trusted) may ask for it'")
-    return [_per_entry("gpu-monitoring-resource", f"{VENDOR} && e.monitoring && !e.zero", message, "e.name",
-                       template_where="!t.trusted")]
+    r = Reads(ctx)
+    message = (f"{r.label} + ': ' + k + ' gives access to every GPU of the node; only trusted namespaces and "
+               f"service accounts (isolation.trusted) may ask for it'")
+    return _per_name(r, "gpu-monitoring-resource", ("limits", "requests"), "k in variables.monitoring",
+                     f"!{is_zero('x')}", message, "k", template="size(variables.monitoring) > 0 && !t.trusted",
+                     requests_only=True)
 
 
 # --- the pod's own DRA fields (webhook.rules.claims, what needs no other object) ---------------------------
@@ -803,10 +857,10 @@ def undeclared_claim(ctx: Ctx) -> list[Finding]:
     name = "('name' in x ? x.name : null)"
     message = (f"'claim ' + {quoted('m')} + ' is not declared in ' + t.path + '.resourceClaims (declared: ' + "
                f"{listed} + ')'")
-    claims = Each("x", _claims_of(r, "c.fields"), "type(x) == map", "k")
-    loops = (Each("t", "variables.templates", "t.dra"), containers(("containers", "initContainers")), claims)
-    return [Finding("undeclared-claim", loops, "!(m in D)", "c.path + '.resources.claims[' + string(k) + '].name'",
-                    stable_item("c.stable + '.resources.claims'", "k", "x", "name") + " + '.name'", plain("m"),
+    claims = Each("x", r.claims(), "type(x) == map", "k")
+    loops = (Each("t", "variables.templates", "t.dra"), *r.containers(LISTS_WITH_CLAIMS), claims)
+    return [Finding("undeclared-claim", loops, "!(m in D)", f"{Reads.PATH} + '.resources.claims[' + string(k) + '].name'",
+                    stable_item(f"{r.stable} + '.resources.claims'", "k", "x", "name") + " + '.name'", plain("m"),
                     message, (("D", declared), ("m", name)))]
 
 
@@ -815,7 +869,7 @@ def unused_claim(ctx: Ctx) -> list[Finding]:
     claims = r.get("t.spec", "resourceClaims", "list", "[]")
     lists = f"[{r.get('t.spec', 'containers', 'list', '[]')}, {r.get('t.spec', 'initContainers', 'list', '[]')}]"
     is_map = "" if r.typed else "type(c) == map && "
-    used = (f"{lists}.exists(L, L.exists(c, {is_map}{_claims_of(r, 'c')}.exists(y, type(y) == map && 'name' in y && "
+    used = (f"{lists}.exists(L, L.exists(c, {is_map}{r.claims('c')}.exists(y, type(y) == map && 'name' in y && "
             f"y.name == x.name)))")
     first = f"{claims}.filter(y, type(y) == map && 'name' in y && y.name == x.name)[0] == x"
     message = ("'claim ' + " + quoted("x.name") + " + ' is declared but no container uses it; its devices would be "
@@ -913,6 +967,10 @@ def _triggers(ctx: Ctx) -> dict[str, str]:
         # A value that is not a positive count of at most 6 digits (a 0, an odd spelling): what zero-gpu-limit reads.
         "zero": _any_container(f"has(c.resources) && ({_extended('c.resources', positive)})"),
         "init": _any_container(f"has(c.resources) && ({_extended('c.resources')})", ("initContainers",)),
+        # A MIG slice named (mixed-gpu-and-mig reads only containers that name one).
+        "mig": _any_container("has(c.resources) && (" + " || ".join(
+            f"(has(c.resources.{s}) && c.resources.{s}.exists(k, k.startsWith('nvidia.com/mig-')))"
+            for s in ("limits", "requests")) + ")"),
         "claims": f"({claims})",
         "devices": _any_container(f"has(c.env) && c.env.exists(e, e.name in {lits(DEVICE_VARIABLES)})"),
         "unread": _any_container(f"(has(c.envFrom) && size(c.envFrom) > 0) || (has(c.env) && c.env.exists(e, "
@@ -940,7 +998,7 @@ READS: dict[str, tuple[str, ...]] = {
     "invalid-quantity": ("extended",), "requests-without-limits": ("extended",), "requests-differ": ("extended",),
     "per-container-limit": ("extended",), "per-pod-limit": ("extended",), "accelerator-not-allowed": ("extended",),
     "accelerator-conflict": ("extended",), "ephemeral-gpu": ("extended",), "pod-level-gpu": ("extended",),
-    "mixed-gpu-and-mig": ("extended",), "shared-gpu-over-one": ("extended",), "fractional-gpu-request": ("extended",),
+    "mixed-gpu-and-mig": ("mig",), "shared-gpu-over-one": ("extended",), "fractional-gpu-request": ("extended",),
     "gpu-monitoring-resource": ("extended",),
     "structure": ("never",),  # custom resources only: Pods have a schema
     "zero-gpu-limit": ("zero",), "init-container-gpus": ("init",),

@@ -202,39 +202,44 @@ def type_name(v: str) -> str:
 # --- quantities (webhook.core.quantity.gpu_count) -------------------------------------------------------------
 
 NOT_SENSIBLE = f" is not a sensible GPU count (at most {CEILING})"
-
-
-def _string_error(v: str) -> str:
-    q = "q"
-    return (
-        f"(size({v}) > {MAX_LENGTH} ? {shown(v)} + {lit(NOT_SENSIBLE)} : "
-        f"!{matches(v, QUANTITY_GRAMMAR)} ? {quoted(v)} + ' is not a quantity' : "
-        f"{matches(v, EXPONENT)} && !{matches(v, SENSIBLE_EXPONENT)} ? {quoted(v)} + {lit(NOT_SENSIBLE)} : "
-        f"!isQuantity({v}) ? {quoted(v)} + ' is not a quantity' : "
-        f"[quantity({v})].map({q}, sign({q}) < 0 ? {quoted(v)} + ' is negative (GPU counts are zero or more)' : "
-        f"{q}.isGreaterThan(quantity('{CEILING}')) ? {quoted(v)} + {lit(NOT_SENSIBLE)} : "
-        # isInteger() is false for 1000m (it gives up on negative scales): compare with the rounded value instead,
-        # bounded above so the rounding is exact.
-        f"{q}.compareTo(quantity(string(int({q}.asApproximateFloat() + 0.5)))) != 0 ? "
-        f"{quoted(v)} + ' is not a whole number (GPUs cannot be shared)' : '')[0])"
-    )
-
+NOT_A_QUANTITY = " is not a quantity"
+NEGATIVE = " is negative (GPU counts are zero or more)"
+NOT_WHOLE = " is not a whole number (GPUs cannot be shared)"
 
 # The usual spelling (what a Pod's quantities are canonicalised to): a whole count of at most 6 digits.
 DIGITS = "^[0-9]{1,6}$"
 
 
-def quantity_error(v: str) -> str:
-    """The message ``gpu_count`` raises for ``v`` (the value itself, not a string of it), or ``''``."""
-    return (
-        f"(type({v}) == string ? ({matches(v, DIGITS)} ? '' : {_string_error(v)}) : "
-        f"type({v}) == int ? ({v} > {CEILING} || {v} < -{CEILING} ? string({v}) + {lit(NOT_SENSIBLE)} : "
-        f"{v} < 0 ? string({v}) + ' is negative (GPU counts are zero or more)' : '') : "
-        f"type({v}) == double ? ({v} < 0.0 ? string({v}) + ' is negative (GPU counts are zero or more)' : "
-        f"{v} > {CEILING}.0 ? string({v}) + {lit(NOT_SENSIBLE)} : "
-        f"double(int({v})) != {v} ? string({v}) + ' is not a whole number (GPUs cannot be shared)' : '') : "
-        f"{shown(v)} + ' is not a quantity')"
+def quantity_reason(v: str, typed: bool = False) -> str:
+    """What ``gpu_count`` finds wrong with the value ``v`` (not a string of it), as the end of its message (``' is
+    not a quantity'``...), or ``''`` when it is a count. ``typed``: a quantity the apiserver decoded (Pods and
+    built-in workloads), which is canonical, whole and not negative, so only its size can be wrong."""
+    ceiling = f"quantity('{CEILING}')"
+    if typed:
+        return f"({matches(v, DIGITS)} || !quantity({v}).isGreaterThan({ceiling}) ? '' : {lit(NOT_SENSIBLE)})"
+    string = (
+        f"{matches(v, DIGITS)} ? '' : size({v}) > {MAX_LENGTH} ? {lit(NOT_SENSIBLE)} : "
+        f"!{matches(v, QUANTITY_GRAMMAR)} ? {lit(NOT_A_QUANTITY)} : "
+        f"{matches(v, EXPONENT)} && !{matches(v, SENSIBLE_EXPONENT)} ? {lit(NOT_SENSIBLE)} : "
+        f"!isQuantity({v}) ? {lit(NOT_A_QUANTITY)} : "
+        f"[quantity({v})].map(q, sign(q) < 0 ? {lit(NEGATIVE)} : q.isGreaterThan({ceiling}) ? {lit(NOT_SENSIBLE)} : "
+        # isInteger() is false for 1000m (it gives up on negative scales): compare with the rounded value instead,
+        # bounded above so the rounding is exact.
+        f"q.compareTo(quantity(string(int(q.asApproximateFloat() + 0.5)))) != 0 ? {lit(NOT_WHOLE)} : '')[0]"
     )
+    return (
+        f"(type({v}) == string ? ({string}) : "
+        f"type({v}) == int ? ({v} > {CEILING} || {v} < -{CEILING} ? {lit(NOT_SENSIBLE)} : {v} < 0 ? {lit(NEGATIVE)} : "
+        f"'') : "
+        f"type({v}) == double ? ({v} < 0.0 ? {lit(NEGATIVE)} : {v} > {CEILING}.0 ? {lit(NOT_SENSIBLE)} : "
+        f"double(int({v})) != {v} ? {lit(NOT_WHOLE)} : '') : {lit(NOT_A_QUANTITY)})"
+    )
+
+
+def quantity_error(v: str, typed: bool = False) -> str:
+    """The message ``gpu_count`` raises for ``v`` (the value itself, not a string of it), or ``''``: the value as
+    ``shown`` words it, then what is wrong."""
+    return f"[{quantity_reason(v, typed)}].map(p, p == '' ? '' : {shown(v)} + p)[0]"
 
 
 def count(v: str) -> str:
