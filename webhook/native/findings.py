@@ -143,15 +143,10 @@ def _exists(loops: Sequence[Each], leaf: str) -> str:
 
 
 def excused(f: Finding) -> str:
-    """On UPDATE, the old object had this violation too (read inside the innermost loop of ``f``)."""
+    """On UPDATE, the old object had this violation too (read inside the innermost loop of ``f``, its names
+    bound)."""
     test = f"{old_keys(f.rule)}.contains({lit(SEPARATOR)} + {f.key} + {lit(SEPARATOR)})"
-    return f"({UPDATE} && {_indexed(f.loops, _bind(f.let, test, '', boolean=True))})"
-
-
-def _violates(f: Finding) -> str:
-    """The innermost condition: a violation, not excused (each binds only the names it reads, so a name the
-    condition guards is not computed before it)."""
-    return _and(_bind(f.let, f.where, "", boolean=True), f"!{excused(f)}")
+    return f"({UPDATE} && {_indexed(f.loops, test)})"
 
 
 def exists(f: Finding) -> str:
@@ -180,24 +175,44 @@ def joined(items: str) -> str:
     return f"{items}.filter(s, s != '').join({lit(SEPARATOR)})"
 
 
-def _collect(loops: Sequence[Each], condition: str, text: str, dialect: Dialect) -> str:
-    """``text`` of every innermost item where ``condition`` holds, joined by the separator."""
+def _collect(loops: Sequence[Each], leaf: str, dialect: Dialect) -> str:
+    """The string ``leaf`` of every innermost item (``''`` where there is none), joined by the separator."""
     first, rest = loops[0], loops[1:]
-    if not rest:
-        return joined(_with_index(first, dialect, f"{condition} ? {text} : ''", first.where))
-    return joined(_with_index(first, dialect, _collect(rest, condition, text, dialect), first.where))
+    inner = leaf if not rest else _collect(rest, leaf, dialect)
+    return joined(_with_index(first, dialect, inner, first.where))
+
+
+def _needed(lets: Sequence[tuple[str, str]], text: str) -> set[str]:
+    """The names of ``lets`` that ``text`` reads, directly or through another name's value."""
+    needed: set[str] = set()
+    reads = text
+    for name, value in reversed(lets):
+        if _mentions(reads, name):
+            needed.add(name)
+            reads += " " + value
+    return needed
+
+
+def _leaf(f: Finding, text: str, excusable: bool) -> str:
+    """``text`` for a violation at the innermost level, ``''`` otherwise. The names the condition reads are bound
+    first; the others (the words, the key) only once it holds."""
+    needed = _needed(f.let, f.where)
+    outer = [(n, v) for n, v in f.let if n in needed]
+    inner = [(n, v) for n, v in f.let if n not in needed]
+    said = f"({excused(f)} ? '' : {text})" if excusable else text
+    body = _bind(inner, said, "", boolean=False)
+    return _bind(outer, f"({f.where} ? {body} : '')" if f.where else body, "", boolean=False)
 
 
 def found(f: Finding, dialect: Dialect) -> str:
-    """The violations, ``path: message`` as the webhook prints them, joined by the separator (``''``: none)."""
-    text = _bind(f.let, f"{f.path} + ': ' + {f.message}", "", boolean=False)
-    return _collect(f.loops, _violates(f), text, dialect)
+    """The violations, ``path: message`` as the webhook prints them, joined by the separator (``''``: none),
+    without those an UPDATE's old object had too."""
+    return _collect(f.loops, _leaf(f, f"{f.path} + ': ' + {f.message}", excusable=True), dialect)
 
 
 def keys(f: Finding, dialect: Dialect) -> str:
     """What the old object's violations are about (their keys), joined by the separator (:func:`old_keys`)."""
-    return _collect(_old(f), _bind(f.let, _and(f.where), "", boolean=True), _bind(f.let, f.key, "", boolean=False),
-                    dialect)
+    return _collect(_old(f), _leaf(f, f.key, excusable=False), dialect)
 
 
 __all__ = ["SEPARATOR", "Dialect", "Each", "Finding", "exists", "found", "joined", "keys", "old_keys", "variable"]

@@ -147,10 +147,15 @@ def _template_variables(ctx: Ctx, family: Family, custom_kinds: Sequence[kinds.C
     if family is CUSTOM:
         out.append(("kind", kinds.KIND))
     read = " ".join(texts)
-    facts = {k: v for k, v in pods.template_facts(ctx, "n.spec", "n.meta").items()
-             if re.search(rf"\bt\.{k}\b", read)}
+    every = pods.template_facts(ctx, "n.spec", "n.meta")
+    facts = {k: v for k, v in every.items() if re.search(rf"\bt\.{k}\b", read)}
+    if "holds" in facts:
+        facts["fractional"] = "F"  # computed once, below
     fields = ", ".join([f"'{k}': dyn(n.{k})" for k in ("path", "stable", "metaPath", "spec", "meta")]
                        + [f"'{k}': dyn({v})" for k, v in facts.items()])
+    record_ = f"{{{fields}}}"
+    if "holds" in facts:
+        record_ = f"[{every['fractional']}].map(F, {record_})[0]"
     # The object's templates and, on UPDATE, the old object's, by one expression (index 0 and 1).
     roots = "(variables.update ? [object, oldObject] : [object])"
     found = (kinds.builtin_templates("R") if family is BUILTIN
@@ -159,7 +164,7 @@ def _template_variables(ctx: Ctx, family: Family, custom_kinds: Sequence[kinds.C
     out.append(("pods", f"variables.nodes.map(N, N.filter(n, {kinds.is_node('n.node')}).map(n, {kinds.node_record('n')}))"))
     # Names are classified once, from the object (an old violation matters only when the object has it too).
     out.extend(pods.name_variables(ctx, "variables.pods[0]"))
-    out.append(("all_templates", f"variables.pods.map(P, P.map(n, {{{fields}}}))"))
+    out.append(("all_templates", f"variables.pods.map(P, P.map(n, {record_}))"))
     out.append(("templates", "variables.all_templates[0]"))
     out.append(("old_templates", "variables.update ? variables.all_templates[1] : []"))
     return out

@@ -170,6 +170,28 @@ class Reads:
         """``gpu_count``'s message for the value, ``''`` when it is a count."""
         return quantity_error(value, self.typed)
 
+    def zero(self, value: str) -> str:
+        """The value is a valid count of 0."""
+        return is_zero(value, self.typed)
+
+    def shown(self, value: str) -> str:
+        """A resource value as ``shown`` words it."""
+        return shown(value, self.typed)
+
+    def about(self, value: str) -> str:
+        """A resource value as ``about`` words it."""
+        return about(value, self.typed)
+
+    def each_section(self, where: str = "") -> tuple[Each, Each]:
+        """The loops over the container's two sections (``s``: limits, requests) and their names (``k``)."""
+        values = "c.?resources[?s].orValue({})" if self.typed else \
+            "(type(c) == map && 'resources' in c && type(c.resources) == map && s in c.resources && " \
+            "type(c.resources[s]) == map ? c.resources[s] : {})"
+        return Each("s", "['limits', 'requests']"), Each("k", values, where)
+
+    SECTION = "(type(c) == map && 'resources' in c && type(c.resources) == map && s in c.resources && " \
+        "type(c.resources[s]) == map ? c.resources[s] : {})"
+
     def counts(self, container: str = "c") -> str:
         """The container's policy GPUs with a valid count, each once, as ``{name, count}``: requests, else limits
         (what the scheduler holds)."""
@@ -182,7 +204,7 @@ class Reads:
         """The container holds a GPU of some kind (``isolation.container_gpus``): a holding name not a valid 0, or a
         claim."""
         sections = [f"{self.section(s, container)}.exists(k, k in variables.holding && "
-                    f"!{is_zero(self.section(s, container) + '[k]')})" for s in ("limits", "requests")]
+                    f"!{self.zero(self.section(s, container) + '[k]')})" for s in ("limits", "requests")]
         return f"({' || '.join(sections)} || size({self.claims(container)}) > 0)"
 
 
@@ -248,15 +270,15 @@ def _trusted(r: Reads, spec: str) -> str:
 
 def template_facts(ctx: Ctx, spec: str, meta: str) -> dict[str, str]:
     """What the rules share about a pod spec, as CEL reading ``spec`` and its template's ``meta``; each short-cuts
-    when the object names no resource of the class it asks about."""
+    when the object names no resource of the class it asks about. ``holds`` reads ``fractional`` as ``F``."""
     r = Reads(ctx)
     annotations = r.get(meta, "annotations", "map", "{}")
-    sections = ("limits", "requests")
 
     def names(test: str) -> str:
-        return " || ".join(f"{r.section(s)}.exists(k, {test.replace('X', r.section(s) + '[k]')})" for s in sections)
+        return " || ".join(f"{r.section(s)}.exists(k, {test.replace('X', r.section(s) + '[k]')})"
+                           for s in ("limits", "requests"))
 
-    scheduler = _some_container(r, spec, names(f"k in variables.scheduler && !{is_zero('X')}"))
+    scheduler = _some_container(r, spec, names(f"k in variables.scheduler && !{r.zero('X')}"))
     fractional = (f"((size(variables.scheduler) > 0 && {scheduler}) || "
                   f"{lits(FRACTION_ANNOTATIONS)}.exists(a, a in {annotations}))")
     claims = r.claims() if r.typed else f"{r.claims()}.filter(x, type(x) == map)"
@@ -264,7 +286,7 @@ def template_facts(ctx: Ctx, spec: str, meta: str) -> dict[str, str]:
     return {
         "uses": f"size(variables.gpus) > 0 && {_some_container(r, spec, names('k in variables.gpus'))}",
         "fractional": fractional,
-        "holds": f"{fractional} || {_some_container(r, spec, r.holds())}",
+        "holds": f"F || {_some_container(r, spec, r.holds())}",
         "trusted": _trusted(r, spec),
         "declares": f"size({declared}) > 0",
         "dra": f"size({declared}) > 0 || {_some_container(r, spec, f'size({claims}) > 0', LISTS_WITH_CLAIMS)}",
@@ -291,18 +313,19 @@ def _cap(ctx: Ctx, attribute: str) -> str:
 def _per_name(r: Reads, rule: str, sections: tuple[str, ...], names: str, where: str, message: str, value: str,
               let: tuple[tuple[str, str], ...] = (), template: str = "", container: str = "",
               requests_only: bool = False) -> list[Finding]:
-    """A finding per section on the resource names (``k``, value ``x``) of every container: the names passing
-    ``names`` (cheap: class lists) are read, then ``where``. With ``requests_only``, a name in requests counts only
-    when limits lack it (``sharing.requested``)."""
-    out = []
-    for section in sections:
-        test = names
-        if section == "requests" and requests_only:
-            test = f"!(k in {r.section('limits')}) && {names}"
-        loops = (Each("t", "variables.templates", template), *r.containers(where=container), r.names(section, test))
-        out.append(Finding(rule, loops, where, r.entry_path(section), r.entry_stable(section), value, message,
-                           (("x", f"{r.section(section)}[k]"), *let)))
-    return out
+    """The finding on the resource names (``k``, value ``x``) of the ``sections`` (``s``) of every container: the
+    names passing ``names`` (cheap: class lists) are read, then ``where``. With ``requests_only``, a name in
+    requests counts only when limits lack it (``sharing.requested``)."""
+    test = names
+    if requests_only and "requests" in sections:
+        test = f"(s == 'limits' || !(k in {r.section('limits')})) && {names}"
+    section_loop, names_loop = r.each_section(test)
+    if sections != ("limits", "requests"):
+        section_loop = Each("s", lits(sections))
+    loops = (Each("t", "variables.templates", template), *r.containers(where=container), section_loop, names_loop)
+    path = f"{Reads.PATH} + '.resources.' + s + '[' + k + ']'"
+    stable = f"{r.stable} + '.resources.' + s + '[' + k + ']'"
+    return [Finding(rule, loops, where, path, stable, value, message, (("x", f"{names_loop.over}[k]"), *let))]
 
 
 # --- the quantity rules --------------------------------------------------------------------------------------
@@ -311,20 +334,20 @@ def _per_name(r: Reads, rule: str, sections: tuple[str, ...], names: str, where:
 def invalid_quantity(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     return _per_name(r, "invalid-quantity", ("limits", "requests"), "k in variables.gpus", "e != ''",
-                     f"{r.label} + ': ' + e", about("x"), (("e", r.error("x")),), template="t.uses")
+                     f"{r.label} + ': ' + e", r.about("x"), (("e", r.error("x")),), template="t.uses")
 
 
 def requests_without_limits(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     message = f"{r.label} + ': ' + k + ' is requested without a limit, set it in limits (requests default to limits)'"
     return _per_name(r, "requests-without-limits", ("requests",),
-                     f"k in variables.gpus && !(k in {r.section('limits')})", "", message, about("x"),
+                     f"k in variables.gpus && !(k in {r.section('limits')})", "", message, r.about("x"),
                      template="t.uses")
 
 
 def requests_differ(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
-    message = f"{r.label} + ': ' + k + ' requests (' + {about('x')} + ') must equal limits (' + {about('y')} + ')'"
+    message = f"{r.label} + ': ' + k + ' requests (' + {r.about('x')} + ') must equal limits (' + {r.about('y')} + ')'"
     return _per_name(r, "requests-differ", ("requests",), f"k in variables.gpus && k in {r.section('limits')}",
                      f"{r.valid('x')} && {r.valid('y')} && {count('x')} != {count('y')}", message,
                      f"string({count('x')}) + ' != ' + string({count('y')})",
@@ -570,21 +593,20 @@ def _hidden(ctx: Ctx) -> str:
     return f"({ctx.ns(lambda p: boolean(p.hide_gpus != 'off'))} && !t.fractional)"
 
 
-def _env_source(source: str) -> str:
-    """``isolation._source``: where a valueFrom or envFrom entry takes its variables from."""
-    branches = []
-    for key, kind in (("configMapRef", "ConfigMap"), ("secretRef", "Secret"), ("configMapKeyRef", "ConfigMap"),
-                      ("secretKeyRef", "Secret")):
-        ref = f"{source}.{key}"
-        test = f"({lit(key)} in {source} && type({ref}) == map && size({ref}) > 0)"
-        named = lit(kind + " ") + " + " + shown(ref + ".name")
-        branches.append((test, f"('name' in {ref} && type({ref}.name) == string ? {named} : {lit(kind)})"))
-    branches.append((f"'fieldRef' in {source}", lit("a field of the pod")))
-    branches.append((f"'resourceFieldRef' in {source}", lit("a resource field")))
-    expression = lit("a source")
-    for test, value in reversed(branches):
-        expression = f"({test} ? {value} : {expression})"
-    return f"(type({source}) == map ? {expression} : {lit('a source')})"
+# Where an env source takes its variables from, in the order isolation._source looks.
+_REFERENCES = (("configMapRef", "ConfigMap"), ("secretRef", "Secret"), ("configMapKeyRef", "ConfigMap"),
+               ("secretKeyRef", "Secret"))
+
+
+def _env_source(r: Reads, source: str) -> str:
+    """``isolation._source``: where a valueFrom or envFrom entry takes its variables from (``ConfigMap "name"``, ...)."""
+    pairs = "[" + ", ".join(f"[{lit(key)}, {lit(kind)}]" for key, kind in _REFERENCES) + "]"
+    found = "R.filter(p, p[0] in S && type(S[p[0]]) == map && size(S[p[0]]) > 0)"
+    name = "S[F[0][0]].name"
+    named = f"'name' in S[F[0][0]] && type({name}) == string ? F[0][1] + ' ' + {shown(name, r.typed)} : F[0][1]"
+    other = "'fieldRef' in S ? 'a field of the pod' : 'resourceFieldRef' in S ? 'a resource field' : 'a source'"
+    return (f"[{source}].map(S, type(S) != map ? 'a source' : [{pairs}].map(R, [{found}].map(F, size(F) > 0 ? "
+            f"({named}) : {other})[0])[0])[0]")
 
 
 def _device_env(r: Reads, where: str) -> Each:
@@ -617,7 +639,7 @@ def visible_devices_without_gpu(ctx: Ctx) -> list[Finding]:
 def visible_devices_unread(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     computed = "has(e.valueFrom)" if r.typed else "'valueFrom' in e && e.valueFrom != null"
-    message = (f"{r.label} + ' uses no GPU and takes ' + e.name + ' from ' + {_env_source('e.valueFrom')} + "
+    message = (f"{r.label} + ' uses no GPU and takes ' + e.name + ' from ' + {_env_source(r, 'e.valueFrom')} + "
                f"', which admission cannot read; anything but void or none there shows it GPUs it was not given'")
     env = r.get("c", "env", "list", "[]")
     from_value = Finding("visible-devices-unread", (*_untrusted_without_gpu(r, f"size({env}) > 0"),
@@ -631,14 +653,14 @@ def visible_devices_unread(ctx: Ctx) -> list[Finding]:
     usable = (f"{r.is_map('x')}{'' if r.typed else 'type(' + prefix + ') == string && '}"
               f"{lit(VISIBLE_DEVICES)}.startsWith({prefix}) && {prefix} != {lit(VISIBLE_DEVICES)}")
     env_from = r.get("c", "envFrom", "list", "[]")
-    from_message = (f"{r.label} + ' uses no GPU and imports variables from ' + {_env_source('x')} + ', which admission "
+    from_message = (f"{r.label} + ' uses no GPU and imports variables from ' + {_env_source(r, 'x')} + ', which admission "
                     f"cannot read; if one is {VISIBLE_DEVICES} it may show it GPUs it was not given (set "
                     f"{VISIBLE_DEVICES}=void in env, or isolation.hideGpus)'")
     loops = (Each("t", "variables.templates", f"!t.trusted && !{_hidden(ctx)}"),
              *r.containers(where=f"size({env_from}) > 0 && !(t.fractional || {r.holds()}) && !{named}"),
              Each("x", env_from, usable, "j"))
     imports = Finding("visible-devices-unread", loops, "", f"{Reads.PATH} + '.envFrom[' + string(j) + ']'",
-                      f"{r.stable} + '.envFrom[' + string(j) + ']'", _env_source("x"), from_message)
+                      f"{r.stable} + '.envFrom[' + string(j) + ']'", _env_source(r, "x"), from_message)
     return [from_value, imports]
 
 
@@ -646,7 +668,7 @@ def zero_gpu_limit(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     message = (f"{r.label} + ': ' + k + ': 0 allocates no GPU but may still tolerate GPU taints and select GPU "
                f"nodes; leave the resource out'")
-    return _per_name(r, "zero-gpu-limit", ("limits", "requests"), "k in variables.zero_counting", is_zero("x"),
+    return _per_name(r, "zero-gpu-limit", ("limits", "requests"), "k in variables.zero_counting", r.zero("x"),
                      message, "k", requests_only=True)
 
 
@@ -784,9 +806,9 @@ def _seen(r: Reads) -> str:
 
 def fractional_gpu_request(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
-    message = f"{r.label} + ': ' + k + ' is a percentage, 0 to 100, not ' + {shown('x')}"
+    message = f"{r.label} + ': ' + k + ' is a percentage, 0 to 100, not ' + {r.shown('x')}"
     out = _per_name(r, "fractional-gpu-request", ("limits", "requests"), "k in variables.percent",
-                    f"!({r.valid('x')}) || {count('x')} > 100", message, shown("x"),
+                    f"!({r.valid('x')}) || {count('x')} > 100", message, r.shown("x"),
                     template="size(variables.percent) > 0", requests_only=True)
     containers = (Each("t", "variables.templates", "size(variables.scheduler) > 0"), *r.containers())
     for absolute, percentage in EXCLUSIVE:
@@ -808,7 +830,7 @@ def gpu_monitoring_resource(ctx: Ctx) -> list[Finding]:
     message = (f"{r.label} + ': ' + k + ' gives access to every GPU of the node; only trusted namespaces and "
                f"service accounts (isolation.trusted) may ask for it'")
     return _per_name(r, "gpu-monitoring-resource", ("limits", "requests"), "k in variables.monitoring",
-                     f"!{is_zero('x')}", message, "k", template="size(variables.monitoring) > 0 && !t.trusted",
+                     f"!{r.zero('x')}", message, "k", template="size(variables.monitoring) > 0 && !t.trusted",
                      requests_only=True)
 
 

@@ -181,15 +181,19 @@ def plain(v: str) -> str:
             f"|| type({v}) == uint || type({v}) == double ? string({v}) : type({v}) == list ? '[…]' : '{{…}}')")
 
 
-def shown(v: str) -> str:
-    """``webhook.core.quantity.shown``: ``quoted``, long strings cut to 16 characters and their length."""
+def shown(v: str, quantity: bool = False) -> str:
+    """``webhook.core.quantity.shown``: ``quoted``, long strings cut to 16 characters and their length.
+    ``quantity``: ``v`` is a quantity the apiserver decoded, a string of characters that need no escape."""
+    if quantity:
+        return f"(size({v}) > {MAX_LENGTH} ? '\"' + {v}.substring(0, 16) + '…\" (' + string(size({v})) + " \
+               f"' characters)' : '\"' + {v} + '\"')"
     return (f"(type({v}) == string && size({v}) > {MAX_LENGTH} ? '\"' + {escaped(v + '.substring(0, 16)')} + "
             f"'…\" (' + string(size({v})) + ' characters)' : {quoted(v)})")
 
 
-def about(v: str) -> str:
+def about(v: str, quantity: bool = False) -> str:
     """``webhook.rules.pods.about``: a string as written, anything else ``shown``."""
-    return f"(type({v}) == string ? {v} : {shown(v)})"
+    return v if quantity else f"(type({v}) == string ? {v} : {shown(v)})"
 
 
 def type_name(v: str) -> str:
@@ -239,7 +243,7 @@ def quantity_reason(v: str, typed: bool = False) -> str:
 def quantity_error(v: str, typed: bool = False) -> str:
     """The message ``gpu_count`` raises for ``v`` (the value itself, not a string of it), or ``''``: the value as
     ``shown`` words it, then what is wrong."""
-    return f"[{quantity_reason(v, typed)}].map(p, p == '' ? '' : {shown(v)} + p)[0]"
+    return f"[{quantity_reason(v, typed)}].map(p, p == '' ? '' : {shown(v, typed)} + p)[0]"
 
 
 def count(v: str) -> str:
@@ -249,8 +253,13 @@ def count(v: str) -> str:
             f"type({v}) == int ? int({v}) : int({v}))")
 
 
-def is_zero(v: str) -> str:
-    """``v`` is a valid count of 0 (``isolation._nonzero`` is its negation)."""
+def is_zero(v: str, typed: bool = False) -> str:
+    """``v`` is a valid count of 0 (``isolation._nonzero`` is its negation). ``typed``: a quantity the apiserver
+    decoded, whose canonical zero is ``0``."""
+    if typed:
+        return f"({v} == '0')"
+    if not _PLAIN.fullmatch(v):
+        return f"[{v}].exists(z, {is_zero('z')})"
     return (f"(type({v}) == int ? {v} == 0 : type({v}) == double ? {v} == 0.0 : type({v}) == string ? "
             f"(size({v}) <= {MAX_LENGTH} && {matches(v, QUANTITY_GRAMMAR)} && "
             f"(!{matches(v, EXPONENT)} || {matches(v, SENSIBLE_EXPONENT)}) && isQuantity({v}) && "
