@@ -21,6 +21,8 @@ reads for custom resources.
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,6 +49,7 @@ from webhook.native.snippets import (
     PERCENT,
     READ_BY_SHARING,
     SCHEDULER,
+    DIGITS,
     SHARED,
     Ctx,
     about,
@@ -70,6 +73,8 @@ from webhook.native.snippets import (
 MAX_PATH_SEGMENTS = 40
 
 TEMPLATES = Each("t", "variables.templates")
+# The registry's vendor names the sharing rules read, for Python's re (the same expression as the CEL literal).
+READ_BY_SHARING_PY = READ_BY_SHARING
 
 
 # --- reading a template, a container, a resource name ------------------------------------------------------
@@ -229,16 +234,22 @@ CLASSES: dict[str, Callable[[Ctx], str]] = {
 def name_variables(ctx: Ctx, pods: str = "variables.pods") -> list[tuple[str, str]]:
     """``names``: every resource name with a domain (every GPU name has one) in the containers and pod-level
     resources of the object's templates, and one list per class of :data:`CLASSES`. The names are collected by
-    joining and splitting again on the separator (a name that holds one only adds names no container has)."""
+    joining and splitting again on the separator (a name that holds one only adds names no container has), each
+    once where the target has ``distinct()``, and before that once when every container names the same (the
+    usual pod): a name classified twice is classified alike."""
     r = Reads(ctx)
     sep = lit(SEPARATOR)
     lists = "[" + ", ".join(r.items("n.spec", name) for name in CONTAINER_LISTS) + ", " + (
         "dyn([n.spec])" if r.typed else "[n.spec]") + "]"
-    sections = f"[{r.section('limits')}, {r.section('requests')}]"
-    per_container = f"{sections}.map(m, m.filter(k, k.contains('/')).join({sep})).join({sep})"
-    names = (f"{pods}.map(n, {lists}.map(L, L.map(c, {per_container}).join({sep})).join({sep})).join({sep})"
+    lim, req = r.section("limits"), r.section("requests")
+    per_container = (f"({lim}.filter(k, k.contains('/')) + {req}.filter(k, k.contains('/') && !(k in {lim})))"
+                     f".join({sep})")
+    found = (f"{pods}.map(n, {lists}.map(L, L.map(c, {per_container}).join({sep})).join({sep})).join({sep})"
              f".split({sep}).filter(k, k != '')")
-    return [("names", names)] + [(name, f"variables.names.filter(k, {test(ctx)})") for name, test in CLASSES.items()]
+    once = f"{found}.distinct()" if ctx.lists else f"[{found}].map(N, N.all(k, k == N[0]) ? N.slice(0, 1) : N)[0]"
+    if not ctx.lists:
+        once = f"[{found}].map(N, size(N) > 0 && N.all(k, k == N[0]) ? [N[0]] : N)[0]"
+    return [("names", once)] + [(name, f"variables.names.filter(k, {test(ctx)})") for name, test in CLASSES.items()]
 
 
 def _some_container(r: Reads, spec: str, test: str, lists: tuple[str, ...] = CONTAINER_LISTS) -> str:
@@ -971,75 +982,115 @@ def _extended(resources: str, value_test: str = "true") -> str:
                        f"[{resources}.{s}[k]].exists(v, {value_test})))" for s in ("limits", "requests"))
 
 
-def _triggers(ctx: Ctx) -> dict[str, str]:
-    """Per kind of thing a rule reads, a cheap test on template ``t`` of a Pod or built-in workload that is true
-    whenever the rule could find something (false may skip it: matchConditions)."""
+def _literal_gpu_names(ctx: Ctx) -> list[str]:
+    """The policy's GPU names written without a glob in every namespace that are no vendor name the sharing rules
+    read: a container naming only these (with plain counts) gives those rules nothing to find."""
+    names = set.intersection(*(set(p.resources) for p in _policies(ctx)))
+    return sorted(n for n in names if not any(c in n for c in "*?[") and not re.fullmatch(READ_BY_SHARING_PY, n))
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """A cheap test that is true whenever a rule could find a violation in a template: on the template ``t``, on a
+    container ``c`` of list ``l``, or on a resource name ``k`` with a domain (value ``v``) of a container's limits or
+    requests. Tests of one level are evaluated in one pass (matches)."""
+
+    level: str  # "template", "container" or "name"
+    test: str
+
+
+def _triggers(ctx: Ctx) -> dict[str, Trigger]:
+    """What can make each kind of rule fire in a Pod or built-in template. A Pod's and a built-in template's
+    quantities are canonical: a count of at most six digits is whole, not negative and sensible."""
     taints = sorted({t.key for t in ctx.policy.gpu_taints})
     toleration = "has(x.key) && (x.key.contains('/')" + (f" || x.key in {lits(taints)}" if taints else "") + ")"
     cdi = " || ".join([f"k.startsWith({lit(p)})" for p in CDI_PREFIXES] + [f"k == {lit(k)}" for k in CDI_KEYS])
-    extended = _any_container(f"has(c.resources) && ({_extended('c.resources')})")
-    positive = "!" + matches("string(v)", "^[1-9][0-9]{0,5}$")
+    cap = ctx.ns(lambda p: str(p.per_container))
+    over_cap = f" || ({cap} != 0 && int(v) > {cap})" if any(p.per_container for p in _policies(ctx)) else ""
     gpu_named = " || ".join(f"(has(c.resources.{s}) && c.resources.{s}.exists(k, {is_gpu(ctx, 'k')}))"
                             for s in ("limits", "requests"))
-    claims = ("(has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0) || "
-              + _any_container("has(c.resources) && has(c.resources.claims) && size(c.resources.claims) > 0",
-                               ("containers", "initContainers")))
+    annotation, label = lit(ctx.policy.annotation), lit(ctx.policy.node_label)
+    pod_level = " || ".join(f"(has(t.spec.resources.{s}) && t.spec.resources.{s}.exists(k, k.contains('/')))"
+                            for s in ("limits", "requests"))
     return {
-        "extended": f"({extended} || (has(t.spec.resources) && ({_extended('t.spec.resources')})))",
+        "gpu": Trigger("name", "true"),
+        # A count that is no plain count of at most six digits (or is over the cap per container).
+        "count": Trigger("name", f"!{matches('v', DIGITS)}{over_cap}"),
+        # A name the vendor-name checks may read: anything but the policy's plain GPU names.
+        "vendor": Trigger("name", f"!(k in {lits(_literal_gpu_names(ctx))})"),
         # A value that is not a positive count of at most 6 digits (a 0, an odd spelling): what zero-gpu-limit reads.
-        "zero": _any_container(f"has(c.resources) && ({_extended('c.resources', positive)})"),
-        "init": _any_container(f"has(c.resources) && ({_extended('c.resources')})", ("initContainers",)),
-        # A MIG slice named (mixed-gpu-and-mig reads only containers that name one).
-        "mig": _any_container("has(c.resources) && (" + " || ".join(
-            f"(has(c.resources.{s}) && c.resources.{s}.exists(k, k.startsWith('nvidia.com/mig-')))"
-            for s in ("limits", "requests")) + ")"),
-        "claims": f"({claims})",
-        "devices": _any_container(f"has(c.env) && c.env.exists(e, e.name in {lits(DEVICE_VARIABLES)})"),
-        "unread": _any_container(f"(has(c.envFrom) && size(c.envFrom) > 0) || (has(c.env) && c.env.exists(e, "
-                                 f"e.name in {lits(DEVICE_VARIABLES)} && has(e.valueFrom)))"),
-        "privileged": _any_container("has(c.securityContext) && has(c.securityContext.privileged) && "
-                                     "c.securityContext.privileged"),
-        "mounts": ("(has(t.spec.volumes) && t.spec.volumes.exists(v, has(v.hostPath))) || "
-                   + _any_container("has(c.volumeMounts) && c.volumeMounts.exists(v, "
-                                    "v.mountPath.contains('nvidia-container-devices'))")),
-        "cdi": f"(has(t.metadata.annotations) && t.metadata.annotations.exists(k, {cdi}))",
-        "runtime": (f"(has(t.spec.runtimeClassName) && "
-                    f"t.spec.runtimeClassName.startsWith({lit(NVIDIA_RUNTIME_PREFIX)}))"),
+        "zero": Trigger("name", "!" + matches("v", "^[1-9][0-9]{0,5}$")),
+        "mig": Trigger("name", "k.startsWith('nvidia.com/mig-')"),
+        "init": Trigger("name", "l == 'initContainers'"),
+        "ephemeral": Trigger("name", "l == 'ephemeralContainers'"),
+        "devices": Trigger("container", f"has(c.env) && c.env.exists(e, e.name in {lits(DEVICE_VARIABLES)})"),
+        "unread": Trigger("container", f"(has(c.envFrom) && size(c.envFrom) > 0) || (has(c.env) && c.env.exists(e, "
+                                       f"e.name in {lits(DEVICE_VARIABLES)} && has(e.valueFrom)))"),
+        "privileged": Trigger("container", "has(c.securityContext) && has(c.securityContext.privileged) && "
+                                           "c.securityContext.privileged"),
+        "mounts": Trigger("container", "has(c.volumeMounts) && c.volumeMounts.exists(v, "
+                                       "v.mountPath.contains('nvidia-container-devices'))"),
+        "claims": Trigger("container", "l != 'ephemeralContainers' && has(c.resources) && has(c.resources.claims) && "
+                                       "size(c.resources.claims) > 0"),
+        "host-paths": Trigger("template", "has(t.spec.volumes) && t.spec.volumes.exists(v, has(v.hostPath))"),
+        "declared-claims": Trigger("template", "has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0"),
+        "accelerator": Trigger("template", f"(has(t.metadata.annotations) && {annotation} in t.metadata.annotations) || "
+                                          f"(has(t.spec.nodeSelector) && {label} in t.spec.nodeSelector)"),
+        "pod-level": Trigger("template", f"has(t.spec.resources) && ({pod_level})"),
+        "cdi": Trigger("template", f"has(t.metadata.annotations) && t.metadata.annotations.exists(k, {cdi})"),
+        "runtime": Trigger("template", f"has(t.spec.runtimeClassName) && "
+                                       f"t.spec.runtimeClassName.startsWith({lit(NVIDIA_RUNTIME_PREFIX)})"),
         # cpu-pod-on-gpu-nodes speaks only of pods that name no GPU (a GPU pod carries the accelerator selector the
         # MutatingAdmissionPolicy injected).
-        "gpu-nodes": (f"((has(t.spec.tolerations) && t.spec.tolerations.exists(x, {toleration})) || "
-                      f"(has(t.spec.nodeSelector) && {lit(ctx.policy.node_label)} in t.spec.nodeSelector)) && "
-                      f"!{_any_container(f'has(c.resources) && ({gpu_named})')}"),
-        "node-name": "(has(t.spec.nodeName) && t.spec.nodeName != '')",
-        "never": "false",
+        "gpu-nodes": Trigger("template", f"((has(t.spec.tolerations) && t.spec.tolerations.exists(x, {toleration})) || "
+                                         f"(has(t.spec.nodeSelector) && {label} in t.spec.nodeSelector)) && "
+                                         f"!{_any_container(f'has(c.resources) && ({gpu_named})')}"),
+        "node-name": Trigger("template", "has(t.spec.nodeName) && t.spec.nodeName != ''"),
     }
 
 
-# What each pod rule reads, as _triggers names it: a Pod or built-in template none of them matches is skipped.
+# What can make each pod rule fire on a Pod or built-in template, as _triggers names it: a template none of a
+# policy's rules can fire on skips the policy. Every rule has an entry (a missing one is an error, not a default).
 READS: dict[str, tuple[str, ...]] = {
-    "invalid-quantity": ("extended",), "requests-without-limits": ("extended",), "requests-differ": ("extended",),
-    "per-container-limit": ("extended",), "per-pod-limit": ("extended",), "accelerator-not-allowed": ("extended",),
-    "accelerator-conflict": ("extended",), "ephemeral-gpu": ("extended",), "pod-level-gpu": ("extended",),
-    "mixed-gpu-and-mig": ("mig",), "shared-gpu-over-one": ("extended",), "fractional-gpu-request": ("extended",),
-    "gpu-monitoring-resource": ("extended",),
+    "invalid-quantity": ("count",), "per-container-limit": ("count",), "per-pod-limit": ("gpu",),
+    "requests-without-limits": ("never",), "requests-differ": ("never",),  # the apiserver refuses them on Pods
+    "accelerator-not-allowed": ("accelerator",), "accelerator-conflict": ("accelerator",),
+    "ephemeral-gpu": ("ephemeral",), "pod-level-gpu": ("pod-level",),
+    "mixed-gpu-and-mig": ("mig",), "shared-gpu-over-one": ("vendor",), "fractional-gpu-request": ("vendor",),
+    "gpu-monitoring-resource": ("vendor",),
     "structure": ("never",),  # custom resources only: Pods have a schema
     "zero-gpu-limit": ("zero",), "init-container-gpus": ("init",),
     "visible-devices-without-gpu": ("devices",), "visible-devices-unread": ("unread",),
-    "privileged-gpu": ("privileged",), "gpu-device-mount": ("mounts",), "cdi-annotation": ("cdi",),
+    "privileged-gpu": ("privileged",), "cdi-annotation": ("cdi",),
     "runtime-class-without-gpu": ("runtime",), "cpu-pod-on-gpu-nodes": ("gpu-nodes",),
-    "claim-source": ("claims",), "undeclared-claim": ("claims",), "unused-claim": ("claims",),
-    "node-name-with-gpus": ("node-name",),
+    "claim-source": ("claims", "declared-claims"), "undeclared-claim": ("claims",),
+    "unused-claim": ("declared-claims",), "node-name-with-gpus": ("node-name",),
+    "gpu-device-mount": ("host-paths", "mounts"),
 }
 
 
 def matters(ctx: Ctx, rules: list[str]) -> str:
     """The ``matchConditions`` expression of a policy on Pods and built-in workloads holding ``rules``: false when
-    the template has nothing those rules read, so the ordinary CPU pods of a cluster (and, for the warn policy, most
-    GPU pods) cost the policy one cheap expression. Every rule says what it reads (:data:`READS`)."""
+    nothing in the template can make one of them fire, so CPU pods and ordinary GPU pods (plain counts, no isolation
+    field) cost the policy one pass over their containers. Every rule says what can make it fire (:data:`READS`)."""
     triggers = _triggers(ctx)
     missing = [rule for rule in rules if rule not in READS]
     if missing:
-        raise KeyError(f"rules without a READS entry (what they read, for matchConditions): {missing}")
-    wanted = sorted({name for rule in rules for name in READS[rule]} - {"never"})
-    checks = " || ".join(f"({triggers[name]})" for name in wanted) or "false"
+        raise KeyError(f"rules without a READS entry (what can make them fire, for matchConditions): {missing}")
+    wanted = [triggers[name] for name in sorted({n for rule in rules for n in READS[rule]} - {"never"})]
+
+    def tests(level: str) -> list[str]:
+        return [f"({t.test})" for t in wanted if t.level == level]
+
+    names = tests("name")
+    per_container = tests("container")
+    if names:
+        sections = " || ".join(f"(has(c.resources.{s}) && c.resources.{s}.exists(k, k.contains('/') && "
+                               f"[c.resources.{s}[k]].exists(v, {' || '.join(names)})))" for s in ("limits", "requests"))
+        per_container.append(f"(has(c.resources) && ({sections}))")
+    per_template = tests("template")
+    if per_container:
+        per_template.append(f"{lits(CONTAINER_LISTS)}.exists(l, l in t.spec && t.spec[l].exists(c, "
+                            f"{' || '.join(per_container)}))")
+    checks = " || ".join(per_template) or "false"
     return f"({_BUILTIN_TEMPLATE}).exists(t, has(t.spec) && ({checks}))"

@@ -93,11 +93,12 @@ def for_version(version: str, api_versions: Iterable[str] = ()) -> Target:
                           "keep the webhook alone there")
     named = set(api_versions)
     for item in named:
-        if item.count("/") not in (1, 2) or not all(item.split("/")):
-            raise TargetError(f"--api-versions {item!r} is not group/version or group/version/Kind")
+        if item.count("/") > 2 or not all(item.split("/")) or any(c.isspace() for c in item):
+            raise TargetError(f"--api-versions {item!r} is not version, group/version or group/version/Kind")
     mutating = "v1" if minor >= 36 else None
     for version_ in MUTATING_VERSIONS:
-        if serves(named, version_, MAP) and _could_serve(minor, version_):
+        # As the chart asks .Capabilities: the policy kind named (its binding comes with it, one feature gate).
+        if f"{GROUP}/{version_}/{MAP}" in named and _could_serve(minor, version_):
             mutating = version_
             break
     return Target(minor, True, mutating)
@@ -106,11 +107,6 @@ def for_version(version: str, api_versions: Iterable[str] = ()) -> Target:
 def _could_serve(minor: int, version: str) -> bool:
     """Whether a MutatingAdmissionPolicy version exists at that minor at all (v1beta1 1.34+, v1 1.36+)."""
     return minor >= (36 if version == "v1" else 34)
-
-
-def serves(api_versions: set[str], version: str, kind: str) -> bool:
-    """``api_versions`` (helm's ``--api-versions`` form) names the kind and its binding at that version."""
-    return all(f"{GROUP}/{version}/{k}" in api_versions for k in (kind, kind + "Binding"))
 
 
 def from_discovery(minor: int, served: dict[str, set[str]]) -> Target:
