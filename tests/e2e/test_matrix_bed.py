@@ -54,18 +54,24 @@ def test_version_is_the_beds(matrix_cluster: ControlPlane) -> None:
     assert matrix_cluster.version() == matrix_cluster.bed.version
 
 
-def test_only_this_bed_runs(matrix_cluster: ControlPlane) -> None:
-    """The fixture stops a bed before it starts the next: of this process's children, one kube-apiserver."""
-    apiservers = []
+def matrix_apiservers() -> list[str]:
+    """The work directories of the matrix kube-apiservers this process started (the main bed's is not one)."""
+    found = []
     for proc in Path("/proc").iterdir():
         try:
             if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
-                argv = (proc / "cmdline").read_bytes().split(b"\0")
-                if argv[0].endswith(b"/kube-apiserver"):
-                    apiservers.append(argv[0].decode())
+                argv = (proc / "cmdline").read_bytes().decode().split("\0")
+                found += [arg.split("=", 1)[1].rsplit("/", 2)[0] for arg in argv
+                          if argv[0].endswith("/kube-apiserver") and arg.startswith("--tls-cert-file=")
+                          and "/gpu-webhook-matrix-" in arg]
         except (FileNotFoundError, ProcessLookupError):
             continue  # exited while we looked
-    assert apiservers == [matrix_cluster.binary("kube-apiserver")]
+    return found
+
+
+def test_only_this_bed_runs(matrix_cluster: ControlPlane) -> None:
+    """The fixture stops a bed before it starts the next: one matrix kube-apiserver runs, this bed's."""
+    assert matrix_apiservers() == [str(matrix_cluster.workdir)]
 
 
 def test_discovery_serves_the_versions_policy_apis(matrix_cluster: ControlPlane) -> None:
