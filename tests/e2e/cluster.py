@@ -56,8 +56,8 @@ def version_args(minor: int, mutating_policy: str = MAP_DEFAULT) -> list[str]:
     if mutating_policy == MAP_BETA:
         if minor not in (34, 35):
             raise ValueError(f"MutatingAdmissionPolicy v1beta1 is a 1.34 and 1.35 API, not 1.{minor}'s")
-        # The group-version alone (admissionregistration.k8s.io/v1beta1=true) serves no MutatingAdmissionPolicy:
-        # the resources must be named.
+        # Both are needed (seen on v1.34.4): the gate alone makes the apiserver fail its post-start hooks and exit;
+        # the API alone (these resources, or the group-version) is served and stores policies, but mutates nothing.
         gates.append("MutatingAdmissionPolicy=true")
         runtime += [f"{POLICY_GROUP}/v1beta1/{resource}=true" for resource in MAP_RESOURCES]
     elif mutating_policy == MAP_OFF:
