@@ -21,15 +21,27 @@ def cache_root() -> Path:
     return Path(os.environ.get("GPU_WEBHOOK_CACHE") or Path.home() / ".cache" / "gpu-webhook")
 
 
-def versions() -> dict[str, str]:
-    """KEY=value lines of tests/e2e/versions.env, parsed as tests/e2e/go-build.sh parses them."""
+def parse_versions(text: str) -> dict[str, str]:
+    """KEY=value lines, as tests/e2e/go-build.sh parses them: ``#`` starts a comment, blanks around the line are
+    dropped, the value is everything after the first ``=`` (a list keeps its inner spaces)."""
     pairs = {}
-    for line in VERSIONS_ENV.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
         if "=" in line:
             key, value = line.split("=", 1)
             pairs[key.strip()] = value.strip()
     return pairs
+
+
+def versions() -> dict[str, str]:
+    """The pins of tests/e2e/versions.env."""
+    return parse_versions(VERSIONS_ENV.read_text(encoding="utf-8"))
+
+
+def matrix_versions() -> list[str]:
+    """MATRIX_KUBERNETES_VERSIONS of versions.env (space-separated): the extra kube-apiservers
+    tests/e2e/build-apiserver-matrix.sh builds."""
+    return versions().get("MATRIX_KUBERNETES_VERSIONS", "").split()
 
 
 CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl", "helm")
@@ -40,6 +52,14 @@ def control_plane_bin() -> Path:
     v = versions()
     key = "-".join(v.get(k, "?") for k in ("KUBERNETES_VERSION", "ETCD_VERSION", "HELM_VERSION"))
     return cache_root() / "control-plane" / key / "bin"
+
+
+def apiserver_bin(version: str) -> Path:
+    """The kube-apiserver of a Kubernetes version (it may not exist yet): the main control plane's for
+    KUBERNETES_VERSION, else the one build-apiserver-matrix.sh builds for a MATRIX_KUBERNETES_VERSIONS entry."""
+    if version == versions().get("KUBERNETES_VERSION"):
+        return control_plane_bin() / "kube-apiserver"
+    return cache_root() / "control-plane" / f"apiserver-{version}" / "bin" / "kube-apiserver"
 
 
 def missing_binaries(directory: Path, names: tuple[str, ...]) -> list[str]:

@@ -1,15 +1,21 @@
 """A real control plane on loopback: etcd, kube-apiserver and, on demand, kube-scheduler and
 kube-controller-manager (only the controllers a test names), built from upstream sources by
-build-control-plane.sh. No kubelet."""
+build-control-plane.sh. No kubelet.
+
+The same class runs the beds of the apiserver version matrix (``Bed``, ``matrix_beds``): an apiserver of another
+Kubernetes version (build-apiserver-matrix.sh) with the flags that version needs, on its own etcd."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import ssl
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,13 +24,106 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.server import free_port
+from tests.tools import apiserver_bin, versions
 from webhook.serving import certs
 
 ADMIN_TOKEN = "e2e-admin-token"
 # The apiserver's webhook client honours proxy variables; loopback must never go through one.
 NO_PROXY_ENV = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
 
+# What a bed does with MutatingAdmissionPolicy: whatever its version does by default (v1 from 1.36, nothing before),
+# turn the v1beta1 API on (1.34 and 1.35 only; off by default there, as on EKS), or turn the v1 API off (1.36 on:
+# stands in for a cluster that does not serve it).
+MAP_DEFAULT, MAP_BETA, MAP_OFF = "default", "beta", "off"
+MAP_RESOURCES = ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings")
+POLICY_GROUP = "admissionregistration.k8s.io"
 
+
+def minor_of(version: str) -> int:
+    """18 for v1.18.3 (or 1.18): the minor of a Kubernetes version, ValueError for anything else."""
+    match = re.fullmatch(r"v?1\.(\d+)(\.\d+(-[0-9A-Za-z.-]+)?)?", version)
+    if not match:
+        raise ValueError(f"not a Kubernetes 1.x version: {version!r}")
+    return int(match.group(1))
+
+
+def version_args(minor: int, mutating_policy: str = MAP_DEFAULT) -> list[str]:
+    """The kube-apiserver flags of a bed that depend on its minor version and what it does with
+    MutatingAdmissionPolicy (the others are the same from 1.30 to 1.37)."""
+    disabled = ["ServiceAccount"]  # nothing creates default service accounts
+    gates: list[str] = []
+    runtime: list[str] = []
+    if mutating_policy == MAP_BETA:
+        if minor not in (34, 35):
+            raise ValueError(f"MutatingAdmissionPolicy v1beta1 is a 1.34 and 1.35 API, not 1.{minor}'s")
+        # Both are needed (seen on v1.34.4): the gate alone makes the apiserver fail its post-start hooks and exit;
+        # the API alone (these resources, or the group-version) is served and stores policies, but mutates nothing.
+        gates.append("MutatingAdmissionPolicy=true")
+        runtime += [f"{POLICY_GROUP}/v1beta1/{resource}=true" for resource in MAP_RESOURCES]
+    elif mutating_policy == MAP_OFF:
+        if minor < 36:
+            raise ValueError(f"1.{minor} serves no MutatingAdmissionPolicy by default: nothing to turn off")
+        # Without the admission plugin off too, the apiserver fails its post-start hooks and exits.
+        runtime += [f"{POLICY_GROUP}/v1/{resource}=false" for resource in MAP_RESOURCES]
+        disabled.append("MutatingAdmissionPolicy")
+    elif mutating_policy != MAP_DEFAULT:
+        raise ValueError(f"mutating_policy must be {MAP_DEFAULT!r}, {MAP_BETA!r} or {MAP_OFF!r}, "
+                         f"got {mutating_policy!r}")
+    args = [f"--disable-admission-plugins={','.join(disabled)}"]
+    if gates:
+        args.append(f"--feature-gates={','.join(gates)}")
+    if runtime:
+        args.append(f"--runtime-config={','.join(runtime)}")
+    return args
+
+
+@dataclass(frozen=True)
+class Bed:
+    """One kube-apiserver of the version matrix: its Kubernetes version and what it does with
+    MutatingAdmissionPolicy (``MAP_DEFAULT``, ``MAP_BETA``, ``MAP_OFF``)."""
+
+    version: str
+    mutating_policy: str = MAP_DEFAULT
+
+    @property
+    def minor(self) -> int:
+        return minor_of(self.version)
+
+    @property
+    def id(self) -> str:
+        """The test id: "1.34", "1.34-map-beta", "1.36-map-off"."""
+        suffix = {MAP_DEFAULT: "", MAP_BETA: "-map-beta", MAP_OFF: "-map-off"}[self.mutating_policy]
+        return f"1.{self.minor}{suffix}"
+
+    def args(self) -> list[str]:
+        return version_args(self.minor, self.mutating_policy)
+
+
+def main_bed() -> Bed:
+    """The main bed's apiserver: KUBERNETES_VERSION of versions.env, as it comes."""
+    return Bed(versions()["KUBERNETES_VERSION"])
+
+
+def matrix_beds(kubernetes_versions: list[str]) -> list[Bed]:
+    """The beds for these Kubernetes versions, oldest first: every version as it comes; 1.34 and 1.35 also with
+    MutatingAdmissionPolicy v1beta1 turned on; 1.36 and later also with it turned off. At most one version per
+    minor (two would give two beds the same id)."""
+    ordered = sorted(set(kubernetes_versions), key=lambda v: tuple(int(n) for n in re.findall(r"\d+", v)[:3]))
+    minors = [minor_of(v) for v in ordered]
+    if len(set(minors)) != len(minors):
+        raise ValueError(f"one version per minor, got {ordered}")
+    beds = []
+    for version, minor in zip(ordered, minors, strict=True):
+        beds.append(Bed(version))
+        if minor in (34, 35):
+            beds.append(Bed(version, MAP_BETA))
+        elif minor >= 36:
+            beds.append(Bed(version, MAP_OFF))
+    return beds
+
+
+def _opener(context: ssl.SSLContext | None) -> urllib.request.OpenerDirector:
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
 
 
 @dataclass
@@ -54,7 +153,7 @@ def _wait(url: str, proc: Process, context: ssl.SSLContext | None = None, token:
           timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     last = ""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
+    opener = _opener(context)
     while time.monotonic() < deadline:
         if proc.proc.poll() is not None:
             raise RuntimeError(f"{proc.name} exited ({proc.proc.returncode}):\n{proc.log.read_text()[-4000:]}")
@@ -71,8 +170,12 @@ def _wait(url: str, proc: Process, context: ssl.SSLContext | None = None, token:
 
 @dataclass
 class ControlPlane:
+    """``bin_dir`` holds etcd, kubectl and the rest of the main bed; ``bed`` (default: the main bed's version as it
+    comes) picks the kube-apiserver binary (``tests.tools.apiserver_bin``) and its version-dependent flags."""
+
     bin_dir: Path
     workdir: Path
+    bed: Bed | None = None
     url: str = ""
     ca_file: Path = Path()
     kubeconfig: Path = Path()
@@ -80,6 +183,8 @@ class ControlPlane:
     apiserver_args: list[str] = field(default_factory=list)
 
     def binary(self, name: str) -> str:
+        if name == "kube-apiserver" and self.bed is not None:
+            return str(apiserver_bin(self.bed.version))
         return str(self.bin_dir / name)
 
     def start(self) -> None:
@@ -112,8 +217,11 @@ class ControlPlane:
             "--service-cluster-ip-range=127.0.100.0/24", "--authorization-mode=Node,RBAC",
             f"--token-auth-file={w / 'tokens.csv'}", "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={w / 'sa.pub'}", f"--service-account-signing-key-file={w / 'sa.key'}",
-            "--disable-admission-plugins=ServiceAccount", "--allow-privileged=true",
+            "--allow-privileged=true",
+            # 1.37 refuses a loopback --advertise-address with the default reconciler; the others log an error
+            # every 10 s ("may not be in the loopback range").
             "--endpoint-reconciler-type=none",
+            *(self.bed or main_bed()).args(),
         ]
         self.url = f"https://127.0.0.1:{api_port}"
         self._start_apiserver()
@@ -166,6 +274,37 @@ current-context: e2e
         ], self.workdir)
         self.processes.append(manager)
         return manager
+
+    def get(self, path: str) -> dict | None:
+        """GET ``path`` from the apiserver as admin: the decoded JSON, None on 404; any other error raises."""
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        request = urllib.request.Request(f"{self.url}{path}", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        try:
+            with _opener(context).open(request, timeout=30) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            if exc.code == 404:
+                return None
+            raise
+
+    def version(self) -> str:
+        """The gitVersion /version reports, e.g. v1.36.3."""
+        answer = self.get("/version")
+        assert answer is not None, "/version answered 404"
+        return answer["gitVersion"]
+
+    def admission_policy_apis(self) -> dict[str, frozenset[str]]:
+        """What discovery says the apiserver serves of admissionregistration.k8s.io: for each version it serves
+        (v1, v1beta1, v1alpha1), the kinds (ValidatingAdmissionPolicy, MutatingAdmissionPolicyBinding, ...)."""
+        group = self.get(f"/apis/{POLICY_GROUP}")
+        served: dict[str, frozenset[str]] = {}
+        for entry in group["versions"] if group else []:
+            resources = self.get(f"/apis/{entry['groupVersion']}")
+            if resources is not None:
+                served[entry["version"]] = frozenset(
+                    r["kind"] for r in resources["resources"] if "/" not in r["name"])  # no subresources
+        return served
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = False) -> subprocess.CompletedProcess:
         result = subprocess.run([self.binary("kubectl"), f"--kubeconfig={self.kubeconfig}", *args], input=stdin,

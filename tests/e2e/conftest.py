@@ -1,14 +1,25 @@
-"""Session fixtures for the end-to-end suite: a real control plane, stopped and deleted at the end."""
+"""Session fixtures for the end-to-end suite: a real control plane, stopped and deleted at the end; and the
+apiserver version matrix (``matrix_cluster``)."""
 
 from __future__ import annotations
 
+import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.cluster import ControlPlane
-from tests.tools import CONTROL_PLANE_BINARIES, control_plane_bin, missing_binaries, unavailable
+from tests.e2e.cluster import Bed, ControlPlane, matrix_beds
+from tests.tools import (
+    CONTROL_PLANE_BINARIES,
+    apiserver_bin,
+    control_plane_bin,
+    matrix_versions,
+    missing_binaries,
+    unavailable,
+    versions,
+)
 
 
 @pytest.fixture(scope="session")
@@ -21,17 +32,45 @@ def bin_dir() -> Path:
     return directory
 
 
-@pytest.fixture(scope="session")
-def cluster(bin_dir):
-    plane = ControlPlane(bin_dir, Path(tempfile.mkdtemp(prefix="gpu-webhook-e2e-")))
+def running(plane: ControlPlane, what: str) -> Iterator[ControlPlane]:
+    """Start ``plane``, yield it, stop it; a start that fails fails the test with the processes' logs."""
     try:
         plane.start()
     except Exception as exc:
         logs = "\n".join(f"--- {p.name}\n{p.log.read_text()[-2000:]}" for p in plane.processes if p.log.exists())
         plane.stop()
-        pytest.fail(f"the e2e control plane did not start: {exc}\n{logs}", pytrace=False)
+        pytest.fail(f"{what} did not start: {exc}\n{logs}", pytrace=False)
     yield plane
     plane.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(bin_dir):
+    yield from running(ControlPlane(bin_dir, Path(tempfile.mkdtemp(prefix="gpu-webhook-e2e-"))),
+                       "the e2e control plane")
+
+
+# The version matrix: the main bed's version and MATRIX_KUBERNETES_VERSIONS of versions.env, oldest first, with
+# the MutatingAdmissionPolicy variants of tests/e2e/cluster.py matrix_beds (ids "1.30", "1.34", "1.34-map-beta",
+# "1.36", "1.36-map-off", "1.37").
+MATRIX_BEDS = matrix_beds([versions()["KUBERNETES_VERSION"], *matrix_versions()])
+
+
+@pytest.fixture(scope="module", params=MATRIX_BEDS, ids=[bed.id for bed in MATRIX_BEDS])
+def matrix_cluster(request, bin_dir):
+    """One bed of the version matrix: a ControlPlane whose kube-apiserver is ``bed.version`` with the flags
+    that version needs, on its own etcd (the main bed's etcd binary), started once per test module and bed.
+
+    Module scope with a parameter makes pytest run a module's tests bed by bed, in MATRIX_BEDS order, and stop
+    one bed before it starts the next: only one matrix apiserver runs at a time (2 cores; ~270 MB each). A
+    module using it starts every bed (each 3-10 s); put a version's tests in as few modules as possible."""
+    bed: Bed = request.param
+    binary = apiserver_bin(bed.version)
+    if not os.access(binary, os.X_OK):
+        step = "control-plane" if bed.version == versions()["KUBERNETES_VERSION"] else "matrix"
+        unavailable(f"kube-apiserver {bed.version}", f"not built at {binary}", step)
+    workdir = Path(tempfile.mkdtemp(prefix=f"gpu-webhook-matrix-{bed.id}-"))
+    yield from running(ControlPlane(bin_dir, workdir, bed), f"the {bed.id} bed (kube-apiserver {bed.version})")
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,8 @@
-# Shared by build-control-plane.sh and build-node.sh (sourced, not run): read tests/e2e/versions.env,
-# find go, lock a cache directory, generate one Go module per upstream project and build its commands
-# with bounded, timed `go` calls. The caller sets HERE (tests/e2e) and, before cache_dir, BIN and BUILD.
+# Shared by build-control-plane.sh, build-apiserver-matrix.sh and build-node.sh (sourced, not run): read
+# tests/e2e/versions.env, find go, lock a cache directory, generate one Go module per upstream project and build
+# its commands with bounded, timed `go` calls. The caller sets HERE (tests/e2e) and, before cache_dir, BIN and BUILD.
 #
-# Environment knobs (both scripts):
+# Environment knobs (every script):
 #   GPU_WEBHOOK_CACHE          cache root (default $HOME/.cache/gpu-webhook)
 #   GPU_WEBHOOK_BUILD_JOBS     parallel compile jobs, go build -p (default 2)
 #   GPU_WEBHOOK_BUILD_TIMEOUT  seconds allowed for each go command (default 5400)
@@ -13,7 +13,7 @@ die() { log "ERROR: $*"; exit 1; }
 
 VERSIONS_FILE="${HERE}/versions.env"
 VERSION_KEYS=(KUBERNETES_VERSION ETCD_VERSION HELM_VERSION CONTAINERD_VERSION CNI_PLUGINS_VERSION CERT_MANAGER_VERSION
-  GOTOOLCHAIN)
+  MATRIX_KUBERNETES_VERSIONS GOTOOLCHAIN)
 
 read_versions() { # KEY=value lines, parsed here (no `source`) the way tests/tools.py parses them; all exported
   local line key
@@ -33,11 +33,17 @@ read_versions() { # KEY=value lines, parsed here (no `source`) the way tests/too
     fi
   done < "${VERSIONS_FILE}"
   : "${KUBERNETES_VERSION:?set in versions.env}"
-  [[ "${KUBERNETES_VERSION}" =~ ^v1\.([0-9]+)\.([0-9]+)(-[0-9A-Za-z.-]+)?$ ]] \
-    || die "KUBERNETES_VERSION must look like v1.36.3, got ${KUBERNETES_VERSION}"
+  use_kubernetes_version "${KUBERNETES_VERSION}"
+}
+
+use_kubernetes_version() { # use_kubernetes_version v1.36.3: the version kubernetes_module and kubernetes_ldflags build
+  [[ "$1" =~ ^v1\.([0-9]+)\.([0-9]+)(-[0-9A-Za-z.-]+)?$ ]] \
+    || die "a Kubernetes version must look like v1.36.3, got '$1'"
+  KUBERNETES_VERSION=$1
   K8S_MINOR="${BASH_REMATCH[1]}"
   [[ -n "${BASH_REMATCH[3]}" ]] && K8S_MINOR+="+"
   STAGING_VERSION="v0.${KUBERNETES_VERSION#v1.}"   # v1.36.3 -> v0.36.3
+  return 0
 }
 
 CACHE_ROOT="${GPU_WEBHOOK_CACHE:-${HOME}/.cache/gpu-webhook}"

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tests.e2e.node import AGENT_IMAGE, CA, KUBERNETES_SERVICE_IP, PAUSE_IMAGE, POD_CIDR, NodeBed, until
+from tests.tools import versions
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -101,7 +102,7 @@ def test_node_is_registered_ready_with_the_bed_address(node_bed):
     status = node[0]["status"]
     assert {"type": "InternalIP", "address": node_bed.node_ip} in status["addresses"]
     assert status["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.")
-    assert status["nodeInfo"]["kubeletVersion"] == "v1.36.3"
+    assert status["nodeInfo"]["kubeletVersion"] == versions()["KUBERNETES_VERSION"]  # the kubelet build-node.sh built
 
 
 def test_pod_from_an_imported_image_becomes_ready_through_its_readiness_probe(node_bed, agent):
