@@ -1,6 +1,7 @@
-"""``webhook.native``: which objects a policy becomes, which rules they carry, and the CEL pitfalls measured on
-kube-apiserver v1.36 (``docs/native-policies.md``), each read off the generated text. What the apiserver makes
-of the text is ``tests/e2e/test_native_policies.py``'s."""
+"""``webhook.native``: which objects a policy becomes for a target, which rules they carry, and the CEL pitfalls
+measured on real apiservers (``docs/native-policies.md``), each read off the generated text. What the apiserver's
+CEL makes of the text is ``tests/test_native_eval.py``'s (in seconds) and ``tests/e2e/test_native_policies.py``'s
+(on real apiservers of each version)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from webhook.core import catalog
 from webhook.core import resources as registry
 from webhook.core.policy import CLUSTER_RULES, PolicyError, parse_policy
 from webhook.native import claims, kinds, pods, snippets
-from webhook.native.generate import LABELS, RULES_ANNOTATION, generate, to_yaml
+from webhook.native.generate import LABELS, RULES_ANNOTATION, TARGET_ANNOTATION, generate, to_yaml
 from webhook.native.rules import BUILDERS, native_rules
+from webhook.native.target import for_version
 from webhook.rules import isolation
 
 POLICY = """\
@@ -31,8 +33,8 @@ namespaces:
 """
 
 
-def objects(text: str = POLICY) -> list[dict]:
-    return generate(parse_policy(text)).objects
+def objects(text: str = POLICY, version: str = "1.37", *api_versions: str) -> list[dict]:
+    return generate(parse_policy(text), for_version(version, api_versions)).objects
 
 
 def by_name(objs: list[dict]) -> dict[str, dict]:
@@ -67,32 +69,78 @@ def test_no_cluster_rule_is_native_and_every_webhook_rule_says_why():
             assert rule.why, rule.id
 
 
-def test_a_policy_becomes_two_validating_policies_a_mutating_one_and_few_bindings():
+FAMILIES = ("gpu-webhook", "gpu-webhook-custom", "gpu-webhook-claims")
+
+
+def test_a_policy_becomes_a_deny_and_a_warn_policy_per_kind_family_a_mutating_one_and_few_bindings():
     names = by_name(objects())
-    assert sorted(names) == [
-        "MutatingAdmissionPolicy/gpu-webhook", "MutatingAdmissionPolicyBinding/gpu-webhook",
-        "ValidatingAdmissionPolicy/gpu-webhook-deny", "ValidatingAdmissionPolicy/gpu-webhook-warn",
-        "ValidatingAdmissionPolicyBinding/gpu-webhook-deny", "ValidatingAdmissionPolicyBinding/gpu-webhook-deny-warn",
-        "ValidatingAdmissionPolicyBinding/gpu-webhook-warn",
-    ]
+    validating = [f"ValidatingAdmissionPolicy/{family}-{action}" for family in FAMILIES for action in ("deny", "warn")]
+    assert sorted(names) == sorted([
+        "MutatingAdmissionPolicy/gpu-webhook", "MutatingAdmissionPolicyBinding/gpu-webhook", *validating,
+        *[n.replace("Policy/", "PolicyBinding/") for n in validating],
+        *[f"ValidatingAdmissionPolicyBinding/{family}-deny-warn" for family in FAMILIES],
+    ])
     for obj in names.values():
         assert obj["apiVersion"] == "admissionregistration.k8s.io/v1"
         assert obj["metadata"]["labels"] == LABELS
         assert obj["metadata"]["annotations"][RULES_ANNOTATION]
+        assert obj["metadata"]["annotations"][TARGET_ANNOTATION] == "1.37"
+
+
+@pytest.mark.parametrize("version, api_versions, mutating, claims", [
+    ("1.30", (), None, False),
+    ("1.33", (), None, False),
+    ("1.34", (), None, True),
+    ("1.34", ("admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy",), "v1beta1", True),
+    ("1.35", ("admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy",), "v1beta1", True),
+    ("1.36", (), "v1", True),
+    ("1.37", (), "v1", True),
+])
+def test_what_a_target_serves_decides_what_is_generated(version, api_versions, mutating, claims):
+    names = by_name(objects(POLICY, version, *api_versions))
+    mutation = [o for n, o in names.items() if n.startswith("Mutating")]
+    assert [o["apiVersion"] for o in mutation] == ([f"admissionregistration.k8s.io/{mutating}"] * 2 if mutating else [])
+    assert ("ValidatingAdmissionPolicy/gpu-webhook-claims-deny" in names) is claims
+    # Validation is native on every version from 1.30: Pods and built-in workloads, and the custom kinds.
+    assert {"ValidatingAdmissionPolicy/gpu-webhook-deny", "ValidatingAdmissionPolicy/gpu-webhook-custom-deny"} <= set(
+        names)
+    left = dict(generate(parse_policy(POLICY), for_version(version, api_versions)).webhook_only)
+    assert ("mutation (accelerator, tolerations, hideGpus, runtimeClass)" in left) is (mutating is None)
+
+
+def test_a_rule_whose_cel_needs_a_newer_library_stays_with_the_webhook_and_says_why():
+    old = generate(parse_policy(POLICY), for_version("1.34"))
+    annotations = " ".join(o["metadata"]["annotations"][RULES_ANNOTATION] for o in old.objects)
+    assert "gpu-device-mount" not in annotations
+    assert "lists (flatten, slice" in dict(old.webhook_only)["gpu-device-mount"]
+    new = generate(parse_policy(POLICY), for_version("1.35"))
+    assert "gpu-device-mount" in " ".join(o["metadata"]["annotations"][RULES_ANNOTATION] for o in new.objects)
+    assert "gpu-device-mount" not in dict(new.webhook_only)
 
 
 def test_each_object_names_the_rules_it_implements_and_every_native_rule_that_is_on_is_somewhere():
     names = by_name(objects())
-    deny = names["ValidatingAdmissionPolicy/gpu-webhook-deny"]["metadata"]["annotations"][RULES_ANNOTATION].split(",")
-    warn = names["ValidatingAdmissionPolicy/gpu-webhook-warn"]["metadata"]["annotations"][RULES_ANNOTATION].split(",")
-    assert {"invalid-quantity", "per-pod-limit", "privileged-gpu", "device-class-not-allowed"} <= set(deny)
-    assert {"zero-gpu-limit", "cpu-pod-on-gpu-nodes", "blanket-device-toleration"} <= set(warn)
-    assert set(deny) | set(warn) == set(BUILDERS)
+
+    def rules(name: str) -> list[str]:
+        return names[name]["metadata"]["annotations"][RULES_ANNOTATION].split(",")
+
+    deny = rules("ValidatingAdmissionPolicy/gpu-webhook-deny")
+    warn = rules("ValidatingAdmissionPolicy/gpu-webhook-warn")
+    assert {"invalid-quantity", "per-pod-limit", "privileged-gpu"} <= set(deny)
+    assert {"zero-gpu-limit", "cpu-pod-on-gpu-nodes"} <= set(warn)
+    # The apiserver refuses the quantity rules on Pods itself: only custom kinds get them from us.
+    assert not {"requests-without-limits", "requests-differ", "structure"} & set(deny + warn)
+    custom = rules("ValidatingAdmissionPolicy/gpu-webhook-custom-deny")
+    assert {"requests-without-limits", "requests-differ", "structure"} <= set(custom)
+    claims_ = rules("ValidatingAdmissionPolicy/gpu-webhook-claims-deny") + rules(
+        "ValidatingAdmissionPolicy/gpu-webhook-claims-warn")
+    assert {"device-class-not-allowed", "blanket-device-toleration"} <= set(claims_)
+    every = {r for o in names.values() if o["kind"] == "ValidatingAdmissionPolicy"
+             for r in o["metadata"]["annotations"][RULES_ANNOTATION].split(",")}
+    assert every == set(BUILDERS)
     for binding in ("gpu-webhook-deny", "gpu-webhook-deny-warn"):
-        assert names[f"ValidatingAdmissionPolicyBinding/{binding}"]["metadata"]["annotations"][RULES_ANNOTATION] == \
-            ",".join(deny)
-    mutations = names["MutatingAdmissionPolicy/gpu-webhook"]["metadata"]["annotations"][RULES_ANNOTATION]
-    assert mutations == "accelerator,tolerations,hideGpus,runtimeClass"
+        assert rules(f"ValidatingAdmissionPolicyBinding/{binding}") == deny
+    assert rules("MutatingAdmissionPolicy/gpu-webhook") == ["accelerator", "tolerations", "hideGpus", "runtimeClass"]
 
 
 def test_a_rule_off_everywhere_is_not_generated_and_one_off_somewhere_is_gated_by_namespace():
@@ -100,8 +148,8 @@ def test_a_rule_off_everywhere_is_not_generated_and_one_off_somewhere_is_gated_b
     annotations = " ".join(o["metadata"]["annotations"][RULES_ANNOTATION] for o in off)
     assert "privileged-gpu" not in annotations and "zero-gpu-limit" not in annotations
     deny = by_name(objects())["ValidatingAdmissionPolicy/gpu-webhook-deny"]
-    variable = next(v["expression"] for v in deny["spec"]["variables"] if v["name"] == "v_privileged_gpu")
-    assert variable.startswith("((request.namespace == 'research' ? false : true) ? ")
+    variable = next(v["expression"] for v in deny["spec"]["variables"] if v["name"] == "privileged_gpu")
+    assert variable.startswith("(request.namespace == 'research' ? false : true) && (")
 
 
 def test_enforcement_and_namespace_overrides_are_bindings_with_namespace_selectors():
@@ -132,22 +180,38 @@ def test_namespaces_are_excluded_by_default_and_as_the_policy_says():
     assert "namespaceSelector" not in none["ValidatingAdmissionPolicy/gpu-webhook-deny"]["spec"]["matchConstraints"]
 
 
-def test_the_known_custom_kinds_are_matched_and_a_policy_adds_a_kind_by_its_template_paths():
-    deny = by_name(objects())["ValidatingAdmissionPolicy/gpu-webhook-deny"]
-    rules = deny["spec"]["matchConstraints"]["resourceRules"]
-    matched = {(r["apiGroups"][0], res) for r in rules for res in r["resources"]}
-    for kind in kinds.KNOWN_KINDS:
-        assert (kind.group, kind.resource) in matched
-    assert {("", "pods"), ("apps", "deployments"), ("batch", "cronjobs"), ("resource.k8s.io", "resourceclaims"),
-            ("resource.k8s.io", "resourceclaimtemplates")} <= matched
+def test_each_family_matches_its_kinds_and_a_policy_adds_a_kind_by_its_template_paths():
+    names = by_name(objects())
+
+    def matched(name: str) -> set[tuple[str, str]]:
+        rules = names[name]["spec"]["matchConstraints"]["resourceRules"]
+        return {(r["apiGroups"][0], res) for r in rules for res in r["resources"]}
+
+    assert {("", "pods"), ("apps", "deployments"), ("batch", "cronjobs")} <= matched(
+        "ValidatingAdmissionPolicy/gpu-webhook-deny")
+    known = {(k.group, k.resource) for k in kinds.KNOWN_KINDS}
+    assert known == matched("ValidatingAdmissionPolicy/gpu-webhook-custom-deny")
+    assert matched("ValidatingAdmissionPolicy/gpu-webhook-claims-deny") == {
+        ("resource.k8s.io", "resourceclaims"), ("resource.k8s.io", "resourceclaimtemplates")}
     policy = ("nativePolicies:\n  customKinds:\n  - {group: example.com, version: v2, resource: trainjobs, "
               "kind: TrainJob, templates: ['spec.roles[*].template', 'spec.launcher']}\n")
-    custom = by_name(objects(policy))["ValidatingAdmissionPolicy/gpu-webhook-deny"]
+    custom = by_name(objects(policy))["ValidatingAdmissionPolicy/gpu-webhook-custom-deny"]
     assert {"apiGroups": ["example.com"], "apiVersions": ["v2"], "operations": ["CREATE", "UPDATE"],
             "resources": ["trainjobs"], "scope": "Namespaced"} in custom["spec"]["matchConstraints"]["resourceRules"]
-    tpl = next(v["expression"] for v in custom["spec"]["variables"] if v["name"] == "tpl")
-    assert "'resource:example.com/trainjobs': [['spec', 'roles', 'template']]" in tpl
-    assert "'resource:example.com/trainjobs': [['spec', 'launcher']]" in tpl
+    nodes = next(v["expression"] for v in custom["spec"]["variables"] if v["name"] == "nodes")
+    assert "variables.kind == 'example.com/trainjobs' ? " in nodes and "'roles' in R.spec" in nodes
+
+
+def test_a_kind_whose_templates_need_flatten_stays_with_the_webhook_before_1_35():
+    policy = ("nativePolicies:\n  customKinds:\n  - {group: example.com, resource: grids, "
+              "templates: ['spec.rows[*].cells[*].template']}\n")
+    old = generate(parse_policy(policy), for_version("1.34"))
+    nodes = next(v["expression"] for o in old.objects if o["metadata"]["name"] == "gpu-webhook-custom-deny"
+                 and o["kind"] == "ValidatingAdmissionPolicy" for v in o["spec"]["variables"] if v["name"] == "nodes")
+    assert "example.com/grids" not in nodes
+    assert any(what == "pod templates of grids.example.com" for what, _ in old.webhook_only)
+    new = generate(parse_policy(policy), for_version("1.35"))
+    assert not any(what == "pod templates of grids.example.com" for what, _ in new.webhook_only)
 
 
 @pytest.mark.parametrize("bad", ["spec..x", "*.template", "spec.a[]", "spec.a b", ""])
@@ -176,10 +240,22 @@ def test_integers_are_never_tested_with_is_integer_and_sign_is_a_function():
         for expression in expressions(obj):
             assert ".isInteger()" not in expression
             assert ".sign()" not in expression
-    error = snippets.quantity_error("x")
-    assert "sign(q) < 0" in error
+    reason = snippets.quantity_reason("x")
+    assert "sign(q) < 0" in reason
     # The value is compared with its rounded self, after it is known to be at most the ceiling.
-    assert error.index("isGreaterThan(quantity('1000000'))") < error.index("compareTo(quantity(string(int(")
+    assert reason.index("isGreaterThan(quantity('1000000'))") < reason.index("compareTo(quantity(string(int(")
+
+
+def test_no_expression_uses_what_its_target_lacks():
+    """Before Kubernetes 1.33 no two-variable comprehension, before 1.35 no flatten, slice, distinct or sort (the
+    CEL of new expressions is their minor's minus one): measured as refusals at apply on v1.30.14 and v1.34.4."""
+    later = {"1.30": ("transformList", "transformMap", ".flatten()", ".slice(", ".distinct()", ".sort", ".sortBy("),
+             "1.34": (".flatten()", ".slice(", ".distinct()", ".sort", ".sortBy(")}
+    for version, missing in later.items():
+        for obj in objects(POLICY, version, "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy"):
+            for expression in expressions(obj):
+                for name in missing:
+                    assert name not in expression, (version, obj["metadata"]["name"], name)
 
 
 def test_regular_expressions_are_literals_in_matches_never_variables():
@@ -189,7 +265,8 @@ def test_regular_expressions_are_literals_in_matches_never_variables():
                 assert expression[match.end():match.end() + 2] in ("r'", 'r"') or expression[match.end()] == '"', \
                     expression[match.start():match.start() + 60]
         for variable in obj["spec"].get("variables", []):
-            assert not re.fullmatch(r"r?['\"].*['\"]", variable["expression"]), variable["name"]
+            # A variable holding a pattern would be compiled again on every call.
+            assert not re.fullmatch(r"r?'[^']*'|r?\"[^\"]*\"", variable["expression"]), variable["name"]
 
 
 def test_node_selector_and_tolerations_are_changed_by_json_patch_only():
@@ -202,27 +279,32 @@ def test_node_selector_and_tolerations_are_changed_by_json_patch_only():
 
 
 def test_values_that_may_be_numbers_are_typed_before_string_is_applied():
-    error = snippets.quantity_error("x")
-    for match in re.finditer(r"string\(x\)", error):
-        before = error[:match.start()]
+    reason = snippets.quantity_reason("x")
+    for match in re.finditer(r"string\(x\)", reason + snippets.plain("x")):
+        text = reason + snippets.plain("x")
+        before = text[:match.start()]
         guard = max(before.rfind("type(x) == int ?"), before.rfind("type(x) == double ?"),
                     before.rfind("type(x) == int || type(x) == uint || type(x) == double ?"))
-        assert guard >= 0, error[max(0, match.start() - 80):match.end()]
+        assert guard >= 0, text[max(0, match.start() - 80):match.end()]
 
 
-def test_one_aggregated_one_line_message_of_bounded_size_per_deny_policy():
-    deny = by_name(objects())["ValidatingAdmissionPolicy/gpu-webhook-deny"]["spec"]
+def test_one_aggregated_one_line_message_of_bounded_size_per_deny_policy_and_nothing_costly_on_a_pass():
+    names = by_name(objects())
+    deny = names["ValidatingAdmissionPolicy/gpu-webhook-deny"]["spec"]
     [validation] = deny["validations"]
-    assert validation["expression"] == "size(variables.found) == 0"
+    assert validation["expression"] == "!variables.violated"
     message = validation["messageExpression"]
-    assert "variables.found.map(x, x.m).join('; ')" in message and "' GPU violation'" in message
-    assert "size(bytes(s)) <= 5000" in message
+    # The apiserver evaluates every messageExpression, passed or not: this one starts with the cheap test.
+    assert message.startswith("variables.violated ? ") and message.endswith(" : ''")
+    assert "' GPU violation'" in message and "size(bytes(s)) <= 5000" in message
+    assert ".replace(\"\\u001f\", '; ')" in message
     assert validation["reason"] == "Forbidden" and "\n" not in validation["message"]
     assert deny["failurePolicy"] == "Fail"
-    warn = by_name(objects())["ValidatingAdmissionPolicy/gpu-webhook-warn"]["spec"]
-    assert warn["failurePolicy"] == "Ignore" and len(warn["validations"]) == len(
-        by_name(objects())["ValidatingAdmissionPolicy/gpu-webhook-warn"]["metadata"]["annotations"][
-            RULES_ANNOTATION].split(","))
+    warn = names["ValidatingAdmissionPolicy/gpu-webhook-warn"]
+    assert warn["spec"]["failurePolicy"] == "Ignore"
+    assert len(warn["spec"]["validations"]) == len(warn["metadata"]["annotations"][RULES_ANNOTATION].split(","))
+    for v in warn["spec"]["validations"]:
+        assert v["messageExpression"].startswith("variables.")
 
 
 def test_messages_are_one_line_and_word_violations_as_the_webhook_does():
@@ -237,16 +319,13 @@ def test_messages_are_one_line_and_word_violations_as_the_webhook_does():
 def test_an_update_is_held_only_to_the_violations_the_old_object_did_not_have():
     deny = by_name(objects())["ValidatingAdmissionPolicy/gpu-webhook-deny"]["spec"]
     variables = {v["name"]: v["expression"] for v in deny["variables"]}
-    assert variables["roots"] == "request.operation == 'UPDATE' && oldObject != null ? [object, oldObject] : [object]"
-    assert variables["found"].endswith(".filter(x, x.o == 0 && !(x.k in variables.old_keys))")
-    assert ".filter(x, x.o == 1).map(x, x.k)" in variables["old_keys"]
-
-
-def test_the_apiserver_already_refuses_the_quantity_rules_on_pods_so_only_custom_resources_get_them():
-    deny = by_name(objects())["ValidatingAdmissionPolicy/gpu-webhook-deny"]["spec"]
-    variables = {v["name"]: v["expression"] for v in deny["variables"]}
-    for rule in ("requests_without_limits", "requests_differ", "structure"):
-        assert variables[f"v_{rule}"].startswith("(variables.dra ? [] : (variables.custom ? "), rule
+    assert variables["update"] == "request.operation == 'UPDATE'"
+    assert variables["nodes"].startswith("(variables.update ? [object, oldObject] : [object]).map(R, ")
+    assert variables["old_templates"] == "variables.update ? variables.all_templates[1] : []"
+    # Each rule's old keys are read from the old templates, and only by the message's words of that rule.
+    assert variables["invalid_quantity_old"].startswith('"\\u001f" + [variables.old_templates.')
+    assert "variables.invalid_quantity_old.contains(" in variables["invalid_quantity_found"]
+    assert "_old" not in variables["invalid_quantity"]
 
 
 def test_the_runtime_class_is_left_to_the_webhook_when_it_must_read_the_cluster():
@@ -303,20 +382,27 @@ def test_a_bad_policy_is_one_line_and_exit_2(tmp_path):
     assert "resource" in done.stderr
 
 
-def test_each_policy_asks_first_whether_a_pod_holds_anything_its_rules_read():
+def test_each_policy_asks_first_whether_anything_in_a_pod_can_make_its_rules_fire():
     names = by_name(objects())
     deny = names["ValidatingAdmissionPolicy/gpu-webhook-deny"]["spec"]["matchConditions"][0]["expression"]
     warn = names["ValidatingAdmissionPolicy/gpu-webhook-warn"]["spec"]["matchConditions"][0]["expression"]
-    # Custom kinds and claims always go on; Pods and built-in templates only when something matters.
-    assert deny.startswith("!((request.kind.group == '' && request.kind.kind in ['Pod', 'PodTemplate', ")
-    for read in ("k.contains('/')", "c.securityContext.privileged", "v.hostPath", "'cdi.k8s.io/'",
-                 "'NVIDIA_VISIBLE_DEVICES'", "'nvidia-container-devices'"):
+    assert deny.startswith("(request.kind.kind == 'Pod' ? [object] : ")
+    # A count that is no plain count, a name that is no plain GPU name, the isolation fields.
+    for read in ("!v.matches(r'^[0-9]{1,6}$')", "!(k in ['amd.com/gpu', 'nvidia.com/gpu'])",
+                 "c.securityContext.privileged", "v.hostPath", "'cdi.k8s.io/'", "'NVIDIA_VISIBLE_DEVICES'",
+                 "'nvidia-container-devices'"):
         assert read in deny, read
     # The warn policy's rules read other things: an envFrom, a zero count, a node name, GPU tolerations.
     assert "c.envFrom" in warn and "t.spec.nodeName" in warn and "t.spec.tolerations" in warn
     assert "c.securityContext.privileged" not in warn
+    # Custom kinds and claims have no matchConditions: CEL cannot tell without reading their templates.
+    assert "matchConditions" not in names["ValidatingAdmissionPolicy/gpu-webhook-custom-deny"]["spec"]
     mutating = names["MutatingAdmissionPolicy/gpu-webhook"]["spec"]["matchConditions"][0]["expression"]
     # hideGpus applies everywhere in POLICY: every pod goes to the mutation.
     assert mutating.startswith("true || ")
-    gpu_only = by_name(objects("accelerator: {default: nvidia-l4}\n"))["MutatingAdmissionPolicy/gpu-webhook"]
-    assert gpu_only["spec"]["matchConditions"][0]["expression"].startswith("['containers', 'initContainers']")
+
+
+def test_every_pod_rule_says_what_can_make_it_fire():
+    assert set(pods.READS) == set(pods.BUILDERS)
+    with pytest.raises(KeyError):
+        pods.matters(snippets.Ctx(parse_policy(POLICY)), ["no-such-rule"])

@@ -47,6 +47,16 @@ def test_a_fast_test_that_starts_a_process_fails_and_says_to_mark_it():
     assert "@pytest.mark.process" in str(failed.value)
 
 
+def test_a_fast_test_may_start_only_celeval_the_apiservers_cel(tmp_path):
+    fake = tmp_path / "celeval"
+    fake.write_text("#!/bin/sh\necho evaluated\n")
+    fake.chmod(0o755)
+    with no_processes("tests/test_x.py::test_y"):
+        assert subprocess.run([str(fake)], capture_output=True, text=True, check=True).stdout == "evaluated\n"
+        with pytest.raises(pytest.fail.Exception):
+            subprocess.run([str(tmp_path / "celeval-not")], check=False)
+
+
 def test_the_default_run_selects_every_test():
     options = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["pytest"]["ini_options"]
     assert not [o for o in shlex.split(options["addopts"]) if o.startswith("-m") or o.startswith("-k")]

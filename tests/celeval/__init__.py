@@ -21,7 +21,8 @@ PLURALS = {"Pod": "pods", "PodTemplate": "podtemplates", "ReplicationController"
            "DaemonSet": "daemonsets", "Job": "jobs", "CronJob": "cronjobs", "PyTorchJob": "pytorchjobs",
            "TFJob": "tfjobs", "MPIJob": "mpijobs", "RayCluster": "rayclusters", "RayJob": "rayjobs",
            "RayService": "rayservices", "JobSet": "jobsets", "LeaderWorkerSet": "leaderworkersets",
-           "TrainJob": "trainjobs", "ResourceClaim": "resourceclaims", "ResourceClaimTemplate": "resourceclaimtemplates"}
+           "TrainJob": "trainjobs", "ResourceClaim": "resourceclaims",
+           "ResourceClaimTemplate": "resourceclaimtemplates"}
 
 
 def binary() -> Path:

@@ -5,6 +5,8 @@
   ``helm install`` instead of crash-looping the pods.
 - ``templates/_resources.tpl`` holds ``webhook.core.resources.cel_pattern()``, the registry of vendor GPU
   names, for the validating webhook's matchConditions.
+- ``templates/_native.tpl`` holds ``webhook.native.chart.helpers()``: how the chart chooses the engines from
+  ``.Capabilities`` and the CEL of hybrid mode's webhook conditions, written by the generator.
 
 Run this after changing either:
 
@@ -25,10 +27,12 @@ from typing import Any
 
 from webhook.core.policy import SCHEMA
 from webhook.core.resources import cel_pattern
+from webhook.native.chart import helpers as native_helpers
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "gpu-webhook"
 VALUES_SCHEMA = CHART / "values.schema.json"
 RESOURCES_TEMPLATE = CHART / "templates" / "_resources.tpl"
+NATIVE_TEMPLATE = CHART / "templates" / "_native.tpl"
 DROPPED_KEYS = ("$schema", "title")
 
 
@@ -78,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
             RESOURCES_TEMPLATE.read_text(encoding="utf-8") if RESOURCES_TEMPLATE.exists() else "",
             resources_template(),
             "differs from webhook.core.resources.REGISTRY",
+        ),
+        (
+            NATIVE_TEMPLATE,
+            NATIVE_TEMPLATE.read_text(encoding="utf-8") if NATIVE_TEMPLATE.exists() else "",
+            native_helpers(),
+            "differs from webhook.native.chart.helpers()",
         ),
     ]
     status = 0

@@ -1,11 +1,10 @@
-"""admissionPolicies.*: the hook Jobs that apply and delete the native policies, their short-lived RBAC, the gate
-on the MutatingAdmissionPolicy API, and hybrid mode's matchConditions and failurePolicy. Rendered with helm
-template (test_chart's fixtures); the Job's command itself is tested on the e2e bed (test_native_apply)."""
+"""admissionPolicies.*: the hook Jobs that apply and delete the native policies, their short-lived RBAC, the
+engines chosen from .Capabilities (helm's --kube-version and --api-versions offline), and hybrid mode's
+matchConditions, failurePolicy and notes. Rendered with helm template (test_chart's fixtures); the Job's command
+itself is tested on the e2e beds (test_native_apply, the version matrix)."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Any
 
 from tests.chart import test_chart
@@ -14,16 +13,16 @@ from tests.chart.test_chart import Helm, one, values_args
 helm_bin, helm_env, helm = test_chart.helm_bin, test_chart.helm_env, test_chart.helm
 
 MAP_API = ("--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy")
-HELPERS = Path(__file__).resolve().parents[2] / "charts" / "gpu-webhook" / "templates" / "_helpers.tpl"
+MAP_BETA = ("--api-versions", "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy")
 ADMISSION_RESOURCES = {"validatingadmissionpolicies", "validatingadmissionpolicybindings",
                        "mutatingadmissionpolicies", "mutatingadmissionpolicybindings"}
-# The checks the generator leaves to the webhook, all off: hybrid mode can then narrow what the webhook sees.
+# The checks the generator leaves to the webhook, all off: PyTorchJobs and RayClusters then need the webhook no more.
 CHECKS_OFF = {"checks": {key: "off" for key in ("processCountMismatch", "replicaAcceleratorMismatch")}}
 CUSTOM = [{"apiGroups": ["kubeflow.org", "example.com"], "apiVersions": ["*"], "resources": ["pytorchjobs", "widgets"]}]
 
 
-def enabled(**more: Any) -> list[str]:
-    return [*MAP_API, *values_args({"admissionPolicies": {"enabled": True}, **more})]
+def enabled(*flags: str, **more: Any) -> list[str]:
+    return [*(flags or ("--kube-version", "1.37.0")), *values_args({"admissionPolicies": {"enabled": True}, **more})]
 
 
 def hooks(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -49,10 +48,57 @@ def test_off_by_default_renders_no_hook_and_no_hybrid_condition(helm: Helm) -> N
     }
 
 
-def test_refused_on_a_cluster_without_mutating_admission_policies(helm: Helm) -> None:
-    error = helm.template_error(*values_args({"admissionPolicies": {"enabled": True}}))
-    assert "admissionPolicies.enabled needs admissionregistration.k8s.io/v1 MutatingAdmissionPolicy" in error
+def test_refused_below_kubernetes_1_30(helm: Helm) -> None:
+    error = helm.template_error("--kube-version", "1.29.0", *values_args({"admissionPolicies": {"enabled": True}}))
+    assert ">=1.30" in error
     assert len(error.strip().splitlines()) <= 3  # the message, and helm's own hint
+
+
+# helm's flags -> (the MutatingAdmissionPolicy version in the hook's notes, the mutate webhook's conditions, its
+# failurePolicy, whether the claims' webhook is sent nothing)
+ENGINES = [
+    (("--kube-version", "1.30.0"), None, ["gpu-or-hidden-namespace"], "Fail", False),
+    (("--kube-version", "1.34.0"), None, ["gpu-or-hidden-namespace"], "Fail", True),
+    (("--kube-version", "1.34.0", *MAP_BETA), "v1beta1",
+     ["gpu-or-hidden-namespace", "left-to-mutating-admission-policy"], "Ignore", True),
+    (("--kube-version", "1.35.0", *MAP_BETA), "v1beta1",
+     ["gpu-or-hidden-namespace", "left-to-mutating-admission-policy"], "Ignore", True),
+    (("--kube-version", "1.36.0"), "v1", ["gpu-or-hidden-namespace", "left-to-mutating-admission-policy"], "Ignore",
+     True),
+    (("--kube-version", "1.37.0", *MAP_API), "v1",
+     ["gpu-or-hidden-namespace", "left-to-mutating-admission-policy"], "Ignore", True),
+]
+
+
+def test_the_engines_follow_what_the_cluster_serves(helm: Helm) -> None:
+    """ValidatingAdmissionPolicies from 1.30; the mutation native where a MutatingAdmissionPolicy is served (v1
+    from 1.36, v1beta1 in 1.34 and 1.35 when the cluster names it), else left to the webhook, which then refuses
+    what it cannot mutate while it is down; the claims' rules native from 1.34."""
+    for flags, _mutating, mutate, failure, claims in ENGINES:
+        docs = helm.template(*enabled(*flags))
+        assert {d["kind"] for d in hooks(docs)} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"}
+        found = conditions(docs)
+        assert found["mutate.gpu-webhook.io"] == mutate, flags
+        assert found["validate.gpu-webhook.io"] == ["gpu-or-isolation", "left-to-the-webhook"], flags
+        dra = ["requests-devices-or-names-extended-resource"] + (["left-to-validating-admission-policies"] if claims
+                                                                else [])
+        assert found["validate-dra.gpu-webhook.io"] == dra, flags
+        webhook = one(docs, "MutatingWebhookConfiguration")["webhooks"][0]
+        assert webhook["failurePolicy"] == failure, flags
+        validating = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
+        assert {h["failurePolicy"] for h in validating} == {"Ignore"}, flags
+
+
+def test_the_webhook_keeps_what_the_versions_cel_cannot_carry(helm: Helm) -> None:
+    """gpu-device-mount normalises paths with the lists library (1.35+): before, pods with host paths or device
+    list mounts still go to the webhook."""
+    def condition(*flags: str) -> str:
+        webhook = one(helm.template(*enabled(*flags)), "ValidatingWebhookConfiguration")["webhooks"][0]
+        return next(c["expression"] for c in webhook["matchConditions"] if c["name"] == "left-to-the-webhook")
+
+    old, new = condition("--kube-version", "1.34.0"), condition("--kube-version", "1.35.0")
+    assert "has(v.hostPath)" in old and "nvidia-container-devices" in old
+    assert "has(v.hostPath)" not in new and "resourceClaims" in new
 
 
 def test_hook_jobs_service_accounts_and_rbac(helm: Helm) -> None:
@@ -62,7 +108,7 @@ def test_hook_jobs_service_accounts_and_rbac(helm: Helm) -> None:
         annotations = doc["metadata"]["annotations"]
         assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
         by_hook.setdefault(annotations["helm.sh/hook"], []).append(doc)
-    assert set(by_hook) == {"post-install,post-upgrade", "pre-delete"}
+    assert set(by_hook) == {"post-install,post-upgrade,post-rollback", "pre-delete"}
     for hook, objects in by_hook.items():
         kinds = {d["kind"]: d for d in objects}
         assert set(kinds) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"}
@@ -109,23 +155,44 @@ def test_hybrid_mode_narrows_every_webhook(helm: Helm) -> None:
     docs = helm.template(*enabled(policy=CHECKS_OFF, webhook={"customResources": CUSTOM}))
     assert conditions(docs) == {
         "mutate.gpu-webhook.io": ["gpu-or-hidden-namespace", "left-to-mutating-admission-policy"],
-        "validate.gpu-webhook.io": ["gpu-or-isolation", "follows-claims"],
+        "validate.gpu-webhook.io": ["gpu-or-isolation", "left-to-the-webhook"],
         "validate-dra.gpu-webhook.io": ["requests-devices-or-names-extended-resource",
                                         "left-to-validating-admission-policies"],
         "validate-custom.gpu-webhook.io": ["kind-not-native"],
     }
     custom = one(docs, "ValidatingWebhookConfiguration")["webhooks"][-1]["matchConditions"][0]["expression"]
     assert "'kubeflow.org/pytorchjobs'" in custom and "example.com/widgets" not in custom
+    assert " || " not in custom  # the replica checks are off: no kind goes to the webhook for them
 
 
-def test_hybrid_mode_keeps_everything_where_the_webhook_alone_checks(helm: Helm) -> None:
-    """Default checks (warn/deny) the generator leaves to the webhook, or cluster checks: every GPU object still
-    goes to /validate; a check turned on in one namespace is enough."""
-    for policy in ({}, {"cluster": {"enabled": True}, **CHECKS_OFF},
-                   {**CHECKS_OFF, "namespaces": {"team": {"checks": {"processCountMismatch": "deny"}}}}):
-        found = conditions(helm.template(*enabled(policy=policy, webhook={"customResources": CUSTOM})))
-        assert found["validate.gpu-webhook.io"] == ["gpu-or-isolation"], policy
-        assert found["validate-custom.gpu-webhook.io"] == [], policy
+def test_the_replica_checks_pull_only_the_kinds_they_read(helm: Helm) -> None:
+    """On by default (warn), and on in a single namespace: PyTorchJobs and RayClusters still go to the webhook, and
+    nothing else does for them."""
+    for policy in ({}, {**CHECKS_OFF, "namespaces": {"team": {"checks": {"processCountMismatch": "deny"}}}}):
+        docs = helm.template(*enabled(policy=policy, webhook={"customResources": CUSTOM}))
+        found = conditions(docs)
+        assert found["validate.gpu-webhook.io"] == ["gpu-or-isolation", "left-to-the-webhook"], policy
+        custom = one(docs, "ValidatingWebhookConfiguration")["webhooks"][-1]["matchConditions"][0]["expression"]
+        assert custom.endswith(" in ['kubeflow.org/pytorchjobs', 'ray.io/rayclusters']"), policy
+
+
+def test_a_bare_off_in_a_values_file_is_off(helm: Helm, tmp_path) -> None:
+    """YAML reads `off` as false: the chart takes it as the policy does."""
+    values = tmp_path / "values.yaml"
+    values.write_text("admissionPolicies: {enabled: true}\nwebhook:\n  customResources:\n"
+                      "  - {apiGroups: [kubeflow.org], apiVersions: ['*'], resources: [pytorchjobs]}\n"
+                      "policy:\n  checks: {processCountMismatch: off, replicaAcceleratorMismatch: off}\n")
+    docs = helm.template("--kube-version", "1.37.0", "-f", str(values))
+    custom = one(docs, "ValidatingWebhookConfiguration")["webhooks"][-1]["matchConditions"][0]["expression"]
+    assert " || " not in custom
+
+
+def test_the_cluster_checks_keep_everything_with_the_webhook(helm: Helm) -> None:
+    found = conditions(helm.template(*enabled(policy={"cluster": {"enabled": True}},
+                                              webhook={"customResources": CUSTOM})))
+    assert found["validate.gpu-webhook.io"] == ["gpu-or-isolation"]
+    assert found["validate-custom.gpu-webhook.io"] == []
+    assert found["validate-dra.gpu-webhook.io"] == ["requests-devices-or-names-extended-resource"]
 
 
 def test_mutate_stays_for_cluster_checked_runtime_class(helm: Helm) -> None:
@@ -134,33 +201,44 @@ def test_mutate_stays_for_cluster_checked_runtime_class(helm: Helm) -> None:
 
 
 def test_failure_policy_in_hybrid_mode(helm: Helm) -> None:
-    def policies(*args: str) -> set[str]:
+    def policies(*args: str) -> dict[str, set[str]]:
         docs = helm.template(*args)
-        return {h["failurePolicy"] for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
-                for h in one(docs, kind)["webhooks"]}
+        return {kind: {h["failurePolicy"] for h in one(docs, kind)["webhooks"]}
+                for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")}
 
-    assert policies(*enabled()) == {"Fail"}
-    assert policies(*enabled(admissionPolicies={"enabled": True, "webhookFailurePolicy": "Ignore"})) == {"Ignore"}
-    # Outside hybrid mode the hybrid value changes nothing.
-    assert policies(*values_args({"admissionPolicies": {"webhookFailurePolicy": "Ignore"}})) == {"Fail"}
+    assert policies(*enabled()) == {"MutatingWebhookConfiguration": {"Ignore"},
+                                    "ValidatingWebhookConfiguration": {"Ignore"}}
+    assert policies(*enabled("--kube-version", "1.33.0")) == {"MutatingWebhookConfiguration": {"Fail"},
+                                                              "ValidatingWebhookConfiguration": {"Ignore"}}
+    chosen = {"enabled": True, "webhookFailurePolicy": "Fail", "mutatingWebhookFailurePolicy": "Ignore"}
+    assert policies(*enabled("--kube-version", "1.33.0", admissionPolicies=chosen)) == {
+        "MutatingWebhookConfiguration": {"Ignore"}, "ValidatingWebhookConfiguration": {"Fail"}}
+    # Outside hybrid mode the hybrid values change nothing.
+    assert policies(*values_args({"admissionPolicies": {"webhookFailurePolicy": "Ignore"}})) == {
+        "MutatingWebhookConfiguration": {"Fail"}, "ValidatingWebhookConfiguration": {"Fail"}}
 
 
 def test_schema_refuses_bad_values(helm: Helm) -> None:
-    for bad in ({"enabled": "yes"}, {"webhookFailurePolicy": "Maybe"}, {"job": {"backoffLimit": -1}},
-                {"job": {"activeDeadlineSeconds": 1}}, {"jobs": {}}):
+    for bad in ({"enabled": "yes"}, {"webhookFailurePolicy": "Maybe"}, {"mutatingWebhookFailurePolicy": "Never"},
+                {"job": {"backoffLimit": -1}}, {"job": {"activeDeadlineSeconds": 1}}, {"jobs": {}}):
         error = helm.template_error(*MAP_API, *values_args({"admissionPolicies": bad}))
         assert "admissionPolicies" in error, (bad, error)
 
 
-def test_chart_lists_agree_with_the_generator_and_the_rule_table() -> None:
-    from webhook.core.catalog import RULES
-    from webhook.native.kinds import KNOWN_KINDS
+def test_the_notes_say_which_engine_carries_what_and_show_the_policys_denial(helm: Helm) -> None:
+    from tests.chart.test_chart import notes
+    from webhook.core.policy import parse_policy
+    from webhook.native.generate import generate
+    from webhook.native.target import for_version
 
-    text = HELPERS.read_text()
-    kinds = re.search(r'define "gpu-webhook.nativeCustomKinds".*?\$kinds := list (.*?) }}', text, re.S)
-    assert kinds is not None
-    assert set(re.findall(r'"([^"]+)"', kinds.group(1))) == {f"{k.group}/{k.resource}" for k in KNOWN_KINDS}
-    checks = re.search(r'define "gpu-webhook.webhookChecks" -}}\n(.*?)\n', text)
-    assert checks is not None
-    assert set(checks.group(1).split(",")) == {r.key for r in RULES.values()
-                                              if r.engine == "webhook" and r.section == "checks"}
+    text = notes(helm, *values_args({"admissionPolicies": {"enabled": True}}))
+    assert "Validation: ValidatingAdmissionPolicies gpu-webhook-deny and gpu-webhook-warn" in text
+    assert "Mutation: MutatingAdmissionPolicy gpu-webhook (v1)" in text
+    denial = next(ln.strip() for ln in text.splitlines() if "denied request" in ln)
+    assert denial.startswith('Error from server (Forbidden): pods "gpu-test" is forbidden: ValidatingAdmissionPolicy '
+                             "'gpu-webhook-deny' with binding 'gpu-webhook-deny' denied request: 1 GPU violation: ")
+    # The policies the hook Job applies are named as the notes name them.
+    names = {o["metadata"]["name"] for o in generate(parse_policy("{}"), for_version("1.37")).objects}
+    assert {"gpu-webhook-deny", "gpu-webhook-warn", "gpu-webhook"} <= names
+    # (helm install --dry-run=client takes no --kube-version: the branch for a cluster without a
+    # MutatingAdmissionPolicy is read on the version matrix's installs, tests/e2e/test_native_matrix.py.)

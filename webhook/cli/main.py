@@ -203,6 +203,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     native.add_argument("--delete", action="store_true", help="delete every object this command labelled, and exit")
     native.add_argument(
+        "--kube-version", metavar="VERSION",
+        help="without --apply: the Kubernetes version to generate for, as helm's --kube-version (default: the newest "
+        "this release knows); with --apply the cluster's own version is used",
+    )
+    native.add_argument(
+        "--api-versions", metavar="GROUP/VERSION[/KIND]", action="append", default=[],
+        help="without --apply: an API the cluster serves beyond its version's defaults, as helm's --api-versions "
+        "(repeat it, or separate with commas), e.g. admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy",
+    )
+    native.add_argument(
         "--kubeconfig", help=f"with --apply/--delete: kubeconfig file (default: {DEFAULT_CREDENTIALS})"
     )
     return parser
@@ -211,6 +221,9 @@ def _parser() -> argparse.ArgumentParser:
 def _admission_policies(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.apply and args.delete:
         parser.error("--apply and --delete exclude each other")
+    if (args.apply or args.delete) and (args.kube_version or args.api_versions):
+        parser.error("--kube-version and --api-versions describe a cluster offline; --apply and --delete ask the "
+                     "cluster itself")
     if args.delete:
         from webhook.cli import policies as apply_policies
 
@@ -220,12 +233,19 @@ def _admission_policies(args: argparse.Namespace, parser: argparse.ArgumentParse
         from webhook.cli import policies as apply_policies
 
         return apply_policies.run(policies, args.kubeconfig)
+    from webhook.cli.policies import report
     from webhook.native.generate import generate, to_yaml
+    from webhook.native.target import DEFAULT, TargetError, for_version
 
-    generated = generate(policies)
+    api_versions = [v.strip() for item in args.api_versions for v in item.split(",") if v.strip()]
+    try:
+        target = for_version(args.kube_version or DEFAULT.version, api_versions)
+    except TargetError as exc:
+        print(f"gpu-webhook: admission-policies: {exc}", file=sys.stderr)
+        return 2
+    generated = generate(policies, target)
     sys.stdout.write(to_yaml(generated.objects))
-    for rule, why in generated.webhook_only:
-        print(f"left to the webhook: {rule}: {why}", file=sys.stderr)
+    report(generated, sys.stderr)
     return 0
 
 

@@ -5,9 +5,11 @@ owns them), policies before their bindings, then prunes: every ValidatingAdmissi
 or binding that carries the generator's labels (:data:`webhook.native.generate.LABELS`) and is no longer generated
 is deleted, bindings before policies. ``--delete`` deletes every labelled object (the chart's ``pre-delete`` hook).
 
-A kind the apiserver does not serve (MutatingAdmissionPolicy before Kubernetes 1.36, or turned off) is named in
-one line; so are a bad policy, missing credentials and an unreachable apiserver (exit 2). Nothing is pruned when an
-apply failed, so a half-applied set never loses the objects it still had.
+What is generated is chosen by discovery, as Kyverno and Gatekeeper choose: the apiserver's minor version and the
+``admissionregistration.k8s.io`` versions and kinds it serves (``webhook.native.target.from_discovery``). A
+MutatingAdmissionPolicy is applied at ``v1`` where served, else at ``v1beta1``, else not at all: mutation then stays
+with the webhook, and stderr says so. A bad policy, missing credentials and an unreachable apiserver are one line
+(exit 2). Nothing is pruned when an apply failed, so a half-applied set never loses the objects it still had.
 """
 
 from __future__ import annotations
@@ -19,11 +21,19 @@ from typing import Any, TextIO
 
 from webhook.core.policy import PolicySet
 from webhook.kube.client import ApiError, ConfigError, Kube, NotServed
-from webhook.native.generate import LABELS, generate
+from webhook.native.generate import LABELS, Generated, generate
+from webhook.native.target import GROUP, MUTATING_VERSIONS, Target, TargetError, from_discovery, parse_minor
 
 EXIT_OK, EXIT_FAILED = 0, 2
 FIELD_MANAGER = "gpu-webhook"
-GROUP_PATH = "/apis/admissionregistration.k8s.io/v1"
+GROUP_PATH = f"/apis/{GROUP}"
+# The versions of the group a kind may be listed at, for the prune: v1 for all, v1beta1 for the mutating ones.
+VERSIONS: dict[str, tuple[str, ...]] = {
+    "ValidatingAdmissionPolicy": ("v1",),
+    "MutatingAdmissionPolicy": MUTATING_VERSIONS,
+    "ValidatingAdmissionPolicyBinding": ("v1",),
+    "MutatingAdmissionPolicyBinding": MUTATING_VERSIONS,
+}
 # Policies first (a binding names its policy), bindings first when deleting.
 RESOURCES: dict[str, str] = {
     "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
@@ -44,31 +54,56 @@ class Outcome:
     pruned: list[str] = field(default_factory=list)
 
 
-def _path(kind: str, name: str | None = None) -> str:
+def _path(kind: str, name: str | None = None, version: str = "v1") -> str:
     resource = RESOURCES.get(kind)
     if resource is None:
         raise ApplyError(f"the generator wrote a {kind}, which --apply does not know")
-    return f"{GROUP_PATH}/{resource}" + (f"/{name}" if name else "")
+    return f"{GROUP_PATH}/{version}/{resource}" + (f"/{name}" if name else "")
+
+
+def discover(kube: Kube) -> Target:
+    """What the apiserver serves: its minor version (``/version``) and the kinds of each version of the
+    admission-registration group (a version it does not serve is skipped, never an error)."""
+    try:
+        version = kube.get("/version")
+        minor = parse_minor(f"1.{str(version.get('minor', '')).rstrip('+')}")
+    except (ApiError, TargetError) as exc:
+        raise ApplyError(f"cannot read the apiserver's version: {_one_line(exc)}") from None
+    served: dict[str, set[str]] = {}
+    for group_version in ("v1", *MUTATING_VERSIONS[1:]):
+        try:
+            listing = kube.get(f"{GROUP_PATH}/{group_version}")
+        except NotServed:
+            continue
+        except ApiError as exc:
+            raise ApplyError(f"cannot discover {GROUP}/{group_version}: {_one_line(exc)}") from None
+        served[group_version] = {str(r.get("kind")) for r in listing.get("resources") or [] if "/" not in r["name"]}
+    return from_discovery(minor, served)
 
 
 def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def _labelled(kube: Kube, kind: str) -> list[str]:
-    """Names of the ``kind`` objects that carry the generator's labels; none when the kind is not served."""
-    try:
-        listing = kube.get(_path(kind), {"labelSelector": SELECTOR})
-    except NotServed:
-        return []
-    except ApiError as exc:
-        raise ApplyError(f"cannot list {RESOURCES[kind]}: {_one_line(exc)}") from None
-    return sorted(str(item["metadata"]["name"]) for item in listing.get("items") or [])
+def _labelled(kube: Kube, kind: str) -> list[tuple[str, str]]:
+    """(version, name) of the ``kind`` objects that carry the generator's labels, at each version the kind may be
+    served at; none where it is not served."""
+    found: dict[str, str] = {}
+    for version in VERSIONS[kind]:
+        try:
+            listing = kube.get(_path(kind, version=version), {"labelSelector": SELECTOR})
+        except NotServed:
+            continue
+        except ApiError as exc:
+            raise ApplyError(f"cannot list {RESOURCES[kind]}: {_one_line(exc)}") from None
+        for item in listing.get("items") or []:
+            found.setdefault(str(item["metadata"]["name"]), version)  # one object, whatever version lists it
+    return sorted((version, name) for name, version in found.items())
 
 
-def _delete(kube: Kube, kind: str, name: str) -> None:
+def _delete(kube: Kube, kind: str, name: str, version: str = "v1") -> None:
     try:
-        kube.delete(_path(kind, name))
+        kube.delete(_path(kind, name, version))
     except NotServed:
         pass  # already gone
     except ApiError as exc:
@@ -86,20 +121,21 @@ def apply(kube: Kube, objects: Iterable[Mapping[str, Any]]) -> Outcome:
     wanted: dict[str, set[str]] = {kind: set() for kind in RESOURCES}
     for obj in _ordered(objects):
         kind, name = str(obj["kind"]), str(obj["metadata"]["name"])
-        path = _path(kind, name)
+        version = str(obj["apiVersion"]).rpartition("/")[2]
+        path = _path(kind, name, version)
         try:
             kube.apply(path, obj, FIELD_MANAGER)
         except NotServed:
-            raise ApplyError(f"the apiserver does not serve {RESOURCES[kind]} (admissionregistration.k8s.io/v1; "
-                             "MutatingAdmissionPolicy needs Kubernetes 1.36 or later)") from None
+            raise ApplyError(f"the apiserver does not serve {RESOURCES[kind]} ({GROUP}/{version}), though discovery "
+                             "said it does") from None
         except ApiError as exc:
             raise ApplyError(f"cannot apply {kind}/{name}: {_one_line(exc)}") from None
         wanted[kind].add(name)
         outcome.applied.append(f"{kind}/{name}")
     for kind in reversed(RESOURCES):
-        for name in _labelled(kube, kind):
+        for version, name in _labelled(kube, kind):
             if name not in wanted[kind]:
-                _delete(kube, kind, name)
+                _delete(kube, kind, name, version)
                 outcome.pruned.append(f"{kind}/{name}")
     return outcome
 
@@ -108,8 +144,8 @@ def delete_all(kube: Kube) -> list[str]:
     """Delete every object the generator labelled, bindings first."""
     deleted = []
     for kind in reversed(RESOURCES):
-        for name in _labelled(kube, kind):
-            _delete(kube, kind, name)
+        for version, name in _labelled(kube, kind):
+            _delete(kube, kind, name, version)
             deleted.append(f"{kind}/{name}")
     return deleted
 
@@ -130,7 +166,7 @@ def run(policies: PolicySet | None, kubeconfig: str | None, delete: bool = False
                 print(f"deleted {name}", file=out)
             return EXIT_OK
         assert policies is not None
-        generated = generate(policies)
+        generated = generate(policies, discover(kube))
         outcome = apply(kube, generated.objects)
     except ApplyError as exc:
         print(f"gpu-webhook: admission-policies: {exc}", file=err)
@@ -141,6 +177,12 @@ def run(policies: PolicySet | None, kubeconfig: str | None, delete: bool = False
         print(f"applied {name}", file=out)
     for name in outcome.pruned:
         print(f"pruned {name}", file=out)
+    report(generated, err)
+    return EXIT_OK
+
+
+def report(generated: Generated, err: TextIO) -> None:
+    """On stderr: which engine carries which half on this target, and what stays with the webhook and why."""
+    print(f"generated for {generated.target.describe()}", file=err)
     for rule, why in generated.webhook_only:
         print(f"left to the webhook: {rule}: {why}", file=err)
-    return EXIT_OK

@@ -100,7 +100,8 @@ def blanket_device_toleration(ctx: Ctx) -> list[Finding]:
         Finding("blanket-device-toleration", loops, f"{blanket} && {effect} == ''", path, stable, lit("*"),
                 lit("tolerates every device taint, unhealthy and draining devices included")),
         Finding("blanket-device-toleration", loops, f"{effect} == 'NoExecute'", path, stable, key_shown,
-                f"'tolerates the NoExecute device taint ' + {key_shown} + ': the pod keeps devices taken out of service'"),
+                f"'tolerates the NoExecute device taint ' + {key_shown} + "
+                f"': the pod keeps devices taken out of service'"),
         Finding("blanket-device-toleration", loops, f"{blanket} && {effect} != '' && {effect} != 'NoExecute'", path,
                 stable, lit("*"), f"'tolerates every ' + {effect} + ' device taint'"),
     ]

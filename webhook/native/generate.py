@@ -161,7 +161,8 @@ def _template_variables(ctx: Ctx, family: Family, custom_kinds: Sequence[kinds.C
     found = (kinds.builtin_templates("R") if family is BUILTIN
              else kinds.custom_templates("R", custom_kinds, ctx.two_variable))
     out.append(("nodes", f"{roots}.map(R, {found})"))
-    out.append(("pods", f"variables.nodes.map(N, N.filter(n, {kinds.is_node('n.node')}).map(n, {kinds.node_record('n')}))"))
+    out.append(("pods", f"variables.nodes.map(N, N.filter(n, {kinds.is_node('n.node')})"
+                        f".map(n, {kinds.node_record('n')}))"))
     # Names are classified once, from the object (an old violation matters only when the object has it too).
     out.extend(pods.name_variables(ctx, "variables.pods[0]"))
     out.append(("all_templates", f"variables.pods.map(P, P.map(n, {record_}))"))

@@ -185,6 +185,8 @@ def matters(ctx: Ctx) -> str:
     """``matchConditions`` of the MutatingAdmissionPolicy: a pod with an extended resource in a container or init
     container (every GPU name has a domain), or any pod where ``hideGpus`` applies; the rest skip it."""
     hidden = ctx.ns(lambda p: boolean(p.hide_gpus in ("void", "none")))
-    extended = " || ".join(f"c.?resources.?{s}.orValue({{}}).exists(k, k.contains('/'))" for s in ("limits", "requests"))
-    gpu = f"[object.spec.?containers.orValue([]), object.spec.?initContainers.orValue([])].exists(L, L.exists(c, {extended}))"
+    extended = " || ".join(f"c.?resources.?{s}.orValue({{}}).exists(k, k.contains('/'))"
+                           for s in ("limits", "requests"))
+    gpu = (f"[object.spec.?containers.orValue([]), object.spec.?initContainers.orValue([])]"
+           f".exists(L, L.exists(c, {extended}))")
     return gpu if hidden == "false" else f"{hidden} || {gpu}"

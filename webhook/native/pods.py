@@ -22,7 +22,6 @@ reads for custom resources.
 from __future__ import annotations
 
 import re
-
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,11 +44,11 @@ from webhook.core.resources import (
 from webhook.native.celtext import boolean, lit, lits, matches, record
 from webhook.native.findings import SEPARATOR, Each, Finding
 from webhook.native.snippets import (
+    DIGITS,
     MONITORING,
     PERCENT,
     READ_BY_SHARING,
     SCHEDULER,
-    DIGITS,
     SHARED,
     Ctx,
     about,
@@ -478,7 +477,8 @@ def _not_a_mapping(loops: tuple[Each, ...], parent: str, key: str, base: str, st
     """``_mapping_at``: ``parent[key]`` is neither absent, null nor a mapping."""
     value = f"({lit(key)} in {parent} ? {parent}[{lit(key)}] : null)"
     return Finding("structure", loops, "v != null && type(v) != map", f"{base} + {lit('.' + key)}",
-                   f"{stable} + {lit('.' + key)}", type_name("v"), f"{lit('must be a mapping, not ')} + {type_name('v')}",
+                   f"{stable} + {lit('.' + key)}", type_name("v"),
+                   f"{lit('must be a mapping, not ')} + {type_name('v')}",
                    (("v", value),))
 
 
@@ -488,7 +488,8 @@ def structure(ctx: Ctx) -> list[Finding]:
     out = []
     for name in ("initContainers", "ephemeralContainers"):
         value = f"t.spec[{lit(name)}]"
-        out.append(Finding("structure", (TEMPLATES,), f"{lit(name)} in t.spec && {value} != null && type({value}) != list",
+        out.append(Finding("structure", (TEMPLATES,),
+                           f"{lit(name)} in t.spec && {value} != null && type({value}) != list",
                            f"t.path + {lit('.' + name)}", f"t.stable + {lit('.' + name)}", "''",
                            lit("must be a list of containers")))
         item = f" + {lit('.' + name + '[')} + string(i) + ']'"
@@ -503,7 +504,8 @@ def structure(ctx: Ctx) -> list[Finding]:
     out.append(_not_a_mapping((TEMPLATES,), "t.spec", "resources", "t.path", "t.stable"))
     spec_resources = r.get("t.spec", "resources", "map", "{}")
     for key in ("limits", "requests"):
-        out.append(_not_a_mapping((TEMPLATES,), spec_resources, key, "t.path + '.resources'", "t.stable + '.resources'"))
+        out.append(_not_a_mapping((TEMPLATES,), spec_resources, key, "t.path + '.resources'",
+                                  "t.stable + '.resources'"))
     gpu_pod = (Each("t", "variables.templates", "t.uses"),)
     out.append(_not_a_mapping(gpu_pod, "t.meta", "annotations", "t.metaPath", "t.metaPath"))
     out.append(_not_a_mapping(gpu_pod, "t.spec", "nodeSelector", "t.path", "t.stable"))
@@ -610,7 +612,7 @@ _REFERENCES = (("configMapRef", "ConfigMap"), ("secretRef", "Secret"), ("configM
 
 
 def _env_source(r: Reads, source: str) -> str:
-    """``isolation._source``: where a valueFrom or envFrom entry takes its variables from (``ConfigMap "name"``, ...)."""
+    """``isolation._source``: where a valueFrom or envFrom entry takes its variables from (``ConfigMap "name"``...)."""
     pairs = "[" + ", ".join(f"[{lit(key)}, {lit(kind)}]" for key, kind in _REFERENCES) + "]"
     found = "R.filter(p, p[0] in S && type(S[p[0]]) == map && size(S[p[0]]) > 0)"
     name = "S[F[0][0]].name"
@@ -638,12 +640,14 @@ def visible_devices_without_gpu(ctx: Ctx) -> list[Finding]:
     value = "e.?value.orValue('')" if r.typed else "('value' in e ? e.value : '')"
     unset = "!has(e.valueFrom)" if r.typed else "!('valueFrom' in e && e.valueFrom != null)"
     message = (f"{r.label} + ' uses no GPU but sets ' + e.name + '=' + {shown('v')} + "
-               f"': the NVIDIA runtime would show it ' + (v == 'all' ? 'every GPU of its node' : 'the GPUs it names') + "
+               f"': the NVIDIA runtime would show it ' + "
+               f"(v == 'all' ? 'every GPU of its node' : 'the GPUs it names') + "
                f"', outside the scheduler\\'s accounting; remove it or set it to void'")
     env = r.get("c", "env", "list", "[]")
     has_device_env = f"{env}.exists(e, {r.is_map('e')}'name' in e && e.name in {lits(DEVICE_VARIABLES)})"
     return [Finding("visible-devices-without-gpu", (*_untrusted_without_gpu(r, has_device_env), _device_env(r, unset)),
-                    f"!(type(v) == string && v in {lits(NO_DEVICES)})", f"{Reads.PATH} + '.env[' + string(n) + '].value'",
+                    f"!(type(v) == string && v in {lits(NO_DEVICES)})",
+                    f"{Reads.PATH} + '.env[' + string(n) + '].value'",
                     f"{r.stable} + '.env[name=' + e.name + '].value'", shown("v"), message, (("v", value),))]
 
 
@@ -664,7 +668,8 @@ def visible_devices_unread(ctx: Ctx) -> list[Finding]:
     usable = (f"{r.is_map('x')}{'' if r.typed else 'type(' + prefix + ') == string && '}"
               f"{lit(VISIBLE_DEVICES)}.startsWith({prefix}) && {prefix} != {lit(VISIBLE_DEVICES)}")
     env_from = r.get("c", "envFrom", "list", "[]")
-    from_message = (f"{r.label} + ' uses no GPU and imports variables from ' + {_env_source(r, 'x')} + ', which admission "
+    from_message = (f"{r.label} + ' uses no GPU and imports variables from ' + {_env_source(r, 'x')} + "
+                    f"', which admission "
                     f"cannot read; if one is {VISIBLE_DEVICES} it may show it GPUs it was not given (set "
                     f"{VISIBLE_DEVICES}=void in env, or isolation.hideGpus)'")
     loops = (Each("t", "variables.templates", f"!t.trusted && !{_hidden(ctx)}"),
@@ -825,7 +830,8 @@ def fractional_gpu_request(ctx: Ctx) -> list[Finding]:
     for absolute, percentage in EXCLUSIVE:
         both = lit(f": {absolute} and {percentage} both size the GPU memory; set one of them")
         out.append(Finding("fractional-gpu-request", containers, f"{lit(absolute)} in V && {lit(percentage)} in V",
-                           r.resources_path, r.resources_stable, lit(absolute + " + " + percentage), f"{r.label} + {both}",
+                           r.resources_path, r.resources_stable, lit(absolute + " + " + percentage),
+                           f"{r.label} + {both}",
                            (("V", _seen(r)),)))
     volcano = f"V.filter(k, k.startsWith('volcano.sh/vgpu-') && k != {lit(VOLCANO_COUNT)}).map(k, {{'name': k}})"
     message = (f"{r.label} + ': ' + W + "
@@ -892,7 +898,8 @@ def undeclared_claim(ctx: Ctx) -> list[Finding]:
                f"{listed} + ')'")
     claims = Each("x", r.claims(), "type(x) == map", "k")
     loops = (Each("t", "variables.templates", "t.dra"), *r.containers(LISTS_WITH_CLAIMS), claims)
-    return [Finding("undeclared-claim", loops, "!(m in D)", f"{Reads.PATH} + '.resources.claims[' + string(k) + '].name'",
+    return [Finding("undeclared-claim", loops, "!(m in D)",
+                    f"{Reads.PATH} + '.resources.claims[' + string(k) + '].name'",
                     stable_item(f"{r.stable} + '.resources.claims'", "k", "x", "name") + " + '.name'", plain("m"),
                     message, (("D", declared), ("m", name)))]
 
@@ -963,7 +970,7 @@ CUSTOM_ONLY = frozenset({"requests-without-limits", "requests-differ", "structur
 
 # --- what can matter at all (matchConditions) -------------------------------------------------------------------
 
-_BUILTIN_TEMPLATE = (
+BUILTIN_TEMPLATE = (
     "request.kind.kind == 'Pod' ? [object] : request.kind.kind == 'PodTemplate' ? (has(object.template) ? "
     "[object.template] : []) : request.kind.kind == 'CronJob' ? (has(object.spec.jobTemplate.spec.template) ? "
     "[object.spec.jobTemplate.spec.template] : []) : (has(object.spec.template) ? [object.spec.template] : [])"
@@ -1034,7 +1041,8 @@ def _triggers(ctx: Ctx) -> dict[str, Trigger]:
                                        "size(c.resources.claims) > 0"),
         "host-paths": Trigger("template", "has(t.spec.volumes) && t.spec.volumes.exists(v, has(v.hostPath))"),
         "declared-claims": Trigger("template", "has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0"),
-        "accelerator": Trigger("template", f"(has(t.metadata.annotations) && {annotation} in t.metadata.annotations) || "
+        "accelerator": Trigger("template",
+                               f"(has(t.metadata.annotations) && {annotation} in t.metadata.annotations) || "
                                           f"(has(t.spec.nodeSelector) && {label} in t.spec.nodeSelector)"),
         "pod-level": Trigger("template", f"has(t.spec.resources) && ({pod_level})"),
         "cdi": Trigger("template", f"has(t.metadata.annotations) && t.metadata.annotations.exists(k, {cdi})"),
@@ -1069,10 +1077,9 @@ READS: dict[str, tuple[str, ...]] = {
 }
 
 
-def matters(ctx: Ctx, rules: list[str]) -> str:
-    """The ``matchConditions`` expression of a policy on Pods and built-in workloads holding ``rules``: false when
-    nothing in the template can make one of them fire, so CPU pods and ordinary GPU pods (plain counts, no isolation
-    field) cost the policy one pass over their containers. Every rule says what can make it fire (:data:`READS`)."""
+def trigger_expression(ctx: Ctx, rules: list[str]) -> str:
+    """Whether anything in template ``t`` can make one of ``rules`` fire (their triggers, :data:`READS`), tested in
+    one pass over the containers; ``false`` for none."""
     triggers = _triggers(ctx)
     missing = [rule for rule in rules if rule not in READS]
     if missing:
@@ -1086,11 +1093,18 @@ def matters(ctx: Ctx, rules: list[str]) -> str:
     per_container = tests("container")
     if names:
         sections = " || ".join(f"(has(c.resources.{s}) && c.resources.{s}.exists(k, k.contains('/') && "
-                               f"[c.resources.{s}[k]].exists(v, {' || '.join(names)})))" for s in ("limits", "requests"))
+                               f"[c.resources.{s}[k]].exists(v, {' || '.join(names)})))"
+                               for s in ("limits", "requests"))
         per_container.append(f"(has(c.resources) && ({sections}))")
     per_template = tests("template")
     if per_container:
         per_template.append(f"{lits(CONTAINER_LISTS)}.exists(l, l in t.spec && t.spec[l].exists(c, "
                             f"{' || '.join(per_container)}))")
-    checks = " || ".join(per_template) or "false"
-    return f"({_BUILTIN_TEMPLATE}).exists(t, has(t.spec) && ({checks}))"
+    return "(" + " || ".join(per_template) + ")" if per_template else "false"
+
+
+def matters(ctx: Ctx, rules: list[str]) -> str:
+    """The ``matchConditions`` expression of a policy on Pods and built-in workloads holding ``rules``: false when
+    nothing in the template can make one of them fire, so CPU pods and ordinary GPU pods (plain counts, no isolation
+    field) cost the policy one pass over their containers. Every rule says what can make it fire (:data:`READS`)."""
+    return f"({BUILTIN_TEMPLATE}).exists(t, has(t.spec) && {trigger_expression(ctx, rules)})"

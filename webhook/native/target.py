@@ -95,12 +95,11 @@ def for_version(version: str, api_versions: Iterable[str] = ()) -> Target:
     for item in named:
         if item.count("/") > 2 or not all(item.split("/")) or any(c.isspace() for c in item):
             raise TargetError(f"--api-versions {item!r} is not version, group/version or group/version/Kind")
-    mutating = "v1" if minor >= 36 else None
-    for version_ in MUTATING_VERSIONS:
-        # As the chart asks .Capabilities: the policy kind named (its binding comes with it, one feature gate).
-        if f"{GROUP}/{version_}/{MAP}" in named and _could_serve(minor, version_):
-            mutating = version_
-            break
+    # Served: v1 by default from 1.36, and what the flags name (as the chart asks .Capabilities: the policy kind,
+    # whose binding comes with it under one feature gate) where that version exists; v1 preferred.
+    served = {"v1"} if minor >= 36 else set()
+    served |= {v for v in MUTATING_VERSIONS if f"{GROUP}/{v}/{MAP}" in named and _could_serve(minor, v)}
+    mutating = next((v for v in MUTATING_VERSIONS if v in served), None)
     return Target(minor, True, mutating)
 
 

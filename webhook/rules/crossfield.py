@@ -117,13 +117,20 @@ def _gpu_limit(template: Mapping[str, Any], policy: Policy, prefer: str | None =
     return index, total
 
 
+# The kinds whose replicas the two replica checks compare (process counts, accelerators): nothing else can make
+# them fire, so hybrid mode sends only these to the webhook for them (webhook.native.hybrid).
+PYTORCHJOB = ("kubeflow.org", "PyTorchJob")
+RAYCLUSTER = ("ray.io", "RayCluster")
+REPLICA_KINDS = (PYTORCHJOB, RAYCLUSTER)
+
+
 def check_process_count(obj: Mapping[str, Any], group: str, kind: str, policy: Policy) -> list[Violation]:
     """One training process per GPU is the norm; a mismatch idles GPUs or oversubscribes them."""
     if not policy.checks("process-count-mismatch"):
         return []
     spec = as_mapping(obj.get("spec"))
     out: list[Violation] = []
-    if (group, kind) == ("kubeflow.org", "PyTorchJob"):
+    if (group, kind) == PYTORCHJOB:
         # torchrun starts nprocPerNode processes on every node of the job, the Master's as well as the Workers'.
         replicas = as_mapping(spec.get("pytorchReplicaSpecs"))
         for role in ("Master", "Worker"):
@@ -145,7 +152,7 @@ def check_process_count(obj: Mapping[str, Any], group: str, kind: str, policy: P
                             f"{procs} != {found[1]}" if role == "Worker" else f"{role}: {procs} != {found[1]}",
                         )
                     )
-    if (group, kind) == ("ray.io", "RayCluster"):
+    if (group, kind) == RAYCLUSTER:
         # The head node is a Ray node too: told num-gpus=N, Ray schedules N GPUs' worth of tasks on it.
         head = as_mapping(spec.get("headGroupSpec"))
         declared = _number(as_mapping(head.get("rayStartParams")).get("num-gpus"))
@@ -183,7 +190,7 @@ def check_replica_accelerators(
     accelerators: list[tuple[PodSpecRef, str]], group: str, kind: str, policy: Policy
 ) -> list[Violation]:
     """Replicas of one job on different GPU models run at the pace of the slowest."""
-    if (group, kind) not in {("kubeflow.org", "PyTorchJob"), ("ray.io", "RayCluster")}:
+    if (group, kind) not in REPLICA_KINDS:
         return []
     if not policy.checks("replica-accelerator-mismatch") or len({a for _, a in accelerators}) < 2:
         return []

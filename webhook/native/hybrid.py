@@ -1,0 +1,101 @@
+"""Hybrid mode: what the webhook must still see once the generated policies hold what CEL carries on a target.
+
+Each of the chart's webhooks gets matchConditions that let through only what is left to it (``None``: it keeps
+everything its own conditions let through):
+
+- ``validate`` (Pods and built-in workloads): the pods whose claims the webhook follows (the DRA rules that read
+  other objects), and what can make a rule fire that the target's CEL cannot carry (:data:`webhook.native.pods.NEEDS`);
+- ``dra`` (ResourceClaims, ResourceClaimTemplates, DeviceClasses): nothing where ``resource.k8s.io/v1`` is served;
+- ``custom``: the custom kinds the policies do not know;
+- ``mutate``: nothing where a MutatingAdmissionPolicy is served (unless the runtime class must read the cluster).
+
+The webhook keeps everything when the cluster-aware checks are on (``cluster.enabled``). The two ``checks.*``
+rules only the webhook carries (process counts and accelerators across replicas) read PyTorchJobs and
+RayClusters alone: while either is on, those two kinds go to the webhook too. The chart renders the same from
+its generated helpers (:mod:`webhook.native.chart`).
+"""
+
+from __future__ import annotations
+
+from webhook.core.catalog import RULES
+from webhook.core.policy import Policy, PolicySet
+from webhook.native import kinds, pods
+from webhook.native.celtext import lits
+from webhook.native.generate import DRA_MINOR
+from webhook.native.rules import BUILDERS, native_rules
+from webhook.native.snippets import Ctx
+from webhook.native.target import Target
+from webhook.rules.crossfield import REPLICA_KINDS
+
+Condition = tuple[str, str]  # (name, CEL)
+
+# The pods whose claims the webhook follows (gpu-limit-and-claim and the cluster's claim checks read the claims a
+# pod names, which CEL cannot read).
+FOLLOWS_CLAIMS = ("has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0")
+
+
+def webhook_checks() -> list[str]:
+    """The ``checks.*`` keys of the rules only the webhook carries (their defaults are warn or deny)."""
+    return [r.key for r in RULES.values() if r.engine == "webhook" and r.section == "checks" and r.key]
+
+
+def keeps_all(policies: PolicySet) -> bool:
+    """The cluster-aware checks are on: the webhook must see every GPU object."""
+    return policies.default.cluster_enabled
+
+
+def replica_checks_on(policies: PolicySet) -> bool:
+    """A ``checks.*`` rule only the webhook carries (the replica checks) is on somewhere."""
+    every: list[Policy] = [policies.default, *policies.by_namespace.values()]
+    webhook_only = [r.id for r in RULES.values() if r.engine == "webhook" and r.section == "checks"]
+    return any(p.checks(rule) for p in every for rule in webhook_only)
+
+
+def replica_kinds() -> list[str]:
+    """``group/resource`` of the kinds the replica checks read."""
+    return [f"{k.group}/{k.resource}" for k in kinds.KNOWN_KINDS if (k.group, k.kind) in REPLICA_KINDS]
+
+
+def lacking(target: Target) -> list[str]:
+    """The native rules this target's CEL cannot carry."""
+    return [r.id for r in native_rules() if target.lacks(BUILDERS[r.id].needs)]
+
+
+def validate_condition(policies: PolicySet, target: Target) -> str:
+    """The CEL of what Pods and built-in workloads must still bring to the webhook on this target."""
+    triggers = pods.trigger_expression(Ctx(policies), lacking(target))
+    template = f"has(t.spec) && (({FOLLOWS_CLAIMS})" + (f" || {triggers}" if triggers != "false" else "") + ")"
+    return f"({pods.BUILTIN_TEMPLATE}).exists(t, {template})"
+
+
+def custom_condition(custom: list[kinds.CustomKind], replicas: bool) -> str:
+    """The custom kinds the policies do not know, and with ``replicas`` the kinds the replica checks read."""
+    kind = "(request.resource.group + '/' + request.resource.resource)"
+    names = lits(f"{k.group}/{k.resource}" for k in custom)
+    text = f"!({kind} in {names})"
+    return f"{text} || {kind} in {lits(replica_kinds())}" if replicas else text
+
+
+def conditions(policies: PolicySet, target: Target) -> dict[str, list[Condition] | None]:
+    """Per webhook of the chart, its hybrid matchConditions on this target."""
+    from webhook.native.generate import settings
+
+    every_kind, _ = settings(policies)
+    custom = [k for k in every_kind if kinds.wildcards(k) <= 1 or target.has("lists")]
+    runtime_class = any(p.runtime_class for p in [policies.default, *policies.by_namespace.values()])
+    mutate_native = bool(target.mutating) and not (policies.default.cluster_enabled and runtime_class)
+    out: dict[str, list[Condition] | None] = {
+        "mutate": [("left-to-mutating-admission-policy", "false")] if mutate_native else None,
+        "validate": None, "dra": None, "custom": None,
+    }
+    if keeps_all(policies):
+        return out
+    out["validate"] = [("left-to-the-webhook", validate_condition(policies, target))]
+    if target.minor >= DRA_MINOR:
+        out["dra"] = [("left-to-validating-admission-policies", "false")]
+    out["custom"] = [("kind-not-native", custom_condition(custom, replica_checks_on(policies)))]
+    return out
+
+
+__all__ = ["FOLLOWS_CLAIMS", "conditions", "custom_condition", "keeps_all", "lacking", "replica_checks_on",
+           "replica_kinds", "validate_condition", "webhook_checks"]
