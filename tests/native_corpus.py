@@ -10,8 +10,15 @@ differential (tests/e2e/test_native_policies.py: a real kube-apiserver of each v
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+from webhook.core.podspecs import group_of
+from webhook.core.policy import PolicySet
+from webhook.native.generate import Generated
+from webhook.native.pods import CUSTOM_ONLY
+from webhook.rules import admission
 
 NS, RESEARCH, LAB, OPEN, HIDE, TRUSTED, ADMIN, RUNTIME = (
     "np-default", "np-research", "np-lab", "np-open", "np-hide", "np-trusted", "np-admin", "np-runtime")
@@ -362,3 +369,85 @@ def mutation_pods() -> list[Case]:
         for name, s, meta in specs:
             cases.append(Case(f"m-{name}", namespace, as_pod(f"m-{name}", s, meta)))
     return cases
+
+
+# --- the comparison ---------------------------------------------------------------------------------------------
+
+BUILTIN = ("Pod", "Deployment", "CronJob")
+
+
+@dataclass
+class Seen:
+    """What the native engine answered for one case, however it was asked (celeval or a real apiserver)."""
+
+    allowed: bool
+    message: str
+    warnings: list[str]
+    decoded: dict[str, Any] | None = None  # the object as the apiserver decoded it, where known
+    by_apiserver: bool = False  # refused before admission, by the apiserver's own validation
+    errors: list[str] = field(default_factory=list)  # expressions that did not evaluate
+
+
+@dataclass
+class Differences:
+    verdicts: list[str] = field(default_factory=list)
+    words: list[str] = field(default_factory=list)
+    admitted: int = 0
+    refused: int = 0
+    warned: int = 0
+    skipped: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.verdicts or self.words)
+
+    def summary(self, what: str, cases: int) -> str:
+        return (f"{what}: {cases} objects, {self.admitted} admitted ({self.warned} warned), {self.refused} refused, "
+                f"{self.skipped} left to the webhook; {len(self.verdicts)} verdicts and {len(self.words)} words "
+                f"differ")
+
+    def details(self, limit: int = 30) -> str:
+        return "\n".join((self.verdicts + self.words)[:limit])
+
+
+def compare(policies: PolicySet, generated: Generated, cases: Sequence[Case], seen: Sequence[Seen]) -> Differences:
+    """Each case's native answer against ``webhook.rules.admission.decide`` on the object as the apiserver decoded
+    it, for the rules the generated policies carry natively: the same verdict, every denial's and every warning's
+    words (for built-in kinds the path: their values are the apiserver's canonical ones, "1e400" is "10e399")."""
+    native = set(generated.native)
+    claims = any(o["metadata"]["name"].startswith("gpu-webhook-claims-") for o in generated.objects)
+    out = Differences()
+    for case, answer in zip(cases, seen, strict=True):
+        if case.kind.startswith("ResourceClaim") and not claims:
+            out.skipped += 1  # resource.k8s.io/v1 is not served: the claims stay with the webhook
+            continue
+        obj = answer.decoded or case.obj
+        expected = admission.decide(obj, group_of(case.obj["apiVersion"]), case.kind, case.namespace, policies)
+        builtin = case.kind in BUILTIN
+        where = f"{case.namespace}/{case.kind}/{case.name}"
+        if answer.by_apiserver:
+            # Refused before admission by the apiserver's own validation: the webhook must refuse it too.
+            out.refused += 1
+            if expected.allowed:
+                out.verdicts.append(f"{where}: the apiserver refuses ({answer.message[:200]!r}), the webhook admits")
+            continue
+        carried = [(v, a) for v, a in zip(expected.violations, expected.actions, strict=True)
+                   if v.rule in native and not (builtin and v.rule in CUSTOM_ONLY)]
+        denied = [v for v, a in carried if a == "deny"]
+        warned = [v for v, a in carried if a == "warn"]
+        out.admitted += answer.allowed
+        out.refused += not answer.allowed
+        out.warned += bool(answer.allowed and answer.warnings)
+        if answer.allowed == bool(denied) or answer.errors:
+            out.verdicts.append(f"{where}: native {answer.allowed} {answer.message[:200]!r} {answer.errors[:1]}, "
+                                f"webhook {[str(v) for v in denied][:2]}")
+            continue
+        warnings = " ".join(answer.warnings)
+        for violation in denied:
+            said = f"{violation.path}: " if builtin else str(violation)
+            if said not in answer.message:
+                out.words.append(f"{where}: {said!r} not in {answer.message!r}")
+        for violation in warned:
+            said = f"{violation.path}: " if builtin else str(violation)
+            if said not in warnings:
+                out.words.append(f"{where}: no warning {said!r} in {warnings!r}")
+    return out

@@ -11,18 +11,27 @@ requests defaulted, the extended-resource rules the apiserver enforces refused w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import jsonpatch
 import pytest
 
 from tests.celeval import Answer, Request, evaluate
-from tests.native_corpus import NS, POLICY, Case, as_pod, as_pytorchjob, corpus, ctr, gpu, mutation_pods, spec
-from webhook.core.podspecs import group_of
+from tests.native_corpus import (
+    NS,
+    POLICY,
+    Seen,
+    as_pod,
+    as_pytorchjob,
+    compare,
+    corpus,
+    ctr,
+    gpu,
+    mutation_pods,
+    spec,
+)
 from webhook.core.policy import PolicySet, parse_policy
 from webhook.native.generate import generate
-from webhook.native.pods import CUSTOM_ONLY
 from webhook.native.target import Target, every_version, for_version
 from webhook.rules import admission
 
@@ -39,59 +48,10 @@ def compatibility(target: Target) -> str:
     return f"1.{target.compatibility}"
 
 
-@dataclass
-class Differences:
-    verdicts: list[str] = field(default_factory=list)
-    words: list[str] = field(default_factory=list)
-    admitted: int = 0
-    refused: int = 0
-    warned: int = 0
-
-    def __bool__(self) -> bool:
-        return bool(self.verdicts or self.words)
-
-
-def compare(target: Target, cases: list[Case], answers: list[Answer]) -> Differences:
-    """Each case's answer against ``webhook.rules.admission.decide`` on the object as the apiserver decoded it, for
-    the rules the target carries natively."""
-    generated = generate(POLICIES, target)
-    native = set(generated.native)
-    claims = any(o["metadata"]["name"].startswith("gpu-webhook-claims-") for o in generated.objects)
-    out = Differences()
-    for case, answer in zip(cases, answers, strict=True):
-        if case.kind.startswith("ResourceClaim") and not claims:
-            continue  # resource.k8s.io/v1 is not served: the claims stay with the webhook
-        seen = answer.decoded or case.obj
-        expected = admission.decide(seen, group_of(case.obj["apiVersion"]), case.kind, case.namespace, POLICIES)
-        builtin = case.kind in BUILTIN
-        if answer.message.startswith("apiserver:"):
-            # Refused before admission by the apiserver's own validation: the webhook must refuse it too.
-            out.refused += 1
-            if expected.allowed:
-                out.verdicts.append(f"{case.namespace}/{case.name}: the apiserver refuses, the webhook admits")
-            continue
-        carried = [(v, a) for v, a in zip(expected.violations, expected.actions, strict=True)
-                   if v.rule in native and not (builtin and v.rule in CUSTOM_ONLY)]
-        denied = [v for v, a in carried if a == "deny"]
-        warned = [v for v, a in carried if a == "warn"]
-        out.admitted += answer.allowed
-        out.refused += not answer.allowed
-        out.warned += bool(answer.allowed and answer.warnings)
-        if answer.allowed == bool(denied) or any(d["evaluation"] == "error" for d in answer.decisions):
-            out.verdicts.append(f"{case.namespace}/{case.kind}/{case.name}: native {answer.allowed} "
-                                f"{answer.message[:200]!r}, webhook {[str(v) for v in denied][:2]}")
-            continue
-        warnings = " ".join(answer.warnings)
-        for violation in denied:
-            # Built-in objects' values are the apiserver's canonical ones ("1e400" is "10e399"): there the path.
-            said = f"{violation.path}: " if builtin else str(violation)
-            if said not in answer.message:
-                out.words.append(f"{case.name}: {said!r} not in {answer.message!r}")
-        for violation in warned:
-            said = f"{violation.path}: " if builtin else str(violation)
-            if said not in warnings:
-                out.words.append(f"{case.name}: no warning {said!r} in {warnings!r}")
-    return out
+def seen(answer: Answer) -> Seen:
+    errors = [d["message"] for d in answer.decisions if d["evaluation"] == "error"] + answer.errors
+    return Seen(answer.allowed, answer.message, answer.warnings, answer.decoded,
+                answer.message.startswith("apiserver:"), errors)
 
 
 @pytest.fixture(scope="module", params=["1.30", "1.37"])
@@ -129,11 +89,10 @@ def test_every_expression_compiles_in_the_cel_its_target_accepts(corpus_answers)
 
 def test_the_apiservers_cel_decides_every_object_as_the_webhook_does(corpus_answers):
     target, cases, evaluation = corpus_answers
-    found = compare(target, cases, evaluation.answers)
-    summary = (f"{target.describe()}: {len(cases)} objects, {found.admitted} admitted ({found.warned} warned), "
-               f"{found.refused} refused; {len(found.verdicts)} verdicts and {len(found.words)} words differ")
+    found = compare(POLICIES, generate(POLICIES, target), cases, [seen(a) for a in evaluation.answers])
+    summary = found.summary(target.describe(), len(cases))
     print(summary)
-    assert not found, summary + "\n" + "\n".join((found.verdicts + found.words)[:30])
+    assert not found, summary + "\n" + found.details()
     assert len(cases) >= 400 and found.admitted >= 100 and found.refused >= 150 and found.warned >= 30, summary
 
 

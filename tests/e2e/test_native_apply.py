@@ -89,9 +89,11 @@ def test_apply_change_prune_delete(cluster, tmp_path: Path) -> None:
     policy.write_text(POLICY_B)
     done = cli("--policy", str(policy), "--apply", "--kubeconfig", kubeconfig)
     assert done.returncode == 0, done.stderr
-    assert "pruned ValidatingAdmissionPolicyBinding/gpu-webhook-deny-warn" in done.stdout.splitlines()
+    # Each family's "lab" binding is no longer generated: pruned, and nothing else.
+    lab = {f"ValidatingAdmissionPolicyBinding/gpu-webhook-{family}deny-warn" for family in ("", "custom-", "claims-")}
+    assert {line for line in done.stdout.splitlines() if line.startswith("pruned ")} == {f"pruned {b}" for b in lab}
     second = labelled(cluster)
-    assert set(second) == set(first) - {"ValidatingAdmissionPolicyBinding/gpu-webhook-deny-warn"}
+    assert set(second) == set(first) - lab
     deny = "ValidatingAdmissionPolicy/gpu-webhook-deny"
     assert second[deny]["metadata"]["generation"] > first[deny]["metadata"]["generation"]
     assert eventually(lambda: refused(cluster, 3)), "the new limit of 2 reaches the apiserver"
