@@ -103,3 +103,46 @@ def test_the_documented_versions_are_every_minor_and_the_beta_variants():
     assert (34, "v1beta1") in rows and (35, "v1beta1") in rows and (34, None) in rows
     assert [t.describe() for t in every_version()][0] == (
         "Kubernetes 1.30 (no MutatingAdmissionPolicy): validation native, mutation webhook")
+
+
+def rows(table: str) -> dict[tuple[str, str], list[str]]:
+    """(version, MutatingAdmissionPolicy column) -> the row's cells."""
+    out = {}
+    for line in table.splitlines()[2:]:
+        if line.startswith("| 1."):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            out[(cells[0], cells[2])] = cells
+    return out
+
+
+def test_the_versions_table_says_per_version_what_stays_with_the_webhook():
+    from webhook.core.policy import parse_policy
+    from webhook.native.generate import versions_table
+
+    table = versions_table(parse_policy("{}"))
+    found = rows(table)
+    assert len(found) == len(every_version())
+    oldest = found[("1.30", "-")]
+    assert oldest[3:5] == ["native", "webhook"]
+    for left in ("gpu-device-mount", "DRA rules on ResourceClaims", "mutation (accelerator"):
+        assert left in oldest[5]
+    assert found[("1.34", "v1beta1")][3:] == ["native", "native", "gpu-device-mount"]
+    assert found[("1.35", "-")][5] == "mutation (accelerator, tolerations, hideGpus, runtimeClass)"
+    assert found[("1.36", "v1")][3:] == ["native", "native", "nothing more"]
+    # What no version carries is said once, after the table.
+    [always] = [line for line in table.splitlines() if line.startswith("On every version the webhook keeps: ")]
+    assert "process-count-mismatch" in always and "process-count-mismatch" not in oldest[5]
+
+
+def test_the_command_prints_the_table_and_takes_no_cluster_flags(capsys):
+    from webhook.cli.main import main
+    from webhook.core.policy import parse_policy
+    from webhook.native.generate import versions_table
+
+    assert main(["admission-policies", "--versions"]) == 0
+    assert capsys.readouterr().out == versions_table(parse_policy("{}"))
+    with pytest.raises(SystemExit) as exc:
+        main(["admission-policies", "--versions", "--kube-version", "1.30"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--versions covers every version: it takes "
+                                                                     "--policy only")

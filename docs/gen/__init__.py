@@ -364,6 +364,15 @@ def engines_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def versions_table() -> str:
+    """For the default policy: what each Kubernetes version serves, the engine of each half, what it leaves to the
+    webhook (``gpu-webhook admission-policies --versions``)."""
+    from webhook.core.policy import parse_policy
+    from webhook.native.generate import versions_table as table
+
+    return table(parse_policy("{}"))
+
+
 # --- the registry -------------------------------------------------------------------------------------------
 
 BLOCKS: dict[str, Callable[[], str]] = {
@@ -375,6 +384,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "hardening-readme": copy_of("tests/hardening/README.md"),
     "rules": rules_table,
     "rule-engines": engines_table,
+    "versions": versions_table,
 }
 
 # Blocks that are still written by hand, and why (none now).

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -99,3 +100,60 @@ def test_a_validating_admission_policy_denies(matrix_cluster: ControlPlane) -> N
     assert "matrix bed says no" in denied.stderr, denied.stderr
     admitted = matrix_cluster.kubectl("create", "--dry-run=server", "-f", "-", stdin=configmap("allow-me"))
     assert admitted.returncode == 0, admitted.stderr
+
+
+# --- upstream: a passing validation's messageExpression still runs, and is charged -----------------------------
+# The reproduction docs/native-policies.md gives ("Messages cost even when nothing is wrong"): twelve validations
+# that always pass, each with a messageExpression of about 900,000 cost units (a 45,000-character string matched
+# against an 800-character regular expression: cheap in time, dear in cost). Their sum is over the 10,000,000
+# budget of one evaluation, so the object is refused although every validation passed. The same validations with a
+# static message admit it, and so do eleven of them.
+REGEX = "b*" * 400
+TEXT = "a" * 45_000
+
+
+def message_cost_policy(name: str, dynamic: bool, validations: int = 12) -> dict:
+    message = ({"messageExpression": f"object.data.x.matches('{REGEX}') ? 'matched' : 'not matched'"} if dynamic
+               else {"message": "static"})
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                    "operations": ["CREATE"], "resources": ["configmaps"]}]},
+            "matchConditions": [{"name": "this-test", "expression": f"object.metadata.name.startsWith('{name}')"}],
+            # A probe ConfigMap named NAME-probe is refused once the policy is in force (a static message).
+            "validations": [{"expression": f"object.metadata.name != '{name}-probe'", "message": "probe"}] +
+                           [{"expression": "true", **message} for _ in range(validations)],
+        },
+    }
+
+
+def test_a_passing_validations_message_expression_is_run_and_charged(matrix_cluster: ControlPlane) -> None:
+    for name, dynamic, validations in (("message-expression", True, 12), ("static-message", False, 12),
+                                       ("eleven-messages", True, 11)):
+        binding = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+                   "metadata": {"name": name}, "spec": {"policyName": name, "validationActions": ["Deny"]}}
+        for document in (message_cost_policy(name, dynamic, validations), binding):
+            matrix_cluster.kubectl("apply", "-f", "-", stdin=json.dumps(document), check=True)
+
+    def create(name: str) -> subprocess.CompletedProcess:
+        return matrix_cluster.kubectl("create", "--dry-run=server", "-f", "-", stdin=json.dumps({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "default"},
+            "data": {"x": TEXT}}))
+
+    deadline = time.monotonic() + 30
+    for name in ("message-expression", "static-message", "eleven-messages"):
+        while create(f"{name}-probe").returncode == 0:
+            assert time.monotonic() < deadline, f"{name} never took effect"
+            time.sleep(0.5)
+    refused = create("message-expression")
+    assert refused.returncode != 0, "twelve passing validations did not refuse the ConfigMap"
+    assert "ValidatingAdmissionPolicy 'message-expression'" in refused.stderr, refused.stderr
+    assert "failed messageExpression" in refused.stderr and "cost budget" in refused.stderr, refused.stderr
+    print(f"{matrix_cluster.bed.id if matrix_cluster.bed else '?'}: {refused.stderr.strip()}")
+    # The static messages' policy and eleven such messages (about 9.9 million units) admit.
+    for name in ("static-message", "eleven-messages"):
+        admitted = create(name)
+        assert admitted.returncode == 0, admitted.stderr

@@ -89,6 +89,11 @@ def test_the_chart_installs_in_hybrid_mode_with_the_engines_the_version_allows(m
         else:
             assert "Mutation: the webhook (failurePolicy Fail): this cluster serves no MutatingAdmissionPolicy" in notes
 
+        # Before 1.35 the CEL cannot carry gpu-device-mount: every custom kind goes to the webhook too.
+        sent = ("every custom kind and the pods\n  of the rules this version's CEL cannot carry" if target.minor < 35
+                else "custom kinds they do not know")
+        assert f"The webhook sees only what they leave: pods with DRA claims, {sent}" in notes, notes
+
         webhooks = configurations(cluster)
         assert {w["failurePolicy"] for w in webhooks["validatingwebhookconfiguration"]} == {"Ignore"}
         mutating = {w["failurePolicy"] for w in webhooks["mutatingwebhookconfiguration"]}

@@ -215,6 +215,11 @@ def _parser() -> argparse.ArgumentParser:
     native.add_argument(
         "--kubeconfig", help=f"with --apply/--delete: kubeconfig file (default: {DEFAULT_CREDENTIALS})"
     )
+    native.add_argument(
+        "--versions", action="store_true",
+        help="instead of the policies: for this policy, which engine validates and mutates on each Kubernetes "
+        "version this release knows and what each leaves to the webhook (a Markdown table on stdout)",
+    )
     return parser
 
 
@@ -224,11 +229,18 @@ def _admission_policies(args: argparse.Namespace, parser: argparse.ArgumentParse
     if (args.apply or args.delete) and (args.kube_version or args.api_versions):
         parser.error("--kube-version and --api-versions describe a cluster offline; --apply and --delete ask the "
                      "cluster itself")
+    if args.versions and (args.apply or args.delete or args.kube_version or args.api_versions):
+        parser.error("--versions covers every version: it takes --policy only")
     if args.delete:
         from webhook.cli import policies as apply_policies
 
         return apply_policies.run(None, args.kubeconfig, delete=True)
     policies = _policy_or_exit(args.policy)
+    if args.versions:
+        from webhook.native.generate import versions_table
+
+        sys.stdout.write(versions_table(policies))
+        return 0
     if args.apply:
         from webhook.cli import policies as apply_policies
 

@@ -77,6 +77,11 @@ def helpers() -> str:
     parts.append(_define("flatten", (
         f"{{{{- /* Template paths with two wildcards need flatten, from 1.{flatten}. */}}}}\n"
         f'{{{{- if semverCompare ">=1.{flatten}-0" .Capabilities.KubeVersion.Version }}}}true{{{{- end }}}}')))
+    parts.append(_define("carriesAll", (
+        "{{- /* Every native rule's CEL is accepted from this version on; before it the known custom kinds go to\n"
+        "the webhook too. */}}\n"
+        f'{{{{- if semverCompare ">=1.{hybrid.carries_all_from()}-0" .Capabilities.KubeVersion.Version }}}}true'
+        "{{- end }}")))
     parts.append(_define("webhookChecks", ",".join(hybrid.webhook_checks())))
     parts.append(_define("knownKinds", json.dumps([f"{k.group}/{k.resource}" for k in kinds.KNOWN_KINDS])))
     parts.append(_define("validateCondition", _by_minor(_validate_buckets())))

@@ -38,7 +38,7 @@ from webhook.native.celtext import lit
 from webhook.native.findings import SEPARATOR, Dialect, Finding, exists, found, joined, keys, variable
 from webhook.native.rules import BUILDERS, native_rules, setting, webhook_rules
 from webhook.native.snippets import Ctx, Shape
-from webhook.native.target import DEFAULT, LIBRARIES, Target
+from webhook.native.target import DEFAULT, LIBRARIES, Target, every_version
 
 NAME = "gpu-webhook"
 RULES_ANNOTATION = "gpu-webhook.io/rules"
@@ -330,9 +330,14 @@ def settings(policies: PolicySet) -> tuple[list[kinds.CustomKind], list[str]]:
     return kinds.custom_kinds(document), list(native.get("excludeNamespaces", ()))
 
 
+def _carried_kinds(all_kinds: Sequence[kinds.CustomKind], target: Target) -> list[kinds.CustomKind]:
+    """The custom kinds whose template paths the target's CEL can walk (two wildcards need flatten)."""
+    return [k for k in all_kinds if kinds.wildcards(k) <= 1 or target.has("lists")]
+
+
 def generate(policies: PolicySet, target: Target = DEFAULT) -> Generated:
     all_kinds, exclude = settings(policies)
-    custom_kinds = [k for k in all_kinds if kinds.wildcards(k) <= 1 or target.has("lists")]
+    custom_kinds = _carried_kinds(all_kinds, target)
     families = [BUILTIN, CUSTOM] + ([CLAIMS] if target.minor >= DRA_MINOR else [])
     objects: list[dict[str, Any]] = []
     native: list[str] = []
@@ -350,6 +355,29 @@ def generate(policies: PolicySet, target: Target = DEFAULT) -> Generated:
             native.extend(r for r in rules if r not in native)
     objects.extend(_mutating_policy(policies, exclude, target))
     return Generated(objects, target, _left_to_webhook(policies, target, all_kinds, custom_kinds), native)
+
+
+def left_to_webhook(policies: PolicySet, target: Target) -> list[tuple[str, str]]:
+    """What stays with the webhook on ``target`` (rule or feature, why), without generating the policies."""
+    all_kinds, _ = settings(policies)
+    return _left_to_webhook(policies, target, all_kinds, _carried_kinds(all_kinds, target))
+
+
+def versions_table(policies: PolicySet) -> str:
+    """Markdown: for each Kubernetes minor this release knows (and 1.34/1.35 with MutatingAdmissionPolicy v1beta1
+    turned on), the admission-policy APIs it serves, the engine of each half, and what that version leaves to the
+    webhook beyond what every version does, which follows the table."""
+    every = [left_to_webhook(policies, t) for t in every_version()]
+    always = [item for item in every[0] if all(item in other for other in every)]
+    lines = ["| Kubernetes | ValidatingAdmissionPolicy | MutatingAdmissionPolicy | validation | mutation | "
+             "also left to the webhook |", "|---|---|---|---|---|---|"]
+    for target, left in zip(every_version(), every, strict=True):
+        validation, mutation = target.engines
+        extra = ", ".join(name for name, _ in left if (name, _) not in always) or "nothing more"
+        lines.append(f"| {target.version} | {'v1' if target.validating else '-'} | {target.mutating or '-'} | "
+                     f"{validation} | {mutation} | {extra} |")
+    lines += ["", "On every version the webhook keeps: " + ", ".join(name for name, _ in always) + "."]
+    return "\n".join(lines) + "\n"
 
 
 def _left_to_webhook(policies: PolicySet, target: Target, all_kinds: Sequence[kinds.CustomKind],

@@ -24,7 +24,7 @@ from webhook.native.celtext import lits
 from webhook.native.generate import DRA_MINOR
 from webhook.native.rules import BUILDERS, native_rules
 from webhook.native.snippets import Ctx
-from webhook.native.target import Target
+from webhook.native.target import NEWEST, OLDEST, Target
 from webhook.rules.crossfield import REPLICA_KINDS
 
 Condition = tuple[str, str]  # (name, CEL)
@@ -61,6 +61,13 @@ def lacking(target: Target) -> list[str]:
     return [r.id for r in native_rules() if target.lacks(BUILDERS[r.id].needs)]
 
 
+def carries_all_from() -> int:
+    """The first minor whose CEL carries every native rule: before it, the custom kinds the policies know go to
+    the webhook too (their templates are not walked in a webhook's matchConditions, so the rules the policies
+    leave out cannot be singled out there)."""
+    return next(m for m in range(OLDEST, NEWEST + 1) if not lacking(Target(m, True, None)))
+
+
 def validate_condition(policies: PolicySet, target: Target) -> str:
     """The CEL of what Pods and built-in workloads must still bring to the webhook on this target."""
     triggers = pods.trigger_expression(Ctx(policies), lacking(target))
@@ -93,9 +100,10 @@ def conditions(policies: PolicySet, target: Target) -> dict[str, list[Condition]
     out["validate"] = [("left-to-the-webhook", validate_condition(policies, target))]
     if target.minor >= DRA_MINOR:
         out["dra"] = [("left-to-validating-admission-policies", "false")]
-    out["custom"] = [("kind-not-native", custom_condition(custom, replica_checks_on(policies)))]
+    if target.minor >= carries_all_from():
+        out["custom"] = [("kind-not-native", custom_condition(custom, replica_checks_on(policies)))]
     return out
 
 
-__all__ = ["FOLLOWS_CLAIMS", "conditions", "custom_condition", "keeps_all", "lacking", "replica_checks_on",
-           "replica_kinds", "validate_condition", "webhook_checks"]
+__all__ = ["FOLLOWS_CLAIMS", "carries_all_from", "conditions", "custom_condition", "keeps_all", "lacking",
+           "replica_checks_on", "replica_kinds", "validate_condition", "webhook_checks"]

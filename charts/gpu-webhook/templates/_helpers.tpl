@@ -550,9 +550,9 @@ mode, and where the webhook must keep seeing every object its other conditions l
 # Claims' own rules are native; DeviceClasses only matter to the cluster-aware checks, which are off.
 - name: left-to-validating-admission-policies
   expression: "false"
-{{- else if eq .hook "custom" }}
+{{- else if and (eq .hook "custom") (include "gpu-webhook.native.carriesAll" $root) }}
 # Kinds the generated policies know their pod templates of are theirs (the replica checks, while on, read
-# PyTorchJobs and RayClusters).
+# PyTorchJobs and RayClusters). On a version whose CEL cannot carry every rule, every kind comes here.
 - name: kind-not-native
   expression: |-
     {{- include "gpu-webhook.native.customCondition" (dict "kinds" (include "gpu-webhook.nativeCustomKinds" $root) "replicas" (include "gpu-webhook.replicaChecks" $root)) | nindent 4 }}

@@ -29,6 +29,12 @@ assumed from its version on, as the cluster serves it by default. */}}
 {{- if semverCompare ">=1.35-0" .Capabilities.KubeVersion.Version }}true{{- end }}
 {{- end }}
 
+{{- define "gpu-webhook.native.carriesAll" -}}
+{{- /* Every native rule's CEL is accepted from this version on; before it the known custom kinds go to
+the webhook too. */}}
+{{- if semverCompare ">=1.35-0" .Capabilities.KubeVersion.Version }}true{{- end }}
+{{- end }}
+
 {{- define "gpu-webhook.native.webhookChecks" -}}
 processCountMismatch,replicaAcceleratorMismatch
 {{- end }}
