@@ -116,6 +116,8 @@ def pod_specs() -> list[tuple[str, dict, dict]]:
     add("env-from-secret", spec(ctr("b", envFrom=[{"secretRef": {"name": "s"}}])))
     add("env-from-prefixed", spec(ctr("b", envFrom=[{"prefix": "APP_", "configMapRef": {"name": "cm"}}])))
     add("privileged-gpu", spec(gpu(1, securityContext={"privileged": True})))
+    add("host-pid-gpu", spec(gpu(1), hostPID=True))
+    add("host-pid-cpu", spec(ctr("b"), hostPID=True))
     add("privileged-beside-gpu", spec(gpu(1, "a"), ctr("b", securityContext={"privileged": True})))
     add("privileged-tolerates", spec(ctr("b", securityContext={"privileged": True}),
                                      tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists",
@@ -308,8 +310,8 @@ def corpus() -> list[Case]:
             obj = wrap(f"q-{name}-{wrap.__name__[3:]}".replace("_", ""), s, {})
             cases.append(Case(obj["metadata"]["name"], NS, obj))
     # The same few specs in the namespaces that override the policy.
-    chosen = {"five-gpus", "four-plus-three", "privileged-gpu", "host-path-0", "selector-allowed", "visible-all",
-              "init-peak", "zero-gpu", "annotation-not-allowed"}
+    chosen = {"five-gpus", "four-plus-three", "privileged-gpu", "host-pid-gpu", "host-path-0", "selector-allowed",
+              "visible-all", "init-peak", "zero-gpu", "annotation-not-allowed"}
     for name, s, meta in pod_specs():
         if name not in chosen:
             continue
@@ -330,6 +332,7 @@ def corpus() -> list[Case]:
         ("claims-undeclared", spec(ctr(resources={"claims": [{"name": "x"}]}))),
         ("pod-level-gpu", spec(ctr(), resources={"limits": {"nvidia.com/gpu": 1}})),
         ("ephemeral-gpu", spec(ctr(), ephemeralContainers=[gpu(1, "debug")])),
+        ("host-pid-string", spec(gpu(1), hostPID="true")),
     ]
     for name, s in odd:
         meta = {"gpu-webhook/accelerator": 5} if name == "annotation-number" else {}

@@ -118,6 +118,13 @@ CASES = [
      HIDING, "default", set()),
     ("envFrom on a GPU container", pod(gpu(envFrom=[{"configMapRef": {"name": "settings"}}])), DEFAULT, "default",
      set()),
+    # --- hostPID
+    ("hostPID on a GPU pod", pod(gpu(), hostPID=True), DEFAULT, "default", {("spec.hostPID", "host-pid-gpu")}),
+    ("hostPID on a GPU pod of a trusted service account", pod(gpu(), hostPID=True, serviceAccountName="dcgm"),
+     TRUSTING, "monitoring", set()),
+    ("hostPID on a CPU pod", pod(cpu(), hostPID=True), DEFAULT, "default", set()),
+    ("hostPID false on a GPU pod", pod(gpu(), hostPID=False), DEFAULT, "default", set()),
+    ("hostPID as a string is no hostPID", pod(gpu(), hostPID="true"), DEFAULT, "default", set()),
     # --- privileged
     ("a privileged GPU container", pod(gpu(**PRIVILEGED)), DEFAULT, "default",
      {(f"{C0}.securityContext.privileged", "privileged-gpu")}),

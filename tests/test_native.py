@@ -403,6 +403,19 @@ def test_each_policy_asks_first_whether_anything_in_a_pod_can_make_its_rules_fir
 
 
 def test_every_pod_rule_says_what_can_make_it_fire():
-    assert set(pods.READS) == set(pods.BUILDERS)
+    """A builder declares its rule with what can make it fire: none, or a second builder, is refused at import."""
+    with pytest.raises(ValueError, match="say what can make it fire"):
+        pods.native("new-rule", reads=())
+    with pytest.raises(ValueError, match="two builders"):
+        pods.native("privileged-gpu", reads=("privileged",))(pods.privileged_gpu)
+    assert all(pods.READS[rule] for rule in pods.BUILDERS)
     with pytest.raises(KeyError):
         pods.matters(snippets.Ctx(parse_policy(POLICY)), ["no-such-rule"])
+
+
+def test_a_rules_own_trigger_joins_the_policys_match_conditions():
+    """host-pid-gpu declares its trigger inline: a GPU pod with hostPID reaches the warn policy, one without skips
+    it (the GPU pod's plain count triggers nothing else there)."""
+    ctx = snippets.Ctx(parse_policy("{}"))
+    assert "t.spec.hostPID" in pods.matters(ctx, ["host-pid-gpu"])
+    assert "t.spec.hostPID" not in pods.matters(ctx, ["privileged-gpu"])

@@ -116,6 +116,8 @@ _ROWS: tuple[Rule, ...] = (
     Rule("privileged-gpu", "checks", "privilegedGpu", "deny",
          "a privileged container with or beside GPUs, or on GPU nodes", "`securityContext.privileged`",
          _ISOLATION, "native"),
+    Rule("host-pid-gpu", "checks", "hostPidGpu", "warn",
+         "`hostPID: true` on a pod that uses GPUs", "`spec.hostPID`", _ISOLATION, "native"),
     Rule("gpu-device-mount", "checks", "gpuDeviceMount", "deny",
          "a hostPath of GPU device files, or a mount of the device list", "the volume or mount", _ISOLATION,
          "native"),

@@ -67,6 +67,7 @@ from webhook.native.snippets import (
     type_name,
     zero_counting,
 )
+from webhook.rules.isolation import HOST_PID_GPU
 
 # Paths with more segments than this are normalised conservatively (see normalised_path).
 MAX_PATH_SEGMENTS = 40
@@ -338,15 +339,60 @@ def _per_name(r: Reads, rule: str, sections: tuple[str, ...], names: str, where:
     return [Finding(rule, loops, where, path, stable, value, message, (("x", f"{names_loop.over}[k]"), *let))]
 
 
+# --- the registry: each builder declares its rule ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """A cheap test that is true whenever a rule could find a violation in a template: on the template ``t``, on a
+    container ``c`` of list ``l``, or on a resource name ``k`` with a domain (value ``v``) of a container's limits or
+    requests. Tests of one level are evaluated in one pass (matches)."""
+
+    level: str  # "template", "container" or "name"
+    test: str
+
+
+@dataclass(frozen=True)
+class PodRule:
+    """A native rule's CEL for pod templates, and what the generator must know of it."""
+
+    build: Builder
+    # What can make it fire on a Pod or built-in template: _triggers' names, a Trigger of its own, or "never" (the
+    # apiserver refuses it there first). A template none of a policy's rules can fire on skips the policy.
+    reads: tuple[str | Trigger, ...]
+    needs: tuple[str, ...] = ()  # CEL libraries beyond the 1.30 floor (target.LIBRARIES); else left to the webhook
+    custom_only: bool = False  # the apiserver enforces it on Pods and built-in templates (validateResourceRequirements)
+
+
+REGISTRY: dict[str, PodRule] = {}
+
+
+def native(rule: str, *, reads: tuple[str | Trigger, ...], needs: tuple[str, ...] = (),
+           custom_only: bool = False) -> Callable[[Builder], Builder]:
+    """Declare ``rule``'s builder, the catalog row's CEL half: ``@native("privileged-gpu", reads=("privileged",))``.
+    What it reads is required: a rule that named no trigger would be skipped on every pod it could fire on."""
+    if not reads:
+        raise ValueError(f"{rule}: say what can make it fire (reads)")
+
+    def register(build: Builder) -> Builder:
+        if rule in REGISTRY:
+            raise ValueError(f"{rule}: two builders")
+        REGISTRY[rule] = PodRule(build, reads, needs, custom_only)
+        return build
+    return register
+
+
 # --- the quantity rules --------------------------------------------------------------------------------------
 
 
+@native("invalid-quantity", reads=('count',))
 def invalid_quantity(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     return _per_name(r, "invalid-quantity", ("limits", "requests"), "k in variables.gpus", "e != ''",
                      f"{r.label} + ': ' + e", r.about("x"), (("e", r.error("x")),), template="t.uses")
 
 
+@native("requests-without-limits", reads=('never',), custom_only=True)
 def requests_without_limits(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     message = f"{r.label} + ': ' + k + ' is requested without a limit, set it in limits (requests default to limits)'"
@@ -355,6 +401,7 @@ def requests_without_limits(ctx: Ctx) -> list[Finding]:
                      template="t.uses")
 
 
+@native("requests-differ", reads=('never',), custom_only=True)
 def requests_differ(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     message = f"{r.label} + ': ' + k + ' requests (' + {r.about('x')} + ') must equal limits (' + {r.about('y')} + ')'"
@@ -364,6 +411,7 @@ def requests_differ(ctx: Ctx) -> list[Finding]:
                      (("y", f"{r.section('limits')}[k]"),), template="t.uses")
 
 
+@native("per-container-limit", reads=('count',))
 def per_container_limit(ctx: Ctx) -> list[Finding]:
     if not any(p.per_container for p in _policies(ctx)):
         return []
@@ -402,6 +450,7 @@ def _total(name: str) -> str:
     return f"([{running}] + {peaks}).max()"
 
 
+@native("per-pod-limit", reads=('gpu',))
 def per_pod_limit(ctx: Ctx) -> list[Finding]:
     if not any(p.per_pod for p in _policies(ctx)):
         return []
@@ -444,6 +493,7 @@ def _selector_path(ctx: Ctx, base: str = "t.path") -> str:
     return base + " + " + lit(".nodeSelector[" + ctx.policy.node_label + "]")
 
 
+@native("accelerator-not-allowed", reads=('accelerator',))
 def accelerator_not_allowed(ctx: Ctx) -> list[Finding]:
     if not any(p.allowed for p in _policies(ctx)):
         return []
@@ -458,6 +508,7 @@ def accelerator_not_allowed(ctx: Ctx) -> list[Finding]:
                                         (_selector_path(ctx), _selector_path(ctx, "t.stable"), _selected(r)))]
 
 
+@native("accelerator-conflict", reads=('accelerator',))
 def accelerator_conflict(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     annotation, label = ctx.policy.annotation, ctx.policy.node_label
@@ -482,6 +533,7 @@ def _not_a_mapping(loops: tuple[Each, ...], parent: str, key: str, base: str, st
                    (("v", value),))
 
 
+@native("structure", reads=('never',), custom_only=True)
 def structure(ctx: Ctx) -> list[Finding]:
     """``structure``: in custom resources (Pods have a schema): lists and mappings of the wrong type."""
     r = Reads(ctx)
@@ -540,6 +592,7 @@ def _held(r: Reads, nonzero: bool) -> str:
     return f"{_sorted(r.ctx, counts)}.map(x, string(x.count) + ' ' + x.name).join(', ')"
 
 
+@native("ephemeral-gpu", reads=('ephemeral',))
 def ephemeral_gpu(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     loops = (Each("t", "variables.templates", "t.uses"), *r.containers(("ephemeralContainers",)))
@@ -547,6 +600,7 @@ def ephemeral_gpu(ctx: Ctx) -> list[Finding]:
                     lit("ephemeral containers may not use GPUs"), (("h", _held(r, False)),))]
 
 
+@native("pod-level-gpu", reads=('pod-level',))
 def pod_level_gpu(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     out = []
@@ -563,6 +617,7 @@ def pod_level_gpu(ctx: Ctx) -> list[Finding]:
 # --- the opt-in cross-field checks -------------------------------------------------------------------------
 
 
+@native("mixed-gpu-and-mig", reads=('mig',))
 def mixed_gpu_and_mig(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     slices = _sorted(ctx, "G.filter(x, x.name.startsWith('nvidia.com/mig-'))")
@@ -573,6 +628,7 @@ def mixed_gpu_and_mig(ctx: Ctx) -> list[Finding]:
                     (("G", r.counts()), ("S", f"{slices}.map(x, x.name).join(', ')")))]
 
 
+@native("init-container-gpus", reads=('init',))
 def init_container_gpus(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     loops = (Each("t", "variables.templates", "t.uses"), *r.containers(("initContainers",), f"!{r.sidecar()}"))
@@ -581,6 +637,7 @@ def init_container_gpus(ctx: Ctx) -> list[Finding]:
                     (("h", _held(r, True)),))]
 
 
+@native("cpu-pod-on-gpu-nodes", reads=('gpu-nodes',))
 def cpu_pod_on_gpu_nodes(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     cpu_pod = Each("t", "variables.templates", "!t.uses && !t.declares && !t.holds")
@@ -635,6 +692,7 @@ def _untrusted_without_gpu(r: Reads, where: str = "") -> tuple[Each, ...]:
     return (Each("t", "variables.templates", "!t.trusted"), *r.containers(where=test))
 
 
+@native("visible-devices-without-gpu", reads=('devices',))
 def visible_devices_without_gpu(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     value = "e.?value.orValue('')" if r.typed else "('value' in e ? e.value : '')"
@@ -651,6 +709,7 @@ def visible_devices_without_gpu(ctx: Ctx) -> list[Finding]:
                     f"{r.stable} + '.env[name=' + e.name + '].value'", shown("v"), message, (("v", value),))]
 
 
+@native("visible-devices-unread", reads=('unread',))
 def visible_devices_unread(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     computed = "has(e.valueFrom)" if r.typed else "'valueFrom' in e && e.valueFrom != null"
@@ -680,6 +739,7 @@ def visible_devices_unread(ctx: Ctx) -> list[Finding]:
     return [from_value, imports]
 
 
+@native("zero-gpu-limit", reads=('zero',))
 def zero_gpu_limit(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     message = (f"{r.label} + ': ' + k + ': 0 allocates no GPU but may still tolerate GPU taints and select GPU "
@@ -711,6 +771,7 @@ def _gpu_node_reasons(r: Reads) -> str:
     return f"([{selects}] + {tolerates}).filter(s, s != '').join(', ')"
 
 
+@native("privileged-gpu", reads=('privileged',))
 def privileged_gpu(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     privileged = r.at("c", "securityContext.privileged", "bool", "false")
@@ -749,6 +810,7 @@ def _under(path: str, directories: tuple[str, ...]) -> str:
     return " || ".join(f"({path} == {lit(d)} || {path}.startsWith({lit(d + '/')}))" for d in directories)
 
 
+@native("gpu-device-mount", reads=('host-paths', 'mounts'), needs=('lists', 'two-variable comprehensions'))
 def gpu_device_mount(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     host = r.at("x", "hostPath.path", "string", "null")
@@ -776,6 +838,7 @@ def gpu_device_mount(ctx: Ctx) -> list[Finding]:
     return [host_paths, mount_list]
 
 
+@native("cdi-annotation", reads=('cdi',))
 def cdi_annotation(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     annotations = r.get("t.meta", "annotations", "map", "{}")
@@ -790,6 +853,15 @@ def cdi_annotation(ctx: Ctx) -> list[Finding]:
     return [Finding("cdi-annotation", loops, "", path, path, shown("x"), message, (("x", f"{annotations}[k]"),))]
 
 
+@native("host-pid-gpu", reads=(Trigger("template", "has(t.spec.hostPID) && t.spec.hostPID"),))
+def host_pid_gpu(ctx: Ctx) -> list[Finding]:
+    host_pid = Reads(ctx).get("t.spec", "hostPID", "bool", "false")
+    loops = (Each("t", "variables.templates", f"!t.trusted && t.holds && {host_pid} == true"),)
+    return [Finding("host-pid-gpu", loops, "", "t.path + '.hostPID'", "t.stable + '.hostPID'", lit("true"),
+                    lit(HOST_PID_GPU))]
+
+
+@native("runtime-class-without-gpu", reads=('runtime',))
 def runtime_class_without_gpu(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     name = r.get("t.spec", "runtimeClassName", "string", "''")
@@ -803,6 +875,7 @@ def runtime_class_without_gpu(ctx: Ctx) -> list[Finding]:
 # --- the vendor names (webhook.rules.sharing) -------------------------------------------------------------
 
 
+@native("shared-gpu-over-one", reads=('vendor',))
 def shared_gpu_over_one(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     message = (f"{r.label} + ': ' + string({count('x')}) + ' ' + k + ' asks for several replicas of a shared GPU, "
@@ -820,6 +893,7 @@ def _seen(r: Reads) -> str:
     return f"({lim}.filter(k, {test}) + {req}.filter(k, !(k in {lim}) && {test}))"
 
 
+@native("fractional-gpu-request", reads=('vendor',))
 def fractional_gpu_request(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     message = f"{r.label} + ': ' + k + ' is a percentage, 0 to 100, not ' + {r.shown('x')}"
@@ -842,6 +916,7 @@ def fractional_gpu_request(ctx: Ctx) -> list[Finding]:
     return out
 
 
+@native("gpu-monitoring-resource", reads=('vendor',))
 def gpu_monitoring_resource(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     message = (f"{r.label} + ': ' + k + ' gives access to every GPU of the node; only trusted namespaces and "
@@ -862,6 +937,7 @@ def _declared(r: Reads) -> str:
     return f"{claims}.filter(x, type(x) == map && 'name' in x && type(x.name) == string).map(x, x.name)"
 
 
+@native("node-name-with-gpus", reads=('node-name',))
 def node_name_with_gpus(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     node = r.get("t.spec", "nodeName", "string", "''")
@@ -876,6 +952,7 @@ def _truthy(field: str) -> str:
     return f"({lit(field)} in x && x.{field} != null && x.{field} != '' && x.{field} != false && x.{field} != 0)"
 
 
+@native("claim-source", reads=('claims', 'declared-claims'))
 def claim_source(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     claims = r.get("t.spec", "resourceClaims", "list", "[]")
@@ -889,6 +966,7 @@ def claim_source(ctx: Ctx) -> list[Finding]:
                     (("w", f"size({named}) == 2 ? 'both' : 'neither'"), ("m", name)))]
 
 
+@native("undeclared-claim", reads=('claims',))
 def undeclared_claim(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     declared = _declared(r)
@@ -904,6 +982,7 @@ def undeclared_claim(ctx: Ctx) -> list[Finding]:
                     message, (("D", declared), ("m", name)))]
 
 
+@native("unused-claim", reads=('declared-claims',))
 def unused_claim(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     claims = r.get("t.spec", "resourceClaims", "list", "[]")
@@ -920,52 +999,11 @@ def unused_claim(ctx: Ctx) -> list[Finding]:
                     "t.stable + '.resourceClaims[name=' + x.name + ']'", "x.name", message)]
 
 
-# Builders of the pod-template rules, by rule id.
-BUILDERS: dict[str, Builder] = {
-    "invalid-quantity": invalid_quantity,
-    "requests-without-limits": requests_without_limits,
-    "requests-differ": requests_differ,
-    "per-container-limit": per_container_limit,
-    "per-pod-limit": per_pod_limit,
-    "accelerator-not-allowed": accelerator_not_allowed,
-    "accelerator-conflict": accelerator_conflict,
-    "structure": structure,
-    "ephemeral-gpu": ephemeral_gpu,
-    "pod-level-gpu": pod_level_gpu,
-    "mixed-gpu-and-mig": mixed_gpu_and_mig,
-    "init-container-gpus": init_container_gpus,
-    "cpu-pod-on-gpu-nodes": cpu_pod_on_gpu_nodes,
-    "visible-devices-without-gpu": visible_devices_without_gpu,
-    "visible-devices-unread": visible_devices_unread,
-    "zero-gpu-limit": zero_gpu_limit,
-    "privileged-gpu": privileged_gpu,
-    "gpu-device-mount": gpu_device_mount,
-    "cdi-annotation": cdi_annotation,
-    "runtime-class-without-gpu": runtime_class_without_gpu,
-    "shared-gpu-over-one": shared_gpu_over_one,
-    "fractional-gpu-request": fractional_gpu_request,
-    "gpu-monitoring-resource": gpu_monitoring_resource,
-    "node-name-with-gpus": node_name_with_gpus,
-    "claim-source": claim_source,
-    "undeclared-claim": undeclared_claim,
-    "unused-claim": unused_claim,
-}
-
-# Rules the apiserver already enforces on Pods and built-in templates (validateResourceRequirements; their shape is
-# the schema's): only custom resources need them from us.
-CUSTOM_ONLY = frozenset({"requests-without-limits", "requests-differ", "structure"})
-
-# What a rule's CEL needs beyond the 1.30 floor (webhook.native.target.LIBRARIES): without it the rule stays with
-# the webhook on that target.
-NEEDS: dict[str, tuple[str, ...]] = {
-    # normalised_path walks the segments of a path with slice() and transformList().
-    "gpu-device-mount": ("lists", "two-variable comprehensions"),
-}
-
-
-# Rules the apiserver already enforces on Pods and built-in templates (validateResourceRequirements; their shape is
-# the schema's): only custom resources need them from us.
-CUSTOM_ONLY = frozenset({"requests-without-limits", "requests-differ", "structure"})
+# The registry, as the builders above declared themselves.
+BUILDERS: dict[str, Builder] = {rule: entry.build for rule, entry in REGISTRY.items()}
+READS: dict[str, tuple[str | Trigger, ...]] = {rule: entry.reads for rule, entry in REGISTRY.items()}
+NEEDS: dict[str, tuple[str, ...]] = {rule: entry.needs for rule, entry in REGISTRY.items() if entry.needs}
+CUSTOM_ONLY = frozenset(rule for rule, entry in REGISTRY.items() if entry.custom_only)
 
 
 # --- what can matter at all (matchConditions) -------------------------------------------------------------------
@@ -994,16 +1032,6 @@ def _literal_gpu_names(ctx: Ctx) -> list[str]:
     read: a container naming only these (with plain counts) gives those rules nothing to find."""
     names = set.intersection(*(set(p.resources) for p in _policies(ctx)))
     return sorted(n for n in names if not any(c in n for c in "*?[") and not re.fullmatch(READ_BY_SHARING_PY, n))
-
-
-@dataclass(frozen=True)
-class Trigger:
-    """A cheap test that is true whenever a rule could find a violation in a template: on the template ``t``, on a
-    container ``c`` of list ``l``, or on a resource name ``k`` with a domain (value ``v``) of a container's limits or
-    requests. Tests of one level are evaluated in one pass (matches)."""
-
-    level: str  # "template", "container" or "name"
-    test: str
 
 
 def _triggers(ctx: Ctx) -> dict[str, Trigger]:
@@ -1057,26 +1085,6 @@ def _triggers(ctx: Ctx) -> dict[str, Trigger]:
     }
 
 
-# What can make each pod rule fire on a Pod or built-in template, as _triggers names it: a template none of a
-# policy's rules can fire on skips the policy. Every rule has an entry (a missing one is an error, not a default).
-READS: dict[str, tuple[str, ...]] = {
-    "invalid-quantity": ("count",), "per-container-limit": ("count",), "per-pod-limit": ("gpu",),
-    "requests-without-limits": ("never",), "requests-differ": ("never",),  # the apiserver refuses them on Pods
-    "accelerator-not-allowed": ("accelerator",), "accelerator-conflict": ("accelerator",),
-    "ephemeral-gpu": ("ephemeral",), "pod-level-gpu": ("pod-level",),
-    "mixed-gpu-and-mig": ("mig",), "shared-gpu-over-one": ("vendor",), "fractional-gpu-request": ("vendor",),
-    "gpu-monitoring-resource": ("vendor",),
-    "structure": ("never",),  # custom resources only: Pods have a schema
-    "zero-gpu-limit": ("zero",), "init-container-gpus": ("init",),
-    "visible-devices-without-gpu": ("devices",), "visible-devices-unread": ("unread",),
-    "privileged-gpu": ("privileged",), "cdi-annotation": ("cdi",),
-    "runtime-class-without-gpu": ("runtime",), "cpu-pod-on-gpu-nodes": ("gpu-nodes",),
-    "claim-source": ("claims", "declared-claims"), "undeclared-claim": ("claims",),
-    "unused-claim": ("declared-claims",), "node-name-with-gpus": ("node-name",),
-    "gpu-device-mount": ("host-paths", "mounts"),
-}
-
-
 def trigger_expression(ctx: Ctx, rules: list[str]) -> str:
     """Whether anything in template ``t`` can make one of ``rules`` fire (their triggers, :data:`READS`), tested in
     one pass over the containers; ``false`` for none."""
@@ -1084,7 +1092,9 @@ def trigger_expression(ctx: Ctx, rules: list[str]) -> str:
     missing = [rule for rule in rules if rule not in READS]
     if missing:
         raise KeyError(f"rules without a READS entry (what can make them fire, for matchConditions): {missing}")
-    wanted = [triggers[name] for name in sorted({n for rule in rules for n in READS[rule]} - {"never"})]
+    named = {n for rule in rules for n in READS[rule] if isinstance(n, str)} - {"never"}
+    own = [n for rule in rules for n in READS[rule] if isinstance(n, Trigger)]
+    wanted = [triggers[name] for name in sorted(named)] + list(dict.fromkeys(own))
 
     def tests(level: str) -> list[str]:
         return [f"({t.test})" for t in wanted if t.level == level]

@@ -195,6 +195,18 @@ def check_privileged(ctx: PodContext) -> list[Violation]:
     return out
 
 
+HOST_PID_GPU = ("the pod shares its node's process namespace (hostPID) and uses GPUs: it sees and can signal every "
+                "process of the node, other tenants' GPU jobs included; only trusted namespaces and service accounts "
+                "(isolation.trusted), such as a GPU monitoring agent, may")
+
+
+def check_host_pid(ctx: PodContext) -> list[Violation]:
+    """``hostPID: true`` on a pod that uses GPUs. The caller skips trusted pods."""
+    if not ctx.policy.checks("host-pid-gpu") or ctx.spec.get("hostPID") is not True or not ctx.use.any:
+        return []
+    return [Violation(ctx.path.child("hostPID"), "host-pid-gpu", HOST_PID_GPU, "true")]
+
+
 def _normal(path: str) -> str:
     # normpath keeps a leading "//" (POSIX allows it a meaning); Linux gives it none.
     return posixpath.normpath("/" + path.lstrip("/"))
@@ -389,6 +401,7 @@ def check_isolation(ctx: PodContext) -> list[Violation]:
     out: list[Violation] = []
     if not ctx.trusted:
         out.extend(check_privileged(ctx))
+        out.extend(check_host_pid(ctx))
         out.extend(check_device_mounts(ctx))
         out.extend(check_cdi_annotations(ctx.ref, ctx.policy))
         out.extend(check_runtime_class_without_gpu(ctx.ref, ctx.policy, ctx.use))
