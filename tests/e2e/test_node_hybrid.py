@@ -14,6 +14,10 @@ under the same load must fail no admission. Last, with every webhook pod gone, t
 PyTorchJob with half a GPU and a pod over the per-container cap, naming the ValidatingAdmissionPolicy, and still
 inject the default accelerator.
 
+Beside each kill, 10 s of the same load without one (``_steady``): client latencies and the apiserver's own admission
+time per step and per webhook, from its metrics; the kill's latencies are split before the kill and from the kill
+until recovery. test_node_hybrid_nomap.py reuses these helpers on a cluster that serves no MutatingAdmissionPolicy.
+
 The tests share the release and run in file order. Figures are printed at the end (``-s``).
 """
 
