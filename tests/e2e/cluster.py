@@ -47,10 +47,13 @@ def minor_of(version: str) -> int:
     return int(match.group(1))
 
 
-def version_args(minor: int, mutating_policy: str = MAP_DEFAULT) -> list[str]:
+def version_args(minor: int, mutating_policy: str = MAP_DEFAULT,
+                 disabled_plugins: tuple[str, ...] = ("ServiceAccount",)) -> list[str]:
     """The kube-apiserver flags of a bed that depend on its minor version and what it does with
-    MutatingAdmissionPolicy (the others are the same from 1.30 to 1.37)."""
-    disabled = ["ServiceAccount"]  # nothing creates default service accounts
+    MutatingAdmissionPolicy (the others are the same from 1.30 to 1.37). ``disabled_plugins`` are the admission
+    plugins the bed turns off anyway: ServiceAccount on the control-plane beds (nothing creates default service
+    accounts there); none on the node bed (tests/e2e/node.py), whose controller-manager does."""
+    disabled = list(disabled_plugins)
     gates: list[str] = []
     runtime: list[str] = []
     if mutating_policy == MAP_BETA:
@@ -69,7 +72,7 @@ def version_args(minor: int, mutating_policy: str = MAP_DEFAULT) -> list[str]:
     elif mutating_policy != MAP_DEFAULT:
         raise ValueError(f"mutating_policy must be {MAP_DEFAULT!r}, {MAP_BETA!r} or {MAP_OFF!r}, "
                          f"got {mutating_policy!r}")
-    args = [f"--disable-admission-plugins={','.join(disabled)}"]
+    args = [f"--disable-admission-plugins={','.join(disabled)}"] if disabled else []
     if gates:
         args.append(f"--feature-gates={','.join(gates)}")
     if runtime:

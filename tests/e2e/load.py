@@ -53,15 +53,21 @@ class LoadReport:
     def between(self, start: float, end: float) -> list[Result]:
         return [r for r in self.results if start <= r.sent <= end]
 
-    def latency_ms(self, quantile: float) -> float:
-        values = sorted(r.done - r.sent for r in self.results)
-        return round(1000 * values[min(len(values) - 1, int(quantile * len(values)))], 1) if values else 0.0
+    def latency_ms(self, quantile: float, results: list[Result] | None = None) -> float:
+        """The ``quantile`` of the latencies of ``results`` (default: every request), in ms; 0.0 when none."""
+        return quantile_ms(self.results if results is None else results, quantile)
 
     def summary(self) -> str:
         errors = Counter(f"{r.status} {r.error[:160]}" for r in self.failed)
         return (f"{self.sent} sent in {self.stopped - self.started:.1f}s at {self.rate}/s, {len(self.failed)} failed"
                 f"{f' {dict(errors)}' if errors else ''}; latency p50 {self.latency_ms(0.5)} ms, "
                 f"p99 {self.latency_ms(0.99)} ms, max {self.latency_ms(1.0)} ms")
+
+
+def quantile_ms(results: list[Result], quantile: float) -> float:
+    """The ``quantile`` (nearest rank below) of the results' latencies, in ms; 0.0 for no results."""
+    values = sorted(r.done - r.sent for r in results)
+    return round(1000 * values[min(len(values) - 1, int(quantile * len(values)))], 1) if values else 0.0
 
 
 def gpu_pod(name: str) -> dict:

@@ -49,7 +49,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tests.e2e.cluster import NO_PROXY_ENV, Process
+from tests.e2e.cluster import MAP_DEFAULT, NO_PROXY_ENV, Process, minor_of, version_args
 from tests.tools import cache_root, control_plane_bin, versions
 
 HERE = Path(__file__).resolve().parent
@@ -415,6 +415,10 @@ class NodeBed:
     timings: dict[str, float] = field(default_factory=dict)
     holder: subprocess.Popen | None = None
     host_paths_before: set[str] = field(default_factory=set)
+    # What the kube-apiserver does with MutatingAdmissionPolicy: MAP_DEFAULT (v1, served from 1.36) or MAP_OFF (the
+    # API and its admission plugin off, the flags of tests/e2e/cluster.py's MAP-off beds): a cluster that serves
+    # no MutatingAdmissionPolicy, on the same node build. restart_apiserver() switches a running bed.
+    mutating_policy: str = MAP_DEFAULT
 
     def __post_init__(self) -> None:
         self.network = Network(self.bed_id)
@@ -556,30 +560,7 @@ class NodeBed:
              ".open('http://127.0.0.1:2379/health', timeout=2).read().decode())"], check=False).stdout.encode(),
               60, diagnose=lambda: self.logs("etcd"))
 
-        apiserver = self.spawn("kube-apiserver", [
-            self.binary("kube-apiserver"), "--etcd-servers=http://127.0.0.1:2379",
-            f"--bind-address={self.node_ip}", f"--secure-port={API_PORT}", f"--advertise-address={self.node_ip}",
-            f"--tls-cert-file={w / 'pki/apiserver.crt'}", f"--tls-private-key-file={w / 'pki/apiserver.key'}",
-            f"--client-ca-file={w / 'pki/ca.crt'}",
-            f"--kubelet-client-certificate={w / 'pki/apiserver-kubelet-client.crt'}",
-            f"--kubelet-client-key={w / 'pki/apiserver-kubelet-client.key'}",
-            # The node's name resolves nowhere (no DNS in the bed): reach the kubelet (kubectl logs, exec) by IP.
-            "--kubelet-preferred-address-types=InternalIP",
-            f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=Node,RBAC",
-            "--enable-admission-plugins=NodeRestriction", f"--token-auth-file={w / 'pki/tokens.csv'}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={w / 'pki/sa.pub'}", f"--service-account-signing-key-file={w / 'pki/sa.key'}",
-            "--allow-privileged=true", "--profiling=false"])
-        context = ssl.create_default_context(cafile=str(self.ca_file))
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
-                                             urllib.request.HTTPSHandler(context=context))
-
-        def ready() -> bool:
-            self._alive(apiserver)
-            with opener.open(f"{self.url}/readyz", timeout=5) as response:
-                return response.status == 200
-
-        until("kube-apiserver /readyz", ready, 180, diagnose=lambda: self.logs("kube-apiserver"))
+        self._start_apiserver()
         self.timings["apiserver ready"] = time.monotonic() - t0
 
         self.spawn("kube-controller-manager", [
@@ -613,12 +594,7 @@ class NodeBed:
         proxy = self.spawn("kube-proxy", [self.binary("kube-proxy"), f"--config={w / 'kube-proxy.yaml'}", "--v=1"])
 
         def node_ready() -> bool:
-            self._alive(kubelet)
-            node = self.kubectl("get", "node", NODE_NAME, "-o", "json")
-            if node.returncode:
-                return False
-            conditions = {c["type"]: c["status"] for c in json.loads(node.stdout)["status"].get("conditions", [])}
-            return conditions.get("Ready") == "True"
+            return self._alive(kubelet) and self._node_ready()
 
         until("node Ready", node_ready, 180, interval=0.5,
               diagnose=lambda: self.logs("kubelet", "containerd") + self.kubectl("describe", "node").stdout)
@@ -635,6 +611,59 @@ class NodeBed:
               lambda: self.kubectl("get", "serviceaccount/default", "configmap/kube-root-ca.crt").returncode == 0,
               90, interval=0.5, diagnose=lambda: self.logs("kube-controller-manager"))
         self.timings["ready for pods"] = time.monotonic() - t0
+
+    def apiserver_args(self) -> list[str]:
+        w = self.workdir
+        return [
+            self.binary("kube-apiserver"), "--etcd-servers=http://127.0.0.1:2379",
+            f"--bind-address={self.node_ip}", f"--secure-port={API_PORT}", f"--advertise-address={self.node_ip}",
+            f"--tls-cert-file={w / 'pki/apiserver.crt'}", f"--tls-private-key-file={w / 'pki/apiserver.key'}",
+            f"--client-ca-file={w / 'pki/ca.crt'}",
+            f"--kubelet-client-certificate={w / 'pki/apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={w / 'pki/apiserver-kubelet-client.key'}",
+            # The node's name resolves nowhere (no DNS in the bed): reach the kubelet (kubectl logs, exec) by IP.
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction", f"--token-auth-file={w / 'pki/tokens.csv'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={w / 'pki/sa.pub'}", f"--service-account-signing-key-file={w / 'pki/sa.key'}",
+            "--allow-privileged=true", "--profiling=false",
+            *version_args(minor_of(versions()["KUBERNETES_VERSION"]), self.mutating_policy, disabled_plugins=())]
+
+    def _start_apiserver(self) -> None:
+        apiserver = self.spawn("kube-apiserver", self.apiserver_args())
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                             urllib.request.HTTPSHandler(context=context))
+
+        def ready() -> bool:
+            self._alive(apiserver)
+            with opener.open(f"{self.url}/readyz", timeout=5) as response:
+                return response.status == 200
+
+        until("kube-apiserver /readyz", ready, 180, diagnose=lambda: self.logs("kube-apiserver"))
+
+    def restart_apiserver(self, mutating_policy: str) -> float:
+        """Stop the kube-apiserver and start it again with ``mutating_policy`` (same etcd, address and
+        credentials: the node, its pods and every stored object stay); returns the seconds until /readyz and
+        the node Ready again. The kubelet, kube-proxy and the controllers reconnect by themselves."""
+        start = time.monotonic()
+        (old,) = [p for p in self.processes if p.name == "kube-apiserver"]
+        old.stop(timeout=30)
+        self.processes.remove(old)
+        old.log.rename(old.log.with_name(f"kube-apiserver.{self.mutating_policy}.{int(time.time())}.log"))
+        self.mutating_policy = mutating_policy
+        self._start_apiserver()
+        until("node Ready after the apiserver restart", self._node_ready, 120, interval=0.5,
+              diagnose=lambda: self.logs("kubelet", "kube-apiserver"))
+        return time.monotonic() - start
+
+    def _node_ready(self) -> bool:
+        node = self.kubectl("get", "node", NODE_NAME, "-o", "json")
+        if node.returncode:
+            return False
+        conditions = {c["type"]: c["status"] for c in json.loads(node.stdout)["status"].get("conditions", [])}
+        return conditions.get("Ready") == "True"
 
     def _alive(self, process: Process) -> bool:
         if process.proc.poll() is not None:

@@ -14,13 +14,20 @@ under the same load must fail no admission. Last, with every webhook pod gone, t
 PyTorchJob with half a GPU and a pod over the per-container cap, naming the ValidatingAdmissionPolicy, and still
 inject the default accelerator.
 
+Beside each kill, 10 s of the same load without one (``_steady``): client latencies and the apiserver's own admission
+time per step and per webhook, from its metrics; the kill's latencies are split before the kill and from the kill
+until recovery. test_node_hybrid_nomap.py reuses these helpers on a cluster that serves no MutatingAdmissionPolicy.
+
 The tests share the release and run in file order. Figures are printed at the end (``-s``).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import time
+from collections import Counter
 
 import pytest
 
@@ -44,6 +51,7 @@ from tests.manifests import container, pod, pytorch_job, seed_pod
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(420), pytest.mark.usefixtures("release")]
 
 VAP = "ValidatingAdmissionPolicy 'gpu-webhook-deny'"
+CUSTOM_VAP = "ValidatingAdmissionPolicy 'gpu-webhook-custom-deny'"  # the custom kinds' deny policy
 RATE = 16.0  # dry-run GPU pod creations a second, as in the measurement this reproduces
 FIGURES: dict[str, object] = {}
 
@@ -56,6 +64,78 @@ def _refusal(result: Result) -> bool:
 
 def _errors(report: LoadReport) -> list[Result]:
     return [r for r in report.failed if not _refusal(r)]
+
+
+MUTATE_CALL = 'failed calling webhook "mutate.gpu-webhook.io"'
+VALIDATE_CALL = 'failed calling webhook "validate'  # validate.gpu-webhook.io and the custom-kind webhook
+
+
+def _cause(result: Result) -> str:
+    """Why an admission failed, by the apiserver's message: which webhook call failed, or which policy refused."""
+    for cause in (MUTATE_CALL, VALIDATE_CALL):
+        if cause in result.error:
+            return cause
+    if "ValidatingAdmissionPolicy" in result.error:
+        return "refused by a ValidatingAdmissionPolicy"
+    if "denied the request" in result.error:
+        return "refused by a webhook"
+    return f"{result.status} {result.error[:80]}"
+
+
+def _causes(results: list[Result]) -> dict[str, int]:
+    return dict(Counter(_cause(r) for r in results if not r.ok))
+
+
+# The apiserver's admission histograms: (short name, family, the label that names a series, the labels a series
+# must have).
+ADMISSION_METRICS = (
+    ("step", "apiserver_admission_step_admission_duration_seconds", "type",
+     {"operation": "CREATE", "rejected": "false"}),
+    ("webhook", "apiserver_admission_webhook_admission_duration_seconds", "name", {"operation": "CREATE"}),
+)
+
+
+def _admission_totals(bed: NodeBed) -> dict[str, list[float]]:
+    """The apiserver's own admission time so far, {"<short name> <series>": [seconds, count]}: the two steps
+    (admit: the mutating phase, webhooks and MutatingAdmissionPolicy; validate: the validating one, webhooks and
+    ValidatingAdmissionPolicies) and each webhook. The
+    load's Pod CREATEs are almost all the CREATEs in a few seconds (the node's Events are the rest)."""
+    totals: dict[str, list[float]] = {}
+    for line in bed.kubectl("get", "--raw", "/metrics", check=True).stdout.splitlines():
+        for short, family, key, wanted in ADMISSION_METRICS:
+            for slot, suffix in enumerate(("_sum{", "_count{")):
+                if not line.startswith(family + suffix):
+                    continue
+                series, value = line.rsplit(" ", 1)
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', series))
+                if all(labels.get(k) == v for k, v in wanted.items()) and key in labels:
+                    what = f"{short} {labels[key]}"
+                    totals.setdefault(what, [0.0, 0.0])[slot] += float(value)
+    return totals
+
+
+def _latencies(report: LoadReport, results: list[Result] | None = None) -> str:
+    chosen = report.results if results is None else results
+    return (f"{len(chosen)} requests: p50 {report.latency_ms(0.5, chosen)}, p99 {report.latency_ms(0.99, chosen)}, "
+            f"max {report.latency_ms(1.0, chosen)} ms")
+
+
+def _steady(bed: NodeBed, seconds: float = 10.0) -> dict[str, object]:
+    """The same load for ``seconds`` with nothing killed: client latencies, and the apiserver's mean admission time
+    per step over the same requests (its admission metrics, read before and after)."""
+    before = _admission_totals(bed)
+    with AdmissionLoad(bed.url, bed.tokens["admin"], bed.ca_file, rate=RATE) as load:
+        time.sleep(seconds)
+    report = load.stop()
+    after = _admission_totals(bed)
+    means = {}
+    for what, (total, count) in after.items():
+        calls = count - before.get(what, [0.0, 0.0])[1]
+        if calls:
+            means[what] = f"{calls:.0f} x {1000 * (total - before.get(what, [0.0, 0.0])[0]) / calls:.1f}"
+    return {"latency ms": _latencies(report), "failed": _causes(report.results),
+            "apiserver admission, calls x mean ms": means,
+            "load average (1 min)": round(os.getloadavg()[0], 1)}
 
 
 def _kill_a_replica_under_load(bed: NodeBed) -> dict[str, object]:
@@ -88,23 +168,33 @@ def _kill_a_replica_under_load(bed: NodeBed) -> dict[str, object]:
         time.sleep(1)
     report = load.stop()
     window = report.between(killed_at, killed_at + back + 1)
+    before = [r for r in report.results if r.sent < killed_at]
     errors = _errors(report)
     print(f"kill {name}: {report.summary()}")
     for r in errors[:20]:
         print(f"  #{r.index} at +{r.sent - killed_at:.2f}s after the kill: {r.status} {r.error[:200]}")
     assert report.sent >= 40, f"the load hardly ran: {report.summary()}"
+    slowest = sorted(report.results, key=lambda r: r.sent - r.done)[:5]
     return {"victim served (last 2.5 s)": served, "requests sent": report.sent,
             "requests from the kill until recovered": len(window), "failed (errors)": len(errors),
-            "refused by a policy": len(report.failed) - len(errors), "back after (s)": round(back, 1),
+            "refused by a policy": len(report.failed) - len(errors), "failed by cause": _causes(report.results),
+            "back after (s)": round(back, 1), "killed at (s into the load)": round(killed_at - report.started, 2),
             "first error after the kill (s)": round(errors[0].sent - killed_at, 2) if errors else None,
             "errors": sorted({f"{r.error[:60]} ... {r.error[-60:]}" for r in errors}),
-            "p99 ms": report.latency_ms(0.99), "seconds": round(report.stopped - report.started, 1), "report": report}
+            "p99 ms": report.latency_ms(0.99),
+            "latency ms before the kill": _latencies(report, before),
+            "latency ms from the kill until recovered": _latencies(report, window),
+            "slowest (sent s after the kill, ms, status)": [
+                (round(r.sent - killed_at, 2), round(1000 * (r.done - r.sent)), r.status) for r in slowest],
+            "load average (1 min)": round(os.getloadavg()[0], 1),
+            "seconds": round(report.stopped - report.started, 1), "report": report}
 
 
 def test_webhook_only_a_killed_replica_costs_admissions(node_bed):
     for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
         for hook in node_bed.kubectl_json("get", kind, RELEASE)["webhooks"]:
             assert hook["failurePolicy"] == "Fail", hook["name"]
+    FIGURES["webhook only, steady (10 s)"] = _steady(node_bed)
     start = time.monotonic()
     figures = _kill_a_replica_under_load(node_bed)
     figures.pop("report")
@@ -135,9 +225,11 @@ def test_hybrid_the_hook_job_applies_the_native_policies(node_bed):
 
     until("the apiserver enforcing the generated ValidatingAdmissionPolicy", native_refuses, 30, interval=0.5)
     FIGURES["hybrid: native refusal seen after helm upgrade returned (s)"] = round(time.monotonic() - returned, 1)
+    FIGURES["hybrid, steady: the first 10 s once the policy refuses"] = _steady(node_bed)
 
 
 def test_hybrid_a_killed_replica_costs_no_admission(node_bed):
+    FIGURES["hybrid, steady (10 s)"] = _steady(node_bed)
     start = time.monotonic()
     figures = _kill_a_replica_under_load(node_bed)
     report = figures.pop("report")
@@ -167,7 +259,7 @@ def test_with_every_webhook_pod_gone_the_native_rules_still_refuse(node_bed):
 
     job = pytorch_job(seed_pod(), pod(container("pytorch", limits={"nvidia.com/gpu": "0.5"})))
     refused = _dry_run(node_bed, job)
-    assert refused.returncode and VAP in refused.stderr, refused.stderr
+    assert refused.returncode and CUSTOM_VAP in refused.stderr, refused.stderr
     assert ("spec.pytorchReplicaSpecs.Worker.template.spec.containers[0].resources.limits[nvidia.com/gpu]"
             in refused.stderr and "0.5" in refused.stderr), refused.stderr
     over = _dry_run(node_bed, pod(container("cuda", limits={"nvidia.com/gpu": "5"}), name="five-gpus"))

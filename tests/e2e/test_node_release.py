@@ -172,12 +172,15 @@ def _reloaded(bed: NodeBed, p: dict, what: str, since: float = 0.0) -> bool:
 
 
 def _log_messages(bed: NodeBed, p: dict) -> list[tuple[str, str]]:
-    """(stream, message) of every line the kubelet logged for the pod's container (CRI log format)."""
+    """(stream, message) of every line the kubelet logged for the pod's container (CRI log format), oldest first:
+    ``<restart count>.log``, so a container that restarted (a killed one) counts with its current log too."""
     meta = p["metadata"]
-    path = bed.workdir / "pod-logs" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / "webhook" / "0.log"
+    directory = bed.workdir / "pod-logs" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / "webhook"
+    lines = [line for path in sorted(directory.glob("*.log"), key=lambda f: int(f.stem))
+             for line in path.read_text().splitlines()]
     messages: list[tuple[str, str]] = []
     partial = ""
-    for line in path.read_text().splitlines():
+    for line in lines:
         _time, stream, tag, message = line.split(" ", 3)
         partial += message
         if tag == "F":
