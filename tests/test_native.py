@@ -16,7 +16,8 @@ from webhook.core import catalog
 from webhook.core import resources as registry
 from webhook.core.policy import CLUSTER_RULES, PolicyError, parse_policy
 from webhook.native import claims, kinds, pods, snippets
-from webhook.native.generate import LABELS, RULES_ANNOTATION, TARGET_ANNOTATION, generate, to_yaml
+from webhook.native.celtext import one_line
+from webhook.native.generate import CEL_FIELDS, LABELS, RULES_ANNOTATION, TARGET_ANNOTATION, generate, to_yaml
 from webhook.native.rules import BUILDERS, native_rules
 from webhook.native.target import for_version
 from webhook.rules import isolation
@@ -34,7 +35,17 @@ namespaces:
 
 
 def objects(text: str = POLICY, version: str = "1.37", *api_versions: str) -> list[dict]:
-    return generate(parse_policy(text), for_version(version, api_versions)).objects
+    """The generated objects, each expression on one line as the builders wrote it (``celtext.one_line``): the tests
+    here read what the CEL says; how it is laid out is ``tests/test_native_layout.py``'s."""
+    return one_lined(generate(parse_policy(text), for_version(version, api_versions)).objects)
+
+
+def one_lined(value):  # type: ignore[no-untyped-def]
+    if isinstance(value, list):
+        return [one_lined(v) for v in value]
+    if isinstance(value, dict):
+        return {k: one_line(v) if k in CEL_FIELDS and isinstance(v, str) else one_lined(v) for k, v in value.items()}
+    return value
 
 
 def by_name(objs: list[dict]) -> dict[str, dict]:

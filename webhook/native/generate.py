@@ -34,7 +34,7 @@ import yaml
 
 from webhook.core.policy import PolicySet
 from webhook.native import claims, kinds, mutations, pods
-from webhook.native.celtext import lit
+from webhook.native.celtext import layout, lit
 from webhook.native.findings import SEPARATOR, Dialect, Finding, exists, found, joined, keys, variable
 from webhook.native.rules import BUILDERS, native_rules, setting, webhook_rules
 from webhook.native.snippets import Ctx, Shape
@@ -349,7 +349,20 @@ def generate(policies: PolicySet, target: Target = DEFAULT) -> Generated:
             objects.extend(_bindings(name, rules, policies, action == "deny", target))
             native.extend(r for r in rules if r not in native)
     objects.extend(_mutating_policy(policies, exclude, target))
-    return Generated(objects, target, _left_to_webhook(policies, target, all_kinds, custom_kinds), native)
+    return Generated(_laid_out(objects), target, _left_to_webhook(policies, target, all_kinds, custom_kinds), native)
+
+
+# The fields of the objects that hold CEL.
+CEL_FIELDS = ("expression", "messageExpression")
+
+
+def _laid_out(value: Any) -> Any:
+    """Every CEL field of ``value`` (objects, lists, maps) laid out on short lines (``celtext.layout``)."""
+    if isinstance(value, list):
+        return [_laid_out(v) for v in value]
+    if isinstance(value, dict):
+        return {k: layout(v) if k in CEL_FIELDS and isinstance(v, str) else _laid_out(v) for k, v in value.items()}
+    return value
 
 
 def _left_to_webhook(policies: PolicySet, target: Target, all_kinds: Sequence[kinds.CustomKind],
@@ -394,6 +407,7 @@ class _Dumper(yaml.SafeDumper):
 
 
 def _string(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    # A multi-line value (an expression laid out on lines) as a literal block, ``|-``: read as it was written.
     style = "|" if "\n" in value else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
@@ -403,8 +417,10 @@ _Dumper.add_representer(str, _string)
 
 def to_yaml(objects: Sequence[Mapping[str, Any]]) -> str:
     """A multi-document YAML stream (one document per object)."""
-    # No folding: an expression stays on the lines it was written on.
-    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, width=2**31, default_flow_style=False)
+    # No folding: an expression stays on the lines it was written on. Unicode as it is (the ellipsis of the
+    # messages): escaped, a multi-line expression could not be a block.
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, width=2**31, default_flow_style=False,
+                         allow_unicode=True)
 
 
 __all__ = ["Generated", "generate", "lit", "to_yaml"]
