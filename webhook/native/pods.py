@@ -205,7 +205,7 @@ class Reads:
         return f"[{valid}].map(P, P[0].filter(x, !P[1].exists(y, y.name == x.name)) + P[1])[0]"
 
     def holds(self, container: str = "c") -> str:
-        """The container holds a GPU of some kind (``isolation.container_gpus``): a holding name not a valid 0, or a
+        """The container holds a GPU of some kind (``context.container_gpus``): a holding name not a valid 0, or a
         claim."""
         sections = [f"{self.section(s, container)}.exists(k, k in variables.holding && "
                     f"!{self.zero(self.section(s, container) + '[k]')})" for s in ("limits", "requests")]
@@ -220,7 +220,7 @@ TEMPLATES = Each("t", "variables.templates")
 # The classes of a resource name, each a list of the object's names: a name is classified once per object.
 CLASSES: dict[str, Callable[[Ctx], str]] = {
     "gpus": lambda ctx: is_gpu(ctx, "k"),  # Policy.is_gpu: a GPU count of the policy
-    "holding": lambda ctx: holds_name(ctx, "k"),  # it holds a GPU of some kind (isolation.container_gpus)
+    "holding": lambda ctx: holds_name(ctx, "k"),  # it holds a GPU of some kind (context.container_gpus)
     "zero_counting": lambda ctx: zero_counting(ctx, "k"),  # zero-gpu-limit reads it
     "vendor": lambda ctx: matches("k", READ_BY_SHARING),  # the vendor-name checks read it (sharing.requested)
     "shared": lambda ctx: f"k in variables.vendor && {matches('k', SHARED)}",
