@@ -18,8 +18,7 @@ reaches the user). It is bound with ``[Deny]``, and with ``[Warn]`` in the names
 is ``warn``. A warn policy has one validation per rule, bound with ``[Warn]``.
 
 Each rule is one variable, named after it, that says whether the object has such a violation; the
-expensive part, the words, is in ``<rule>_found`` and ``<rule>_count``, read only by the message of a
-validation that failed (the apiserver evaluates every ``messageExpression``, passed or not, so each one
+expensive part, the words, is in ``<rule>_found``, read only by the message of a validation that failed (the apiserver evaluates every ``messageExpression``, passed or not, so each one
 starts with the cheap test). On UPDATE a violation the old object had too is not held against it.
 """
 
@@ -145,7 +144,7 @@ def _template_variables(ctx: Ctx, family: Family, custom_kinds: Sequence[kinds.C
                 ("old_requests", claims.requests("oldObject", ctx.two_variable))]
     out: list[tuple[str, str]] = []
     if family is CUSTOM:
-        out.append(("kind", kinds.KIND))
+        out.append(("group_resource", kinds.KIND))
     read = " ".join(texts)
     every = pods.template_facts(ctx, "n.spec", "n.meta")
     facts = {k: v for k, v in every.items() if re.search(rf"\bt\.{k}\b", read)}
@@ -160,12 +159,12 @@ def _template_variables(ctx: Ctx, family: Family, custom_kinds: Sequence[kinds.C
     roots = "(variables.update ? [object, oldObject] : [object])"
     found = (kinds.builtin_templates("R") if family is BUILTIN
              else kinds.custom_templates("R", custom_kinds, ctx.two_variable))
-    out.append(("nodes", f"{roots}.map(R, {found})"))
-    out.append(("pods", f"variables.nodes.map(N, N.filter(n, {kinds.is_node('n.node')})"
+    out.append(("candidate_nodes", f"{roots}.map(R, {found})"))
+    out.append(("pod_specs", f"variables.candidate_nodes.map(N, N.filter(n, {kinds.is_node('n.node')})"
                         f".map(n, {kinds.node_record('n')}))"))
     # Names are classified once, from the object (an old violation matters only when the object has it too).
-    out.extend(pods.name_variables(ctx, "variables.pods[0]"))
-    out.append(("all_templates", f"variables.pods.map(P, P.map(n, {record_}))"))
+    out.extend(pods.name_variables(ctx, "variables.pod_specs[0]"))
+    out.append(("all_templates", f"variables.pod_specs.map(P, P.map(n, {record_}))"))
     out.append(("templates", "variables.all_templates[0]"))
     out.append(("old_templates", "variables.update ? variables.all_templates[1] : []"))
     return out
@@ -183,7 +182,7 @@ def _validating_policy(name: str, policies: PolicySet, family: Family, action: s
     # Each rule's violations in the old object, as keys between separators: read only on UPDATE, when the object
     # has such a violation (it is excused when the old object had it too).
     for r in rules:
-        variables.append((f"{r.name}_old", f"{lit(SEPARATOR)} + {r.keys} + {lit(SEPARATOR)}"))
+        variables.append((f"{r.name}_old_keys", f"{lit(SEPARATOR)} + {r.keys} + {lit(SEPARATOR)}"))
     for r in rules:
         variables.append((r.name, r.test))
     for r in rules:

@@ -230,8 +230,8 @@ CLASSES: dict[str, Callable[[Ctx], str]] = {
 }
 
 
-def name_variables(ctx: Ctx, pods: str = "variables.pods") -> list[tuple[str, str]]:
-    """``names``: every resource name with a domain (every GPU name has one) in the containers and pod-level
+def name_variables(ctx: Ctx, pods: str = "variables.pod_specs[0]") -> list[tuple[str, str]]:
+    """``resource_names``: every resource name with a domain (every GPU name has one) in the containers and pod-level
     resources of the object's templates, and one list per class of :data:`CLASSES`. The names are collected by
     joining and splitting again on the separator (a name that holds one only adds names no container has), each
     once where the target has ``distinct()``, and before that once when every container names the same (the
@@ -248,7 +248,7 @@ def name_variables(ctx: Ctx, pods: str = "variables.pods") -> list[tuple[str, st
     once = f"{found}.distinct()" if ctx.lists else f"[{found}].map(N, N.all(k, k == N[0]) ? N.slice(0, 1) : N)[0]"
     if not ctx.lists:
         once = f"[{found}].map(N, size(N) > 0 && N.all(k, k == N[0]) ? [N[0]] : N)[0]"
-    return [("names", once)] + [(name, f"variables.names.filter(k, {test(ctx)})") for name, test in CLASSES.items()]
+    return [("resource_names", once)] + [(name, f"variables.resource_names.filter(k, {test(ctx)})") for name, test in CLASSES.items()]
 
 
 def _some_container(r: Reads, spec: str, test: str, lists: tuple[str, ...] = CONTAINER_LISTS) -> str:
