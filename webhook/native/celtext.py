@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
+from functools import lru_cache
 from typing import NamedTuple
 
 from webhook.core.policy import Policy, PolicySet
@@ -240,8 +241,8 @@ class _Layout:
     """One expression laid out: ``line`` is the expression on one line, which every item's ``start`` and ``end``
     point into."""
 
-    def __init__(self, line: str) -> None:
-        self.line = line
+    def __init__(self, line: str, width: int) -> None:
+        self.line, self.width = line, width
 
     def text(self, items: Sequence[_Item]) -> str:
         return self.line[items[0].start:items[-1].end] if items else ""
@@ -249,7 +250,7 @@ class _Layout:
     def block(self, items: list[_Item], indent: int, inside: str = "") -> list[str]:
         """``items`` as lines at ``indent``: on one line when they fit, else cut at the loosest operator of their
         level (:meth:`operands`); what has no operator to cut at is cut inside its brackets (:meth:`chain`)."""
-        if indent + items[-1].end - items[0].start <= WIDTH:
+        if indent + items[-1].end - items[0].start <= self.width:
             return [" " * indent + self.text(items)]
         parts, ops = _split(items, inside)
         if not ops:
@@ -281,14 +282,14 @@ class _Layout:
         for n, item in enumerate(items):
             space = " " if item.spaced and len(line) > indent else ""
             if isinstance(item, _Token):
-                if item.text in (".", ".?") and len(line) > indent and len(line) + _head(items, n) > WIDTH:
+                if item.text in (".", ".?") and len(line) > indent and len(line) + _head(items, n) > self.width:
                     out.append(line)
                     line, space = " " * indent, ""
                 line += space + item.text
                 continue
             following = next((m for m in range(n + 1, len(items)) if isinstance(items[m], _Group)), len(items))
             tail = items[following - 1].end - item.end
-            if len(line) + len(space) + item.end - item.start + tail <= WIDTH or not item.items:
+            if len(line) + len(space) + item.end - item.start + tail <= self.width or not item.items:
                 line += space + self.line[item.start:item.end]
                 continue
             opening = item.open.text
@@ -361,9 +362,16 @@ def layout(expression: str) -> str:
     expressions stay on one line."""
     if len(expression) <= WIDTH and "\n" not in expression:
         return expression
+    return _layout(expression, WIDTH)
+
+
+# Generating for several targets or policies in one process (the chart's helpers, the tests) meets the same
+# expressions again: each is laid out once.
+@lru_cache(maxsize=4096)
+def _layout(expression: str, width: int) -> str:
     found = tokens(expression)
     text = one_line(expression, found)
-    return "\n".join(line.rstrip() for line in _Layout(text).block(_tree(found), 0))
+    return "\n".join(line.rstrip() for line in _Layout(text, width).block(_tree(found), 0))
 
 
 def one_line(expression: str, found: Sequence[_Token] | None = None) -> str:
