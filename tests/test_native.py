@@ -16,7 +16,8 @@ from webhook.core import catalog
 from webhook.core import resources as registry
 from webhook.core.policy import CLUSTER_RULES, PolicyError, parse_policy
 from webhook.native import claims, kinds, pods, snippets
-from webhook.native.generate import LABELS, RULES_ANNOTATION, TARGET_ANNOTATION, generate, to_yaml
+from webhook.native.celtext import one_line
+from webhook.native.generate import CEL_FIELDS, LABELS, RULES_ANNOTATION, TARGET_ANNOTATION, generate, to_yaml
 from webhook.native.rules import BUILDERS, native_rules
 from webhook.native.target import for_version
 from webhook.rules import isolation
@@ -34,7 +35,17 @@ namespaces:
 
 
 def objects(text: str = POLICY, version: str = "1.37", *api_versions: str) -> list[dict]:
-    return generate(parse_policy(text), for_version(version, api_versions)).objects
+    """The generated objects, each expression on one line as the builders wrote it (``celtext.one_line``): the tests
+    here read what the CEL says; how it is laid out is ``tests/test_native_layout.py``'s."""
+    return one_lined(generate(parse_policy(text), for_version(version, api_versions)).objects)
+
+
+def one_lined(value):  # type: ignore[no-untyped-def]
+    if isinstance(value, list):
+        return [one_lined(v) for v in value]
+    if isinstance(value, dict):
+        return {k: one_line(v) if k in CEL_FIELDS and isinstance(v, str) else one_lined(v) for k, v in value.items()}
+    return value
 
 
 def by_name(objs: list[dict]) -> dict[str, dict]:
@@ -198,8 +209,8 @@ def test_each_family_matches_its_kinds_and_a_policy_adds_a_kind_by_its_template_
     custom = by_name(objects(policy))["ValidatingAdmissionPolicy/gpu-webhook-custom-deny"]
     assert {"apiGroups": ["example.com"], "apiVersions": ["v2"], "operations": ["CREATE", "UPDATE"],
             "resources": ["trainjobs"], "scope": "Namespaced"} in custom["spec"]["matchConstraints"]["resourceRules"]
-    nodes = next(v["expression"] for v in custom["spec"]["variables"] if v["name"] == "nodes")
-    assert "variables.kind == 'example.com/trainjobs' ? " in nodes and "'roles' in R.spec" in nodes
+    nodes = next(v["expression"] for v in custom["spec"]["variables"] if v["name"] == "candidate_nodes")
+    assert "variables.group_resource == 'example.com/trainjobs' ? " in nodes and "'roles' in R.spec" in nodes
 
 
 def test_a_kind_whose_templates_need_flatten_stays_with_the_webhook_before_1_35():
@@ -207,7 +218,7 @@ def test_a_kind_whose_templates_need_flatten_stays_with_the_webhook_before_1_35(
               "templates: ['spec.rows[*].cells[*].template']}\n")
     old = generate(parse_policy(policy), for_version("1.34"))
     nodes = next(v["expression"] for o in old.objects if o["metadata"]["name"] == "gpu-webhook-custom-deny"
-                 and o["kind"] == "ValidatingAdmissionPolicy" for v in o["spec"]["variables"] if v["name"] == "nodes")
+                 and o["kind"] == "ValidatingAdmissionPolicy" for v in o["spec"]["variables"] if v["name"] == "candidate_nodes")
     assert "example.com/grids" not in nodes
     assert any(what == "pod templates of grids.example.com" for what, _ in old.webhook_only)
     new = generate(parse_policy(policy), for_version("1.35"))
@@ -320,11 +331,11 @@ def test_an_update_is_held_only_to_the_violations_the_old_object_did_not_have():
     deny = by_name(objects())["ValidatingAdmissionPolicy/gpu-webhook-deny"]["spec"]
     variables = {v["name"]: v["expression"] for v in deny["variables"]}
     assert variables["update"] == "request.operation == 'UPDATE'"
-    assert variables["nodes"].startswith("(variables.update ? [object, oldObject] : [object]).map(R, ")
+    assert variables["candidate_nodes"].startswith("(variables.update ? [object, oldObject] : [object]).map(R, ")
     assert variables["old_templates"] == "variables.update ? variables.all_templates[1] : []"
     # Each rule's old keys are read from the old templates, and only by the message's words of that rule.
-    assert variables["invalid_quantity_old"].startswith('"\\u001f" + [variables.old_templates.')
-    assert "variables.invalid_quantity_old.contains(" in variables["invalid_quantity_found"]
+    assert variables["invalid_quantity_old_keys"].startswith('"\\u001f" + [variables.old_templates.')
+    assert "variables.invalid_quantity_old_keys.contains(" in variables["invalid_quantity_found"]
     assert "_old" not in variables["invalid_quantity"]
 
 

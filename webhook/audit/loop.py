@@ -9,7 +9,7 @@ its own (and measured), and a crash in it takes no worker with it.
 Across replicas a Lease (``webhook.kube.lease``) lets one run at a time and records when the last run finished:
 a run is due ``interval`` after that, plus a random jitter of up to a tenth of the interval (at most a
 minute) so replicas do not wake together. Each run reloads the policy file, audits the whole cluster (minus
-the excluded namespaces), writes the reports (``audit.ReportWriter``) and sets the audit metrics.
+the excluded namespaces), writes the reports (``scan.ReportWriter``) and sets the audit metrics.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ stable path, value, message: ``webhook.core.field.Violation``). The generator re
 - :func:`keys`: what the old object's violations are about, for an UPDATE.
 
 On UPDATE a violation the old object had too (same rule, same stable path, same value, as
-``webhook.rules.admission.decide`` compares them) is not held against it: each rule's ``<rule>_old`` variable
+``webhook.rules.admission.decide`` compares them) is not held against it: each rule's ``<rule>_old_keys`` variable
 holds the old object's keys, read only when the object has such a violation on an UPDATE.
 
 The forms are written for the CEL every apiserver from 1.30 accepts: ``exists``, ``filter``, ``map``,
@@ -90,7 +90,7 @@ def variable(rule: str) -> str:
 
 def old_keys(rule: str) -> str:
     """The variable that holds the keys of the rule's violations in the old object of an UPDATE."""
-    return f"variables.{variable(rule)}_old"
+    return f"variables.{variable(rule)}_old_keys"
 
 
 _LITERALS = re.compile(r"'(?:[^'\\]|\\.)*'" + r'|"(?:[^"\\]|\\.)*"')

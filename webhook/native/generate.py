@@ -18,8 +18,7 @@ reaches the user). It is bound with ``[Deny]``, and with ``[Warn]`` in the names
 is ``warn``. A warn policy has one validation per rule, bound with ``[Warn]``.
 
 Each rule is one variable, named after it, that says whether the object has such a violation; the
-expensive part, the words, is in ``<rule>_found`` and ``<rule>_count``, read only by the message of a
-validation that failed (the apiserver evaluates every ``messageExpression``, passed or not, so each one
+expensive part, the words, is in ``<rule>_found``, read only by the message of a validation that failed (the apiserver evaluates every ``messageExpression``, passed or not, so each one
 starts with the cheap test). On UPDATE a violation the old object had too is not held against it.
 """
 
@@ -34,7 +33,7 @@ import yaml
 
 from webhook.core.policy import PolicySet
 from webhook.native import claims, kinds, mutations, pods
-from webhook.native.celtext import lit
+from webhook.native.celtext import layout, lit
 from webhook.native.findings import SEPARATOR, Dialect, Finding, exists, found, joined, keys, variable
 from webhook.native.rules import BUILDERS, native_rules, setting, webhook_rules
 from webhook.native.snippets import Ctx, Shape
@@ -145,7 +144,7 @@ def _template_variables(ctx: Ctx, family: Family, custom_kinds: Sequence[kinds.C
                 ("old_requests", claims.requests("oldObject", ctx.two_variable))]
     out: list[tuple[str, str]] = []
     if family is CUSTOM:
-        out.append(("kind", kinds.KIND))
+        out.append(("group_resource", kinds.KIND))
     read = " ".join(texts)
     every = pods.template_facts(ctx, "n.spec", "n.meta")
     facts = {k: v for k, v in every.items() if re.search(rf"\bt\.{k}\b", read)}
@@ -160,12 +159,12 @@ def _template_variables(ctx: Ctx, family: Family, custom_kinds: Sequence[kinds.C
     roots = "(variables.update ? [object, oldObject] : [object])"
     found = (kinds.builtin_templates("R") if family is BUILTIN
              else kinds.custom_templates("R", custom_kinds, ctx.two_variable))
-    out.append(("nodes", f"{roots}.map(R, {found})"))
-    out.append(("pods", f"variables.nodes.map(N, N.filter(n, {kinds.is_node('n.node')})"
+    out.append(("candidate_nodes", f"{roots}.map(R, {found})"))
+    out.append(("pod_specs", f"variables.candidate_nodes.map(N, N.filter(n, {kinds.is_node('n.node')})"
                         f".map(n, {kinds.node_record('n')}))"))
     # Names are classified once, from the object (an old violation matters only when the object has it too).
-    out.extend(pods.name_variables(ctx, "variables.pods[0]"))
-    out.append(("all_templates", f"variables.pods.map(P, P.map(n, {record_}))"))
+    out.extend(pods.name_variables(ctx, "variables.pod_specs[0]"))
+    out.append(("all_templates", f"variables.pod_specs.map(P, P.map(n, {record_}))"))
     out.append(("templates", "variables.all_templates[0]"))
     out.append(("old_templates", "variables.update ? variables.all_templates[1] : []"))
     return out
@@ -183,7 +182,7 @@ def _validating_policy(name: str, policies: PolicySet, family: Family, action: s
     # Each rule's violations in the old object, as keys between separators: read only on UPDATE, when the object
     # has such a violation (it is excused when the old object had it too).
     for r in rules:
-        variables.append((f"{r.name}_old", f"{lit(SEPARATOR)} + {r.keys} + {lit(SEPARATOR)}"))
+        variables.append((f"{r.name}_old_keys", f"{lit(SEPARATOR)} + {r.keys} + {lit(SEPARATOR)}"))
     for r in rules:
         variables.append((r.name, r.test))
     for r in rules:
@@ -354,7 +353,20 @@ def generate(policies: PolicySet, target: Target = DEFAULT) -> Generated:
             objects.extend(_bindings(name, rules, policies, action == "deny", target))
             native.extend(r for r in rules if r not in native)
     objects.extend(_mutating_policy(policies, exclude, target))
-    return Generated(objects, target, _left_to_webhook(policies, target, all_kinds, custom_kinds), native)
+    return Generated(_laid_out(objects), target, _left_to_webhook(policies, target, all_kinds, custom_kinds), native)
+
+
+# The fields of the objects that hold CEL.
+CEL_FIELDS = ("expression", "messageExpression")
+
+
+def _laid_out(value: Any) -> Any:
+    """Every CEL field of ``value`` (objects, lists, maps) laid out on short lines (``celtext.layout``)."""
+    if isinstance(value, list):
+        return [_laid_out(v) for v in value]
+    if isinstance(value, dict):
+        return {k: layout(v) if k in CEL_FIELDS and isinstance(v, str) else _laid_out(v) for k, v in value.items()}
+    return value
 
 
 def left_to_webhook(policies: PolicySet, target: Target) -> list[tuple[str, str]]:
@@ -422,6 +434,7 @@ class _Dumper(yaml.SafeDumper):
 
 
 def _string(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    # A multi-line value (an expression laid out on lines) as a literal block, ``|-``: read as it was written.
     style = "|" if "\n" in value else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
@@ -431,8 +444,10 @@ _Dumper.add_representer(str, _string)
 
 def to_yaml(objects: Sequence[Mapping[str, Any]]) -> str:
     """A multi-document YAML stream (one document per object)."""
-    # No folding: an expression stays on the lines it was written on.
-    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, width=2**31, default_flow_style=False)
+    # No folding: an expression stays on the lines it was written on. Unicode as it is (the ellipsis of the
+    # messages): escaped, a multi-line expression could not be a block.
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, width=2**31, default_flow_style=False,
+                         allow_unicode=True)
 
 
 __all__ = ["Generated", "generate", "lit", "to_yaml"]

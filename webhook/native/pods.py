@@ -206,7 +206,7 @@ class Reads:
         return f"[{valid}].map(P, P[0].filter(x, !P[1].exists(y, y.name == x.name)) + P[1])[0]"
 
     def holds(self, container: str = "c") -> str:
-        """The container holds a GPU of some kind (``isolation.container_gpus``): a holding name not a valid 0, or a
+        """The container holds a GPU of some kind (``context.container_gpus``): a holding name not a valid 0, or a
         claim."""
         sections = [f"{self.section(s, container)}.exists(k, k in variables.holding && "
                     f"!{self.zero(self.section(s, container) + '[k]')})" for s in ("limits", "requests")]
@@ -221,7 +221,7 @@ TEMPLATES = Each("t", "variables.templates")
 # The classes of a resource name, each a list of the object's names: a name is classified once per object.
 CLASSES: dict[str, Callable[[Ctx], str]] = {
     "gpus": lambda ctx: is_gpu(ctx, "k"),  # Policy.is_gpu: a GPU count of the policy
-    "holding": lambda ctx: holds_name(ctx, "k"),  # it holds a GPU of some kind (isolation.container_gpus)
+    "holding": lambda ctx: holds_name(ctx, "k"),  # it holds a GPU of some kind (context.container_gpus)
     "zero_counting": lambda ctx: zero_counting(ctx, "k"),  # zero-gpu-limit reads it
     "vendor": lambda ctx: matches("k", READ_BY_SHARING),  # the vendor-name checks read it (sharing.requested)
     "shared": lambda ctx: f"k in variables.vendor && {matches('k', SHARED)}",
@@ -231,8 +231,8 @@ CLASSES: dict[str, Callable[[Ctx], str]] = {
 }
 
 
-def name_variables(ctx: Ctx, pods: str = "variables.pods") -> list[tuple[str, str]]:
-    """``names``: every resource name with a domain (every GPU name has one) in the containers and pod-level
+def name_variables(ctx: Ctx, pods: str = "variables.pod_specs[0]") -> list[tuple[str, str]]:
+    """``resource_names``: every resource name with a domain (every GPU name has one) in the containers and pod-level
     resources of the object's templates, and one list per class of :data:`CLASSES`. The names are collected by
     joining and splitting again on the separator (a name that holds one only adds names no container has), each
     once where the target has ``distinct()``, and before that once when every container names the same (the
@@ -249,7 +249,7 @@ def name_variables(ctx: Ctx, pods: str = "variables.pods") -> list[tuple[str, st
     once = f"{found}.distinct()" if ctx.lists else f"[{found}].map(N, N.all(k, k == N[0]) ? N.slice(0, 1) : N)[0]"
     if not ctx.lists:
         once = f"[{found}].map(N, size(N) > 0 && N.all(k, k == N[0]) ? [N[0]] : N)[0]"
-    return [("names", once)] + [(name, f"variables.names.filter(k, {test(ctx)})") for name, test in CLASSES.items()]
+    return [("resource_names", once)] + [(name, f"variables.resource_names.filter(k, {test(ctx)})") for name, test in CLASSES.items()]
 
 
 def _some_container(r: Reads, spec: str, test: str, lists: tuple[str, ...] = CONTAINER_LISTS) -> str:

@@ -136,7 +136,7 @@ def is_gpu(ctx: Ctx, key: str) -> str:
 
 
 def holds_name(ctx: Ctx, key: str) -> str:
-    """A name ``isolation.container_gpus`` counts as holding a GPU of some kind (not HAMi's priority)."""
+    """A name ``context.container_gpus`` counts as holding a GPU of some kind (not HAMi's priority)."""
     return (f"({matches(key, REGISTERED)} ? !{matches(key, PRIORITY)} : "
             f"({names_gpu(ctx, key)} || {implicit_gpu(ctx, key)}))")
 
@@ -254,7 +254,7 @@ def count(v: str) -> str:
 
 
 def is_zero(v: str, typed: bool = False) -> str:
-    """``v`` is a valid count of 0 (``isolation._nonzero`` is its negation). ``typed``: a quantity the apiserver
+    """``v`` is a valid count of 0 (``context.Named.nonzero`` is its negation). ``typed``: a quantity the apiserver
     decoded, whose canonical zero is ``0``."""
     if typed:
         return f"({v} == '0')"
