@@ -218,7 +218,8 @@ def test_a_kind_whose_templates_need_flatten_stays_with_the_webhook_before_1_35(
               "templates: ['spec.rows[*].cells[*].template']}\n")
     old = generate(parse_policy(policy), for_version("1.34"))
     nodes = next(v["expression"] for o in old.objects if o["metadata"]["name"] == "gpu-webhook-custom-deny"
-                 and o["kind"] == "ValidatingAdmissionPolicy" for v in o["spec"]["variables"] if v["name"] == "candidate_nodes")
+                 and o["kind"] == "ValidatingAdmissionPolicy" for v in o["spec"]["variables"]
+                 if v["name"] == "candidate_nodes")
     assert "example.com/grids" not in nodes
     assert any(what == "pod templates of grids.example.com" for what, _ in old.webhook_only)
     new = generate(parse_policy(policy), for_version("1.35"))

@@ -19,7 +19,8 @@ from webhook.native.generate import generate, to_yaml
 from webhook.native.target import DEFAULT, OLDEST, Target, for_version
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-TARGETS = {"admission-policies-default.yaml": DEFAULT, f"admission-policies-1.{OLDEST}.yaml": for_version(f"1.{OLDEST}")}
+TARGETS = {"admission-policies-default.yaml": DEFAULT,
+           f"admission-policies-1.{OLDEST}.yaml": for_version(f"1.{OLDEST}")}
 
 
 def golden_text(target: Target) -> str:

@@ -261,7 +261,7 @@ class _Layout:
         """Operands one below the other, each after its operator (``&& x``, ``? a``, ``: b``), or followed by its
         comma."""
         out = self.block(parts[0], indent)
-        for op, part in zip(ops, parts[1:]):
+        for op, part in zip(ops, parts[1:], strict=True):
             if op == ",":
                 out[-1] += ","
                 out += self.block(part, indent)
@@ -337,7 +337,7 @@ def _split(items: list[_Item], inside: str) -> tuple[list[list[_Item]], list[str
         return [items], []
     loosest = min(c for c, _ in cuts)
     at = [n for c, n in cuts if c == loosest]
-    parts = [items[a + 1:b] for a, b in zip([-1, *at], [*at, len(items)])]
+    parts = [items[a + 1:b] for a, b in zip([-1, *at], [*at, len(items)], strict=True)]
     ops = [items[n].text for n in at]  # type: ignore[union-attr]
     if any(not p for p in parts):  # an operator with nothing after it: not one to cut at
         return [items], []

@@ -18,8 +18,9 @@ reaches the user). It is bound with ``[Deny]``, and with ``[Warn]`` in the names
 is ``warn``. A warn policy has one validation per rule, bound with ``[Warn]``.
 
 Each rule is one variable, named after it, that says whether the object has such a violation; the
-expensive part, the words, is in ``<rule>_found``, read only by the message of a validation that failed (the apiserver evaluates every ``messageExpression``, passed or not, so each one
-starts with the cheap test). On UPDATE a violation the old object had too is not held against it.
+expensive part, the words, is in ``<rule>_found``, read only by the messages. The apiserver evaluates every
+``messageExpression`` whether its validation failed or not, so each message starts with the cheap test. On UPDATE a
+violation the old object had too is not held against it.
 """
 
 from __future__ import annotations

@@ -226,8 +226,8 @@ def nodes(root: str, path: str, two_variable: bool) -> str:
 
 
 def custom_templates(root: str, kinds: Sequence[CustomKind], two_variable: bool) -> str:
-    """The custom kinds' template records of ``root`` (``object`` or ``oldObject``), chosen by ``variables.group_resource``
-    (``group/resource``)."""
+    """The custom kinds' template records of ``root`` (``object`` or ``oldObject``), chosen by
+    ``variables.group_resource`` (``group/resource``)."""
     expression = "[]"
     for k in reversed(kinds):
         parts = " + ".join(nodes(root, path, two_variable) for path in k.templates)

@@ -249,7 +249,8 @@ def name_variables(ctx: Ctx, pods: str = "variables.pod_specs[0]") -> list[tuple
     once = f"{found}.distinct()" if ctx.lists else f"[{found}].map(N, N.all(k, k == N[0]) ? N.slice(0, 1) : N)[0]"
     if not ctx.lists:
         once = f"[{found}].map(N, size(N) > 0 && N.all(k, k == N[0]) ? [N[0]] : N)[0]"
-    return [("resource_names", once)] + [(name, f"variables.resource_names.filter(k, {test(ctx)})") for name, test in CLASSES.items()]
+    return [("resource_names", once)] + [(name, f"variables.resource_names.filter(k, {test(ctx)})")
+                                         for name, test in CLASSES.items()]
 
 
 def _some_container(r: Reads, spec: str, test: str, lists: tuple[str, ...] = CONTAINER_LISTS) -> str:
