@@ -219,13 +219,19 @@ def test_hybrid_the_hook_job_applies_the_native_policies(node_bed):
     mutate = node_bed.kubectl_json("get", "mutatingwebhookconfiguration", RELEASE)["webhooks"][0]
     assert any(c["expression"] == "false" for c in mutate["matchConditions"]), mutate["matchConditions"]
 
+    _native_takes_over(node_bed, returned, FIGURES)
+
+
+def _native_takes_over(node_bed: NodeBed, returned: float, figures: dict) -> None:
+    """Wait until the generated ValidatingAdmissionPolicy refuses a 5-GPU container; record how long that took
+    after ``helm upgrade`` returned (``returned``, monotonic) and the first 10 s of steady load from then."""
     def native_refuses() -> bool:
         refused = _dry_run(node_bed, pod(container("cuda", limits={"nvidia.com/gpu": "5"}), name="five"))
         return refused.returncode != 0 and VAP in refused.stderr
 
     until("the apiserver enforcing the generated ValidatingAdmissionPolicy", native_refuses, 30, interval=0.5)
-    FIGURES["hybrid: native refusal seen after helm upgrade returned (s)"] = round(time.monotonic() - returned, 1)
-    FIGURES["hybrid, steady: the first 10 s once the policy refuses"] = _steady(node_bed)
+    figures["hybrid: native refusal seen after helm upgrade returned (s)"] = round(time.monotonic() - returned, 1)
+    figures["hybrid, steady: the first 10 s once the policy refuses"] = _steady(node_bed)
 
 
 def test_hybrid_a_killed_replica_costs_no_admission(node_bed):

@@ -24,13 +24,13 @@ import pytest
 
 from tests.e2e.cluster import MAP_DEFAULT, MAP_OFF
 from tests.e2e.load import LoadReport
-from tests.e2e.node import NodeBed, until
+from tests.e2e.node import NodeBed
 from tests.e2e.test_node_hybrid import (
     MUTATE_CALL,
     VALIDATE_CALL,
-    VAP,
     _causes,
     _kill_a_replica_under_load,
+    _native_takes_over,
     _steady,
 )
 from tests.e2e.test_node_release import (  # noqa: F401 (release is a fixture, used by name)
@@ -41,7 +41,6 @@ from tests.e2e.test_node_release import (  # noqa: F401 (release is a fixture, u
     _upgrade,
     release,
 )
-from tests.manifests import container, pod
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(420),
               pytest.mark.usefixtures("map_off", "release")]
@@ -115,13 +114,7 @@ def test_hybrid_by_default_validates_natively_and_leaves_the_mutation_to_a_fail_
     assert "Mutation: the webhook (failurePolicy Fail): this cluster serves no MutatingAdmissionPolicy" in notes, notes
     assert "with Ignore they are admitted" not in notes
 
-    def native_refuses() -> bool:
-        refused = _dry_run(node_bed, pod(container("cuda", limits={"nvidia.com/gpu": "5"}), name="five"))
-        return refused.returncode != 0 and VAP in refused.stderr
-
-    until("the apiserver enforcing the generated ValidatingAdmissionPolicy", native_refuses, 30, interval=0.5)
-    FIGURES["hybrid: native refusal seen after helm upgrade returned (s)"] = round(time.monotonic() - returned, 1)
-    FIGURES["hybrid, steady: the first 10 s once the policy refuses"] = _steady(node_bed)
+    _native_takes_over(node_bed, returned, FIGURES)
     _print()
 
 
