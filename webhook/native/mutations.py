@@ -41,8 +41,8 @@ def _names(container: str, ctx: Ctx) -> str:
 
 
 def variables(ctx: Ctx) -> list[tuple[str, str]]:
-    """The variables the mutations read: ``used`` (``mutate.default_requests``' GPU names, each once, sorted),
-    ``fractional`` and ``trusted``."""
+    """The variables the mutations read: ``used`` (``mutate.default_requests``' GPU names, each once, sorted;
+    the tolerations name them), ``gpu`` (some container asks for one), ``fractional`` and ``trusted``."""
     # Each name at the first container (in list order) that asks for it; Pod container names are unique.
     containers = "object.spec.?containers.orValue([])"
     inits = "object.spec.?initContainers.orValue([])"
@@ -54,7 +54,8 @@ def variables(ctx: Ctx) -> list[tuple[str, str]]:
     flat = f"{first}.map(L, L.map(n, n.join(',')).filter(s, s != '').join(',')).filter(s, s != '').join(',')"
     names = f"[{flat}].map(s, s == '' ? [] : s.split(','))[0]"
     if ctx.lists:
-        names = f"{first}.flatten().flatten().sort()"
+        every = f"[{containers}.map(c, {_names('c', ctx)}), {inits}.map(c, {_names('c', ctx)})]"
+        names = f"{every}.flatten().flatten().distinct().sort()"
     else:
         names = f"[{names}].map(L, L.map(x, L.filter(y, size(L.filter(z, z < y)) == L.indexOf(x))[0]))[0]"
     annotations = "object.metadata.?annotations.orValue({})"
@@ -63,7 +64,11 @@ def variables(ctx: Ctx) -> list[tuple[str, str]]:
                                f"{matches('k', SCHEDULER)} && !{is_zero(f'c.resources.{s}[k]')})"
                                for s in ("limits", "requests")) + "))")
     fractional = f"({scheduler} || {lits(FRACTION_ANNOTATIONS)}.exists(a, a in {annotations}))"
-    return [("used", names), ("fractional", fractional), ("trusted", _trusted(ctx))]
+    # Whether any container asks for a GPU: stops at the first; the names themselves only for the tolerations.
+    gpu = (f"[{containers}, {inits}].exists(L, L.exists(c, " + " || ".join(
+        f"c.?resources.?{s}.orValue({{}}).exists(k, k.contains('/') && {is_gpu(ctx, 'k')} && "
+        f"!{is_zero(f'c.resources.{s}[k]')})" for s in ("limits", "requests")) + "))")
+    return [("used", names), ("gpu", gpu), ("fractional", fractional), ("trusted", _trusted(ctx))]
 
 
 def _trusted(ctx: Ctx) -> str:
@@ -94,7 +99,7 @@ def accelerator(ctx: Ctx) -> str | None:
     free = f"!({lit(label)} in object.spec.?nodeSelector.orValue({{}})) && !{by_affinity}"
     whole = f"JSONPatch{{op: 'add', path: '/spec/nodeSelector', value: {{{lit(label)}: v}}}}"
     one = f"JSONPatch{{op: 'add', path: {lit('/spec/nodeSelector/' + _escape_pointer(label))}, value: v}}"
-    return (f"size(variables.used) > 0 ? [{asked}].filter(v, v != '' && (size({allowed}) == 0 || v in {allowed}) && "
+    return (f"variables.gpu ? [{asked}].filter(v, v != '' && (size({allowed}) == 0 || v in {allowed}) && "
             f"{free}).map(v, has(object.spec.nodeSelector) ? {one} : {whole}) : []")
 
 
@@ -131,7 +136,7 @@ def tolerations(ctx: Ctx) -> str | None:
                       "'o': {'key': string(n), 'operator': 'Exists', 'effect': 'NoSchedule'}})")
     present = "object.spec.?tolerations.orValue([])"
     added = f"{candidates}.filter(c, !{present}.exists(x, {_tolerated_by('c.t', 'x')})).map(c, c.o)"
-    return (f"{on} && size(variables.used) > 0 ? [{added}].map(a, size(a) == 0 ? [] : "
+    return (f"{on} && variables.gpu ? [{added}].map(a, size(a) == 0 ? [] : "
             f"has(object.spec.tolerations) ? a.map(o, JSONPatch{{op: 'add', path: '/spec/tolerations/-', value: o}}) : "
             f"[JSONPatch{{op: 'add', path: '/spec/tolerations', value: a}}])[0] : []")
 
@@ -165,7 +170,7 @@ def runtime_class(ctx: Ctx) -> str | None:
     if not any(p.runtime_class for p in _policies(ctx)) or ctx.policy.cluster_enabled:
         return None
     name = ctx.ns(lambda p: lit(p.runtime_class))
-    return (f"{name} != '' && !has(object.spec.runtimeClassName) && size(variables.used) > 0 && "
+    return (f"{name} != '' && !has(object.spec.runtimeClassName) && variables.gpu && "
             f"!variables.fractional ? [JSONPatch{{op: 'add', path: '/spec/runtimeClassName', value: {name}}}] : []")
 
 
@@ -182,11 +187,17 @@ def _policies(ctx: Ctx) -> list[Policy]:
 
 
 def matters(ctx: Ctx) -> str:
-    """``matchConditions`` of the MutatingAdmissionPolicy: a pod with an extended resource in a container or init
-    container (every GPU name has a domain), or any pod where ``hideGpus`` applies; the rest skip it."""
+    """``matchConditions`` of the MutatingAdmissionPolicy: any pod where ``hideGpus`` applies; else a pod with an
+    extended resource in a container or init container (every GPU name has a domain) to which a mutation can apply:
+    a default accelerator, tolerations or a runtimeClass in its namespace, or the accelerator annotation. The rest
+    skip it."""
     hidden = ctx.ns(lambda p: boolean(p.hide_gpus in ("void", "none")))
     extended = " || ".join(f"c.?resources.?{s}.orValue({{}}).exists(k, k.contains('/'))"
                            for s in ("limits", "requests"))
     gpu = (f"[object.spec.?containers.orValue([]), object.spec.?initContainers.orValue([])]"
            f".exists(L, L.exists(c, {extended}))")
-    return gpu if hidden == "false" else f"{hidden} || {gpu}"
+    runtime = not ctx.policy.cluster_enabled
+    adds = ctx.ns(lambda p: boolean(bool(p.default) or p.tolerations or (runtime and bool(p.runtime_class))))
+    asked = f"{lit(ctx.policy.annotation)} in object.metadata.?annotations.orValue({{}})"
+    wanted = {"true": "", "false": f"{asked} && "}.get(adds, f"({adds} || {asked}) && ")
+    return f"{wanted}{gpu}" if hidden == "false" else f"{hidden} || {wanted}{gpu}"

@@ -451,17 +451,19 @@ def _total(name: str) -> str:
     return f"([{running}] + {peaks}).max()"
 
 
-@native("per-pod-limit", reads=('gpu',))
+@native("per-pod-limit", reads=("pod-over-cap",))
 def per_pod_limit(ctx: Ctx) -> list[Finding]:
     if not any(p.per_pod for p in _policies(ctx)):
         return []
     cap = _cap(ctx, "per_pod")
-    # Each name once: at the first container (app containers, then init containers) that counts it.
+    # Each name once: at the first container (app containers, then init containers) that counts it; the pod's
+    # total is summed only there.
     first = ("!t.gpuCounts.exists(o, (o.list == c.list ? o.pos < c.pos : o.list == 'containers') && "
              "o.counts.exists(x, x.name == g.name))")
-    loops = (Each("t", "variables.templates", f"{cap} != 0 && t.uses"), Each("c", "t.gpuCounts"), Each("g", "c.counts"))
+    loops = (Each("t", "variables.templates", f"{cap} != 0 && t.uses"), Each("c", "t.gpuCounts"),
+             Each("g", "c.counts", first))
     message = f"'pod asks for ' + string(n) + ' ' + g.name + ', over the limit of ' + string({cap}) + ' per pod'"
-    return [Finding("per-pod-limit", loops, f"n > {cap} && {first}", "t.path", "t.stable", "string(n) + ' ' + g.name",
+    return [Finding("per-pod-limit", loops, f"n > {cap}", "t.path", "t.stable", "string(n) + ' ' + g.name",
                     message, (("n", _total("g.name")),))]
 
 
@@ -494,7 +496,7 @@ def _selector_path(ctx: Ctx, base: str = "t.path") -> str:
     return base + " + " + lit(".nodeSelector[" + ctx.policy.node_label + "]")
 
 
-@native("accelerator-not-allowed", reads=('accelerator',))
+@native("accelerator-not-allowed", reads=("annotation", "selector-not-allowed"))
 def accelerator_not_allowed(ctx: Ctx) -> list[Finding]:
     if not any(p.allowed for p in _policies(ctx)):
         return []
@@ -509,7 +511,7 @@ def accelerator_not_allowed(ctx: Ctx) -> list[Finding]:
                                         (_selector_path(ctx), _selector_path(ctx, "t.stable"), _selected(r)))]
 
 
-@native("accelerator-conflict", reads=('accelerator',))
+@native("accelerator-conflict", reads=("annotation",))
 def accelerator_conflict(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     annotation, label = ctx.policy.annotation, ctx.policy.node_label
@@ -1046,6 +1048,11 @@ def _triggers(ctx: Ctx) -> dict[str, Trigger]:
     gpu_named = " || ".join(f"(has(c.resources.{s}) && c.resources.{s}.exists(k, {is_gpu(ctx, 'k')}))"
                             for s in ("limits", "requests"))
     annotation, label = lit(ctx.policy.annotation), lit(ctx.policy.node_label)
+    allowed = ctx.ns(lambda p: lits(p.allowed))
+    per_pod = _cap(ctx, "per_pod")
+    limits = "c.resources.limits"
+    plain_sum = (f"has(c.resources) && has({limits}) ? ([0] + {limits}.filter(k, {is_gpu(ctx, 'k')} && "
+                 f"{matches(limits + '[k]', DIGITS)}).map(k, int({limits}[k]))).sum() : 0")
     pod_level = " || ".join(f"(has(t.spec.resources.{s}) && t.spec.resources.{s}.exists(k, k.contains('/')))"
                             for s in ("limits", "requests"))
     return {
@@ -1070,9 +1077,16 @@ def _triggers(ctx: Ctx) -> dict[str, Trigger]:
                                        "size(c.resources.claims) > 0"),
         "host-paths": Trigger("template", "has(t.spec.volumes) && t.spec.volumes.exists(v, has(v.hostPath))"),
         "declared-claims": Trigger("template", "has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0"),
-        "accelerator": Trigger("template",
-                               f"(has(t.metadata.annotations) && {annotation} in t.metadata.annotations) || "
-                                          f"(has(t.spec.nodeSelector) && {label} in t.spec.nodeSelector)"),
+        "annotation": Trigger("template", f"has(t.metadata.annotations) && {annotation} in t.metadata.annotations"),
+        # A selected accelerator outside the namespace's allowed list (the mutation's own default is allowed).
+        "selector-not-allowed": Trigger("template", f"has(t.spec.nodeSelector) && {label} in t.spec.nodeSelector "
+                                                    f"&& size({allowed}) > 0 "
+                                                    f"&& !(t.spec.nodeSelector[{label}] in {allowed})"),
+        # The pod's GPU counts, every plain count of every container summed (more than any name's total, so never
+        # less than the rule's), over the cap; other spellings are the count trigger's.
+        "pod-over-cap": Trigger("template", f"{per_pod} != 0 && ([0] + {lits(('containers', 'initContainers'))}"
+                                            f".map(l, l in t.spec ? ([0] + t.spec[l].map(c, {plain_sum})).sum() : 0))"
+                                            f".sum() > {per_pod}"),
         "pod-level": Trigger("template", f"has(t.spec.resources) && ({pod_level})"),
         "cdi": Trigger("template", f"has(t.metadata.annotations) && t.metadata.annotations.exists(k, {cdi})"),
         "runtime": Trigger("template", f"has(t.spec.runtimeClassName) && "
