@@ -2,23 +2,37 @@
 
     .venv/bin/python -m bench.admission_paths                     # 3 rounds of 200 creates per configuration
     .venv/bin/python -m bench.admission_paths --creates 5 --rounds 1 --corpus 20   # smoke
+    .venv/bin/python -m bench.admission_paths --before 90e4bde --policy default     # before/after, default policy
 
-One control plane (tests/e2e/cluster.py: kube-apiserver v1.36.3 and etcd on loopback, built by
-``tests/prepare control-plane``), one ``gpu-webhook serve`` on loopback (one worker), and four namespaces, one per
-configuration, all live at once so that rounds interleave without waiting for the apiserver to pick up changes:
+One control plane (tests/e2e/cluster.py: the main bed's kube-apiserver, v1.37.2 today, and etcd on loopback, built
+by ``tests/prepare control-plane``), one ``gpu-webhook serve`` on loopback (one worker), and four namespaces (six
+with ``--before``), one per configuration, all live at once so that rounds interleave without waiting for the
+apiserver to pick up changes:
 
 - ``bench-none``: nothing of ours applies (every webhook configuration excludes it, no binding selects it);
 - ``bench-webhook``: the chart's webhook configurations (mutate + validate, ``helm template`` with ``webhook.url``);
 - ``bench-native``: ``gpu-webhook admission-policies --policy P --apply``, each binding then narrowed by
   ``matchResources.namespaceSelector`` to the namespaces labelled ``gw-bench/native=true``;
 - ``bench-hybrid``: the same policies and the chart's configurations rendered with ``admissionPolicies.enabled=true``
-  (a second release name: its own configurations, with the hybrid ``matchConditions``).
+  (a second release name: its own configurations, with the hybrid ``matchConditions``);
+- with ``--before REF``, ``bench-native-before`` and ``bench-hybrid-before``: the same two from the tree at REF
+  (``git archive`` of its webhook/ and charts/): its ``admission-policies`` output, each object renamed
+  ``before-...`` and relabelled so that today's generator neither prunes nor patches it, bindings narrowed to
+  the namespaces labelled ``gw-bench/native-before=true``; its chart's hybrid configurations (release
+  ``gw-hybrid-before``). The webhook server is today's in every configuration.
 
-Each round sends, per configuration in turn (none, webhook, native, hybrid), ``--creates`` server-side dry-run
-creates of a 7-container GPU pod (one kept-alive connection, one request at a time) and reads the apiserver's own
+``--policy bench`` (the default) is the bench's policy below; ``--policy default`` is the embedded default policy,
+for the generator, the webhook server and the charts alike.
+
+Each round sends, per configuration in turn, ``--creates`` server-side dry-run creates of a 7-container GPU pod (one
+kept-alive connection, one request at a time) and reads the apiserver's own
 ``apiserver_admission_step_admission_duration_seconds`` (sum and count of CREATEs, per step type) before and after:
-the mean per step is the delta of the sum over the delta of the count. The client's wall time per request is
-taken too. Reported: medians over rounds and ratios to "none". Then a corpus of mixed objects (GPU and CPU pods,
+the mean per step is the delta of the sum over the delta of the count. Also per create: the client's wall time,
+the kube-apiserver's CPU time (utime+stime of /proc/<pid>/stat over the creates: request handling, decoding,
+defaulting and the dry-run included, so "none" is the floor and the difference to it is admission's share), the
+webhook server's (its process and children), and the apiserver's per-policy
+``apiserver_validating_admission_policy_check_duration_seconds``. Reported: medians over rounds, client
+percentiles over every create, ratios to "none". Then a corpus of mixed objects (GPU and CPU pods,
 workloads, PyTorchJobs, pods with DRA claims, some breaking the policy) goes once to the webhook and once to the
 hybrid namespace, and the webhook's decision log says how many admission requests each one cost it.
 
@@ -46,15 +60,23 @@ from typing import Any
 
 import yaml
 
+from bench.stats import percentile
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "admission-paths.json"
 CHART = ROOT / "charts" / "gpu-webhook"
 PYTORCHJOB_CRD = ROOT / "tests" / "e2e" / "pytorchjob-crd.yaml"
 CONFIGS = ("none", "webhook", "native", "hybrid")
-NAMESPACES = {c: f"bench-{c}" for c in CONFIGS}
+BEFORE_CONFIGS = ("none", "webhook", "native-before", "native", "hybrid-before", "hybrid")
+NAMESPACES = {c: f"bench-{c}" for c in BEFORE_CONFIGS}
 NATIVE_LABEL = "gw-bench/native"
+BEFORE_LABEL = "gw-bench/native-before"
+BEFORE_PREFIX = "before-"
+BEFORE_COMPONENT = "admission-policies-before"  # not today's label: its --apply would prune them
 POLICY_SELECTOR = "app.kubernetes.io/name=gpu-webhook,app.kubernetes.io/component=admission-policies"
 STEP = "apiserver_admission_step_admission_duration_seconds"
+POLICY_CHECK = "apiserver_validating_admission_policy_check_duration_seconds"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # The checks the generator leaves to the webhook are off: with either on (the default is warn), hybrid mode
 # keeps sending every GPU object to /validate (charts/gpu-webhook/README.md), and the bench would measure the
 # webhook twice.
@@ -63,6 +85,7 @@ POLICY = {
     "limits": {"perContainer": 4, "perPod": 8},
     "checks": {"processCountMismatch": "off", "replicaAcceleratorMismatch": "off"},
 }
+POLICIES: dict[str, dict[str, Any] | None] = {"bench": POLICY, "default": None}  # None: the embedded default
 GPU = "nvidia.com/gpu"
 
 
@@ -187,40 +210,88 @@ class Api:
             answer = {"message": payload[:300].decode(errors="replace")}
         return status, answer, seconds
 
-    def step_totals(self) -> dict[str, tuple[float, float]]:
-        """{step type: (sum seconds, count)} of admitted CREATEs, from the apiserver's /metrics."""
+    def scrape(self) -> dict[str, Any]:
+        """From one read of the apiserver's /metrics: {"steps": {step type: (sum seconds, count)}} of admitted
+        CREATEs, and {"policies": {"validating/<policy>": (sum seconds, count)}} of the admission policies' checks
+        (any operation: the bench sends only CREATEs)."""
         status, payload, _ = self.request("GET", "/metrics")
         if status != 200:
             raise RuntimeError(f"/metrics answered {status}")
-        totals: dict[str, list[float]] = {}
+        steps: dict[str, list[float]] = {}
+        policies: dict[str, list[float]] = {}
         for line in payload.decode().splitlines():
             for suffix, slot in (("_sum{", 0), ("_count{", 1)):
                 if line.startswith(STEP + suffix) and 'operation="CREATE"' in line and 'rejected="false"' in line:
                     step = line.split('type="', 1)[1].split('"', 1)[0]
-                    totals.setdefault(step, [0.0, 0.0])[slot] += float(line.rsplit(" ", 1)[1])
-        return {step: (pair[0], pair[1]) for step, pair in totals.items()}
+                    steps.setdefault(step, [0.0, 0.0])[slot] += float(line.rsplit(" ", 1)[1])
+                for kind in ("validating", "mutating"):
+                    name = f"apiserver_{kind}_admission_policy_check_duration_seconds"
+                    if line.startswith(name + suffix) and 'policy="' in line:
+                        policy = line.split('policy="', 1)[1].split('"', 1)[0]
+                        policies.setdefault(f"{kind}/{policy}", [0.0, 0.0])[slot] += float(line.rsplit(" ", 1)[1])
+        return {"steps": {k: (v[0], v[1]) for k, v in steps.items()},
+                "policies": {k: (v[0], v[1]) for k, v in policies.items()}}
+
+    def step_totals(self) -> dict[str, tuple[float, float]]:
+        """{step type: (sum seconds, count)} of admitted CREATEs, from the apiserver's /metrics."""
+        return self.scrape()["steps"]
 
     def close(self) -> None:
         if self.connection is not None:
             self.connection.close()
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process (all its threads), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # fields 14 and 15 of proc(5), after pid and comm
+
+
+def descendants(pid: int) -> list[int]:
+    """pid and every live process below it."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(parents.get(current, []))
+    return found
+
+
+def tree_cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            total += cpu_seconds(pid)
+        except OSError:
+            pass
+    return total
+
+
 def render_webhooks(helm: str, release: str, url: str, ca: Path, exclude: list[str], hybrid: bool,
-                    workdir: Path) -> list[dict[str, Any]]:
+                    workdir: Path, policy: dict[str, Any] | None = POLICY, chart: Path = CHART) -> list[dict[str, Any]]:
     """The chart's two webhook configurations in ``webhook.url`` mode, as ``helm template`` renders them."""
-    values = {
+    values: dict[str, Any] = {
         "webhook": {"url": url, "excludeNamespaces": exclude,
                     "customResources": [{"apiGroups": ["kubeflow.org"], "apiVersions": ["*"],
                                          "resources": ["pytorchjobs"]}]},
         "certs": {"mode": "secret", "secret": {"name": "unused-in-url-mode",
                                                "caBundle": base64.b64encode(ca.read_bytes()).decode()}},
-        "policy": POLICY,
         "admissionPolicies": {"enabled": hybrid},
     }
+    if policy is not None:
+        values["policy"] = policy
     values_file = workdir / f"values-{release}.yaml"
     values_file.write_text(yaml.safe_dump(values))
     result = subprocess.run(
-        [helm, "template", release, str(CHART), "--namespace", "gpu-system", "--values", str(values_file),
+        [helm, "template", release, str(chart), "--namespace", "gpu-system", "--values", str(values_file),
          "--show-only", "templates/webhooks.yaml", "--set", "image.repository=localhost/gpu-webhook",
          "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"],
         capture_output=True, text=True, timeout=120, check=False)
@@ -236,40 +307,115 @@ def kubectl(plane: Any, *args: str, stdin: str | None = None) -> str:
     return done.stdout
 
 
-def set_up(plane: Any, server: Any, workdir: Path) -> None:
-    for config, namespace in NAMESPACES.items():
-        labels = {NATIVE_LABEL: "true"} if config in ("native", "hybrid") else {}
+def export_tree(ref: str, into: Path) -> str:
+    """webhook/ and charts/ of ``ref`` under ``into`` (``git archive``: no worktree, nothing written to the
+    repository); the commit it names."""
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{ref}^{{commit}}"],
+                            capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit, "webhook", "charts"],
+                             capture_output=True, timeout=60, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, timeout=60, check=True)
+    return commit
+
+
+def tree_env(tree: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(tree)}
+
+
+def generate_before(tree: Path, policy_file: Path | None) -> tuple[list[dict[str, Any]], str]:
+    """The old tree's ``admission-policies`` output (offline: stdout), with what it said on stderr."""
+    where = subprocess.run([sys.executable, "-c", "import webhook; print(webhook.__file__)"], cwd=tree,
+                           env=tree_env(tree), capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    if not Path(where).resolve().is_relative_to(tree.resolve()):
+        raise RuntimeError(f"the old tree's generator would import {where}, not the tree under {tree}")
+    args = ["--policy", str(policy_file)] if policy_file else []
+    done = subprocess.run([sys.executable, "-m", "webhook", "admission-policies", *args], cwd=tree,
+                          env=tree_env(tree), capture_output=True, text=True, timeout=300, check=False)
+    if done.returncode:
+        raise RuntimeError(f"admission-policies of the old tree: {done.stderr}")
+    return [d for d in yaml.safe_load_all(done.stdout) if d], done.stderr
+
+
+def rename_before(documents: list[dict[str, Any]], prefix: str = BEFORE_PREFIX,
+                  label: str = BEFORE_LABEL) -> list[dict[str, Any]]:
+    """The old generator's objects under names of their own: ``prefix`` before every name and policyName, a
+    component label today's ``admission-policies --apply`` does not prune, bindings narrowed to the namespaces
+    labelled ``label=true``."""
+    renamed = []
+    for document in documents:
+        document = json.loads(json.dumps(document))  # a deep copy, YAML anchors undone
+        metadata = document["metadata"]
+        metadata["name"] = prefix + metadata["name"]
+        metadata.setdefault("labels", {})["app.kubernetes.io/component"] = BEFORE_COMPONENT
+        if document["kind"].endswith("Binding"):
+            document["spec"]["policyName"] = prefix + document["spec"]["policyName"]
+            document["spec"].setdefault("matchResources", {})["namespaceSelector"] = {"matchLabels": {label: "true"}}
+        renamed.append(document)
+    return renamed
+
+
+def set_up(plane: Any, server: Any, workdir: Path, configs: tuple[str, ...] = CONFIGS,
+           policy: dict[str, Any] | None = POLICY, before: Path | None = None) -> dict[str, Any]:
+    """Namespaces, today's policies and webhook configurations, and with ``before`` the old tree's; what the
+    generators said on stderr."""
+    for config in configs:
+        labels = ({NATIVE_LABEL: "true"} if config in ("native", "hybrid")
+                  else {BEFORE_LABEL: "true"} if config in ("native-before", "hybrid-before") else {})
         kubectl(plane, "apply", "-f", "-", stdin=json.dumps(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": labels}}))
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACES[config], "labels": labels}}))
     kubectl(plane, "apply", "-f", str(PYTORCHJOB_CRD))
     kubectl(plane, "wait", "--for=condition=Established", "crd/pytorchjobs.kubeflow.org", "--timeout=30s")
-    policy = workdir / "policy.yaml"
-    policy.write_text(yaml.safe_dump(POLICY))
-    done = subprocess.run([sys.executable, "-m", "webhook", "admission-policies", "--policy", str(policy),
+    policy_file = None
+    if policy is not None:
+        policy_file = workdir / "policy.yaml"
+        policy_file.write_text(yaml.safe_dump(policy))
+    args = ["--policy", str(policy_file)] if policy_file else []
+    done = subprocess.run([sys.executable, "-m", "webhook", "admission-policies", *args,
                            "--apply", "--kubeconfig", str(plane.kubeconfig)],
                           capture_output=True, text=True, timeout=120, check=False)
     if done.returncode:
         raise RuntimeError(f"admission-policies --apply: {done.stderr}")
+    said: dict[str, Any] = {"after": done.stderr}
     selector = {"spec": {"matchResources": {"namespaceSelector": {"matchLabels": {NATIVE_LABEL: "true"}}}}}
     for kind in ("validatingadmissionpolicybinding", "mutatingadmissionpolicybinding"):
         for name in kubectl(plane, "get", kind, "-l", POLICY_SELECTOR, "-o", "name").split():
             kubectl(plane, "patch", name, "--type=merge", "-p", json.dumps(selector))
-    others = [NAMESPACES[c] for c in CONFIGS]
-    for release, config, hybrid in (("gpu-webhook", "webhook", False), ("gw-hybrid", "hybrid", True)):
+    releases = [("gpu-webhook", "webhook", False, CHART), ("gw-hybrid", "hybrid", True, CHART)]
+    if before is not None:
+        documents, said["before"] = generate_before(before, policy_file)
+        said["before_objects"] = [f"{d['kind']}/{d['metadata']['name']}" for d in rename_before(documents)]
+        # Server-side: the old policies are large, and a client-side apply copies each into an annotation.
+        kubectl(plane, "apply", "--server-side", "--field-manager=gw-bench", "-f", "-",
+                stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": rename_before(documents)}))
+        releases.append(("gw-hybrid-before", "hybrid-before", True, before / "charts" / "gpu-webhook"))
+    others = [NAMESPACES[c] for c in configs]
+    for release, config, hybrid, chart in releases:
         documents = render_webhooks(plane.binary("helm"), release, server.address, server.ca,
-                                    [n for n in others if n != NAMESPACES[config]], hybrid, workdir)
+                                    [n for n in others if n != NAMESPACES[config]], hybrid, workdir, policy, chart)
         kubectl(plane, "apply", "-f", "-",
                 stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": documents}))
+    return said
 
 
-def probe(api: Api) -> dict[str, str]:
-    """Who refuses a 5-GPU container and who injects the default accelerator, per namespace."""
+def conflict_pod(name: str) -> dict[str, Any]:
+    """A GPU pod whose annotation and nodeSelector name different accelerators: refused by every policy."""
+    body = gpu_pod(name, containers=1, selector="model-b")
+    body["metadata"]["annotations"] = {"gpu-webhook/accelerator": "model-a"}
+    return body
+
+
+def probe(api: Api, configs: tuple[str, ...] = CONFIGS) -> dict[str, str]:
+    """Who refuses a pod with conflicting accelerators and who injects the default accelerator, per namespace."""
     seen = {}
-    for config, namespace in NAMESPACES.items():
-        status, answer, _ = api.dry_run(gpu_pod("probe-over", containers=1, gpus="5"), namespace)
+    for config in configs:
+        namespace = NAMESPACES[config]
+        status, answer, _ = api.dry_run(conflict_pod("probe-conflict"), namespace)
         message = answer.get("message", "") if status != 201 else ""
+        policy = message.split("ValidatingAdmissionPolicy '", 1)[1].split("'", 1)[0] if \
+            "ValidatingAdmissionPolicy '" in message else None
         refused_by = ("webhook" if 'admission webhook "validate.gpu-webhook.io"' in message
-                      else "native" if "ValidatingAdmissionPolicy 'gpu-webhook-deny'" in message
+                      else f"native:{policy}" if policy
                       else f"other: {message[:200]}" if message else "nobody")
         status, answer, _ = api.dry_run(gpu_pod("probe-default", containers=1), namespace)
         injected = ((answer.get("spec") or {}).get("nodeSelector") or {}).get("accelerator") if status == 201 else None
@@ -277,91 +423,147 @@ def probe(api: Api) -> dict[str, str]:
     return seen
 
 
-EXPECTED = {"none": "nobody/None", "webhook": "webhook/nvidia-tesla-k80", "native": "native/nvidia-tesla-k80",
-            "hybrid": "native/nvidia-tesla-k80"}
+def default_accelerator(policy: dict[str, Any] | None) -> str | None:
+    return ((policy or {}).get("accelerator") or {}).get("default") or None
 
 
-def wait_configured(api: Api, timeout: float = 60) -> dict[str, str]:
+def expected(configs: tuple[str, ...], policy: dict[str, Any] | None) -> dict[str, str]:
+    """What the probe must see: refused by the webhook or the deny policy of the configuration's generator, the
+    policy's default accelerator injected (the embedded default policy has none)."""
+    injected = default_accelerator(policy)
+    who = {"none": "nobody", "webhook": "webhook", "native": "native:gpu-webhook-deny",
+           "hybrid": "native:gpu-webhook-deny", "native-before": f"native:{BEFORE_PREFIX}gpu-webhook-deny",
+           "hybrid-before": f"native:{BEFORE_PREFIX}gpu-webhook-deny"}
+    return {c: f"{who[c]}/{None if c == 'none' else injected}" for c in configs}
+
+
+EXPECTED = expected(CONFIGS, POLICY)
+
+
+def wait_configured(api: Api, configs: tuple[str, ...] = CONFIGS, policy: dict[str, Any] | None = POLICY,
+                    timeout: float = 60) -> dict[str, str]:
     """The apiserver picks configurations and policies up asynchronously: wait until every namespace behaves."""
+    want = expected(configs, policy)
     deadline = time.monotonic() + timeout
     while True:
-        seen = probe(api)
-        if seen == EXPECTED:
+        seen = probe(api, configs)
+        if seen == want:
             return seen
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the configurations never took effect: {seen}")
+            raise RuntimeError(f"the configurations never took effect: {seen}, expected {want}")
         time.sleep(0.5)
+
+
+def admissions(server: Any) -> Counter[tuple[str, str, str]]:
+    """(namespace, endpoint, kind) of every admission the webhook logged so far."""
+    counts: Counter[tuple[str, str, str]] = Counter()
+    for line in server.log_lines():
+        if line.startswith("{"):
+            entry = json.loads(line)
+            if entry.get("event") == "admission":
+                counts[(entry.get("namespace") or "", entry.get("endpoint") or "", entry.get("kind") or "")] += 1
+    return counts
 
 
 def webhook_requests(server: Any) -> Counter[tuple[str, str]]:
     """(namespace, endpoint) of every admission the webhook logged so far."""
     counts: Counter[tuple[str, str]] = Counter()
-    for line in server.log_lines():
-        if line.startswith("{"):
-            entry = json.loads(line)
-            if entry.get("event") == "admission":
-                counts[(entry.get("namespace") or "", entry.get("endpoint") or "")] += 1
+    for (namespace, endpoint, _), n in admissions(server).items():
+        counts[(namespace, endpoint)] += n
     return counts
 
 
-def measure_round(api: Api, server: Any, config: str, creates: int, round_no: int) -> dict[str, Any]:
+def deltas(after: dict[str, tuple[float, float]], before: dict[str, tuple[float, float]]) -> dict[str, Any]:
+    moved = {}
+    for key in sorted(set(after) | set(before)):
+        total, count = after.get(key, (0.0, 0.0))
+        total0, count0 = before.get(key, (0.0, 0.0))
+        if count - count0 > 0:
+            moved[key] = {"mean_ms": 1000 * (total - total0) / (count - count0), "count": count - count0}
+    return moved
+
+
+def measure_round(api: Api, server: Any, config: str, creates: int, round_no: int,
+                  policy: dict[str, Any] | None = POLICY, apiserver_pid: int | None = None) -> dict[str, Any]:
     namespace = NAMESPACES[config]
+    want = None if config == "none" else default_accelerator(policy)
     for i in range(3):  # warm: connections to the webhook, the policies' compiled programs
         api.dry_run(gpu_pod(f"warm-{i}"), namespace)
+    load = os.getloadavg()[0]
+    server_pids = descendants(server.proc.pid)
     before_hook = webhook_requests(server)
-    before = api.step_totals()
+    before = api.scrape()
+    cpu0 = cpu_seconds(apiserver_pid) if apiserver_pid else None
+    hook0 = tree_cpu_seconds(server_pids)
     walls, failures = [], 0
     for i in range(creates):
         status, answer, seconds = api.dry_run(gpu_pod(f"r{round_no}-{i}"), namespace)
-        walls.append(seconds)
-        if status != 201 or config != "none" and (answer["spec"].get("nodeSelector") or {}).get("accelerator") != \
-                "nvidia-tesla-k80":
+        walls.append(1000 * seconds)
+        if status != 201 or (answer["spec"].get("nodeSelector") or {}).get("accelerator") != want:
             failures += 1
-    after = api.step_totals()
+    cpu1 = cpu_seconds(apiserver_pid) if apiserver_pid else None
+    hook1 = tree_cpu_seconds(server_pids)
+    after = api.scrape()
     after_hook = webhook_requests(server)
-    steps = {}
-    for step in sorted(set(after) | set(before)):
-        total, count = after.get(step, (0.0, 0.0))
-        total0, count0 = before.get(step, (0.0, 0.0))
-        if count - count0 > 0:
-            steps[step] = {"mean_ms": 1000 * (total - total0) / (count - count0), "count": count - count0}
     return {"config": config, "round": round_no, "creates": creates, "unexpected_answers": failures,
-            "steps": steps, "wall_median_ms": 1000 * statistics.median(walls),
+            "steps": deltas(after["steps"], before["steps"]),
+            "policy_checks": deltas(after["policies"], before["policies"]),
+            "wall_median_ms": statistics.median(walls), "wall_p99_ms": percentile(walls, 99),
+            "walls_ms": walls, "load_average_1m": round(load, 2),
+            "apiserver_cpu_ms": None if cpu0 is None or cpu1 is None else 1000 * (cpu1 - cpu0) / creates,
+            "webhook_cpu_ms": 1000 * (hook1 - hook0) / creates,
             "webhook_requests": sum(after_hook.values()) - sum(before_hook.values())}
 
 
-def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+def _median_range(values: list[float]) -> tuple[float | None, list[float] | None]:
+    return (statistics.median(values), [min(values), max(values)]) if values else (None, None)
+
+
+def summarise(rounds: list[dict[str, Any]], configs: tuple[str, ...] = CONFIGS) -> dict[str, Any]:
     summary: dict[str, Any] = {}
-    for config in CONFIGS:
+    for config in configs:
         mine = [r for r in rounds if r["config"] == config]
         entry: dict[str, Any] = {"rounds": len(mine), "creates": sum(r["creates"] for r in mine),
                                  "unexpected_answers": sum(r["unexpected_answers"] for r in mine),
                                  "webhook_requests": sum(r["webhook_requests"] for r in mine)}
         for step in ("admit", "validate"):
-            values = [r["steps"][step]["mean_ms"] for r in mine if step in r["steps"]]
-            entry[f"{step}_ms"] = statistics.median(values) if values else None
-            entry[f"{step}_ms_range"] = [min(values), max(values)] if values else None
-        per_round_total = [sum(s["mean_ms"] for s in r["steps"].values()) for r in mine]
-        entry["total_ms"] = statistics.median(per_round_total)
-        entry["total_ms_range"] = [min(per_round_total), max(per_round_total)]
-        entry["wall_ms"] = statistics.median(r["wall_median_ms"] for r in mine)
-        entry["wall_ms_range"] = [min(r["wall_median_ms"] for r in mine), max(r["wall_median_ms"] for r in mine)]
+            entry[f"{step}_ms"], entry[f"{step}_ms_range"] = _median_range(
+                [r["steps"][step]["mean_ms"] for r in mine if step in r["steps"]])
+        entry["total_ms"], entry["total_ms_range"] = _median_range(
+            [sum(s["mean_ms"] for s in r["steps"].values()) for r in mine])
+        entry["wall_ms"], entry["wall_ms_range"] = _median_range([r["wall_median_ms"] for r in mine])
+        walls = [w for r in mine for w in r.get("walls_ms", [])]
+        entry["wall_p50_ms"] = percentile(walls, 50) if walls else None
+        entry["wall_p99_ms"] = percentile(walls, 99) if walls else None
+        entry["apiserver_cpu_ms"], entry["apiserver_cpu_ms_range"] = _median_range(
+            [r["apiserver_cpu_ms"] for r in mine if r.get("apiserver_cpu_ms") is not None])
+        entry["webhook_cpu_ms"], entry["webhook_cpu_ms_range"] = _median_range(
+            [r["webhook_cpu_ms"] for r in mine if r.get("webhook_cpu_ms") is not None])
+        checks: dict[str, list[float]] = {}
+        for r in mine:
+            for name, moved in r.get("policy_checks", {}).items():
+                checks.setdefault(name, []).append(moved["mean_ms"])
+        entry["policy_checks_ms"] = {name: statistics.median(values) for name, values in sorted(checks.items())}
+        entry["load_average_1m"] = [r.get("load_average_1m") for r in mine]
         summary[config] = entry
     base = summary["none"]
     for entry in summary.values():
         entry["total_x_none"] = entry["total_ms"] / base["total_ms"] if base["total_ms"] else None
         entry["wall_x_none"] = entry["wall_ms"] / base["wall_ms"] if base["wall_ms"] else None
+        entry["apiserver_cpu_over_none_ms"] = (
+            entry["apiserver_cpu_ms"] - base["apiserver_cpu_ms"]
+            if entry["apiserver_cpu_ms"] is not None and base["apiserver_cpu_ms"] is not None else None)
     return summary
 
 
-def traffic(api: Api, server: Any, size: int) -> dict[str, Any]:
-    """The corpus, dry-run once in the webhook's namespace and once in the hybrid one: webhook requests each."""
+def traffic(api: Api, server: Any, size: int, configs: tuple[str, ...] = ("webhook", "hybrid")) -> dict[str, Any]:
+    """The corpus, dry-run once in the webhook's namespace and once in each hybrid one: webhook requests each."""
     objects = corpus(size)
     kinds = Counter(o["kind"] for o in objects)
     result: dict[str, Any] = {"objects": len(objects), "kinds": dict(kinds)}
-    for config in ("webhook", "hybrid"):
+    for config in configs:
         namespace = NAMESPACES[config]
-        before = webhook_requests(server)
+        before = admissions(server)
         outcomes: Counter[str] = Counter()
         for obj in objects:
             status, answer, _ = api.dry_run(obj, namespace)
@@ -369,46 +571,75 @@ def traffic(api: Api, server: Any, size: int) -> dict[str, Any]:
             outcomes["admitted" if status == 201 else "refused by the webhook" if "gpu-webhook.io" in message
                      else "refused by a ValidatingAdmissionPolicy" if "ValidatingAdmissionPolicy" in message
                      else f"other {status}"] += 1
-        after = webhook_requests(server)
-        by_endpoint = Counter({endpoint: after[(ns, endpoint)] - before[(ns, endpoint)]
-                               for (ns, endpoint) in after if ns == namespace})
+        after = admissions(server)
+        moved = {key: after[key] - before[key] for key in after if key[0] == namespace and after[key] > before[key]}
+        by_endpoint: Counter[str] = Counter()
+        by_kind: Counter[str] = Counter()
+        for (_, endpoint, kind), n in moved.items():
+            by_endpoint[endpoint] += n
+            by_kind[f"{endpoint} {kind}"] += n
         result[config] = {"webhook_requests": sum(by_endpoint.values()), "by_endpoint": dict(by_endpoint),
-                          "outcomes": dict(outcomes)}
+                          "by_endpoint_and_kind": dict(sorted(by_kind.items())), "outcomes": dict(outcomes)}
     hooked = result["webhook"]["webhook_requests"]
-    result["hybrid_share_of_webhook_only"] = result["hybrid"]["webhook_requests"] / hooked if hooked else None
+    for config in configs:
+        if config != "webhook":
+            share = result[config]["webhook_requests"] / hooked if hooked else None
+            result[f"{config.replace('-', '_')}_share_of_webhook_only"] = share
     return result
 
 
 def table(summary: dict[str, Any]) -> str:
-    def ms(value: float | None, span: list[float] | None) -> str:
+    def ms(value: float | None, span: list[float] | None = None) -> str:
         return "-" if value is None else f"{value:.2f} ({span[0]:.2f}-{span[1]:.2f})" if span else f"{value:.2f}"
 
     lines = ["| configuration | mutating step ms | validating step ms | admission total ms | × none | "
-             "client wall ms | × none | webhook requests |", "|---|---|---|---|---|---|---|---|"]
+             "client p50 / p99 ms | apiserver CPU ms / create (− none) | webhook CPU ms / create | "
+             "webhook requests |", "|---|---|---|---|---|---|---|---|---|"]
     for config, e in summary.items():
+        over = e.get("apiserver_cpu_over_none_ms")
         lines.append(f"| {config} | {ms(e['admit_ms'], e['admit_ms_range'])} | "
                      f"{ms(e['validate_ms'], e['validate_ms_range'])} | {ms(e['total_ms'], e['total_ms_range'])} | "
-                     f"{e['total_x_none']:.1f} | {ms(e['wall_ms'], e['wall_ms_range'])} | {e['wall_x_none']:.2f} | "
-                     f"{e['webhook_requests']} / {e['creates']} creates |")
+                     f"{e['total_x_none']:.1f} | {ms(e.get('wall_p50_ms'))} / {ms(e.get('wall_p99_ms'))} | "
+                     f"{ms(e.get('apiserver_cpu_ms'))} ({'-' if over is None else f'{over:+.2f}'}) | "
+                     f"{ms(e.get('webhook_cpu_ms'))} | {e['webhook_requests']} / {e['creates']} creates |")
     return "\n".join(lines)
 
 
-def run(plane: Any, creates: int, rounds: int, corpus_size: int, workdir: Path) -> dict[str, Any]:
+def run(plane: Any, creates: int, rounds: int, corpus_size: int, workdir: Path, policy_name: str = "bench",
+        before_ref: str | None = None) -> dict[str, Any]:
     from tests.e2e.cluster import ADMIN_TOKEN
     from tests.server import make_certs, start_webhook
 
-    policy = workdir / "webhook-policy.yaml"
-    policy.write_text(yaml.safe_dump(POLICY))
-    server = start_webhook(workdir, "--policy", str(policy), "--workers", "1",
-                           certs=make_certs(workdir / "tls", "127.0.0.1"))
+    policy = POLICIES[policy_name]
+    configs = BEFORE_CONFIGS if before_ref else CONFIGS
+    before_tree, before_commit = None, None
+    if before_ref:
+        before_tree = workdir / "before"
+        before_commit = export_tree(before_ref, before_tree)
+    args = ["--workers", "1"]
+    if policy is not None:
+        policy_file = workdir / "webhook-policy.yaml"
+        policy_file.write_text(yaml.safe_dump(policy))
+        args += ["--policy", str(policy_file)]
+    server = start_webhook(workdir, *args, certs=make_certs(workdir / "tls", "127.0.0.1"))
     api = Api(plane.url, ADMIN_TOKEN, plane.ca_file)
+    apiserver_pid = next(p.proc.pid for p in reversed(plane.processes) if p.name == "kube-apiserver")
     try:
-        set_up(plane, server, workdir)
-        configured = wait_configured(api)
+        said = set_up(plane, server, workdir, configs, policy, before_tree)
+        configured = wait_configured(api, configs, policy)
         started = time.monotonic()
-        measured = [measure_round(api, server, config, creates, n) for n in range(rounds) for config in CONFIGS]
-        result = {"rounds": measured, "summary": summarise(measured), "probe": configured,
-                  "traffic": traffic(api, server, corpus_size), "seconds": round(time.monotonic() - started, 1)}
+        measured = [measure_round(api, server, config, creates, n, policy, apiserver_pid)
+                    for n in range(rounds) for config in configs]
+        summary = summarise(measured, configs)
+        for r in measured:
+            r.pop("walls_ms", None)  # the summary's percentiles hold them
+        traffic_configs = ("webhook", "hybrid-before", "hybrid") if before_ref else ("webhook", "hybrid")
+        result = {"rounds": measured, "summary": summary, "probe": configured,
+                  "traffic": traffic(api, server, corpus_size, traffic_configs),
+                  "seconds": round(time.monotonic() - started, 1), "policy": policy_name,
+                  "policy_document": policy, "apiserver_version": plane.version(), "generators_said": said}
+        if before_ref:
+            result["before"] = {"ref": before_ref, "commit": before_commit}
         return result
     finally:
         api.close()
@@ -420,10 +651,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--creates", type=int, default=200, help="dry-run creates per configuration and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--corpus", type=int, default=200, help="objects in the webhook-traffic corpus")
-    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--policy", choices=sorted(POLICIES), default="bench",
+                        help="bench: the bench's policy (default); default: the embedded default policy")
+    parser.add_argument("--before", metavar="REF", default=None,
+                        help="also measure native-before and hybrid-before: the generator and chart of this commit")
+    parser.add_argument("--output", type=Path, default=None,
+                        help=f"default: {RESULTS.relative_to(ROOT)}, or admission-paths-default-policy.json "
+                             "with --policy default")
     args = parser.parse_args(argv)
     if args.creates < 1 or args.rounds < 1 or args.corpus < 1:
         parser.error("--creates, --rounds and --corpus must be at least 1")
+    output = args.output or (RESULTS if args.policy == "bench"
+                             else RESULTS.with_name("admission-paths-default-policy.json"))
     from tests.e2e.cluster import ControlPlane
     from tests.tools import CONTROL_PLANE_BINARIES, control_plane_bin, missing_binaries
 
@@ -437,19 +676,22 @@ def main(argv: list[str] | None = None) -> int:
     plane = ControlPlane(bin_dir, workdir / "plane")
     (workdir / "plane").mkdir()
     started = datetime.datetime.now(datetime.UTC)
+    load_before = os.getloadavg()
     try:
         plane.start()
-        result = run(plane, args.creates, args.rounds, args.corpus, workdir)
+        result = run(plane, args.creates, args.rounds, args.corpus, workdir, args.policy, args.before)
     finally:
         plane.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     load = os.getloadavg()
     result["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                         "load_average_before": [round(x, 2) for x in load_before],
                          "load_average_after": [round(x, 2) for x in load]}
     result["started"] = started.isoformat(timespec="seconds")
-    result["arguments"] = {"creates": args.creates, "rounds": args.rounds, "corpus": args.corpus}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    result["arguments"] = {"creates": args.creates, "rounds": args.rounds, "corpus": args.corpus,
+                           "policy": args.policy, "before": args.before}
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     print(table(result["summary"]))
     bad = sum(e["unexpected_answers"] for e in result["summary"].values())

@@ -46,3 +46,35 @@ def test_admission_paths_smoke(tmp_path):
     # The same objects refused in both, by the webhook in one and by the native policies in the other.
     refused = traffic["webhook"]["outcomes"].get("refused by the webhook")
     assert refused and traffic["hybrid"]["outcomes"].get("refused by a ValidatingAdmissionPolicy") == refused, traffic
+
+
+def test_before_objects_keep_to_their_namespaces():
+    """``--before``: the old generator's objects get names, a label and namespaces of their own, so that today's
+    ``admission-policies --apply`` neither prunes nor patches them, and their bindings select only the -before
+    namespaces."""
+    from bench.admission_paths import BEFORE_LABEL, POLICY_SELECTOR, expected, rename_before
+
+    labels = {"app.kubernetes.io/name": "gpu-webhook", "app.kubernetes.io/component": "admission-policies"}
+    rules = ["CREATE"]
+    documents = [
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+         "metadata": {"name": "gpu-webhook-deny", "labels": dict(labels)},
+         "spec": {"matchConstraints": {"resourceRules": [{"operations": rules}, {"operations": rules}]}}},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+         "metadata": {"name": "gpu-webhook-deny", "labels": dict(labels)},
+         "spec": {"policyName": "gpu-webhook-deny", "validationActions": ["Deny"]}},
+    ]
+    renamed = rename_before(documents)
+    assert [d["metadata"]["name"] for d in renamed] == ["before-gpu-webhook-deny"] * 2
+    assert documents[0]["metadata"]["name"] == "gpu-webhook-deny"  # the input is left alone
+    component = dict(pair.split("=") for pair in POLICY_SELECTOR.split(","))["app.kubernetes.io/component"]
+    assert all(d["metadata"]["labels"]["app.kubernetes.io/component"] != component for d in renamed)
+    assert renamed[1]["spec"]["policyName"] == "before-gpu-webhook-deny"
+    assert renamed[1]["spec"]["matchResources"] == {"namespaceSelector": {"matchLabels": {BEFORE_LABEL: "true"}}}
+    assert renamed[0]["spec"]["matchConstraints"]["resourceRules"][1]["operations"] is not \
+        renamed[0]["spec"]["matchConstraints"]["resourceRules"][0]["operations"]  # YAML anchors undone
+    # The probe expects each namespace refused by its own generation's deny policy; no default accelerator in the
+    # embedded default policy.
+    assert expected(("none", "native-before", "hybrid"), None) == {
+        "none": "nobody/None", "native-before": "native:before-gpu-webhook-deny/None",
+        "hybrid": "native:gpu-webhook-deny/None"}
