@@ -190,7 +190,7 @@ def generated(policy_text: str, target: Target) -> Generated:
 
 
 def apply(cluster: ControlPlane, objects: list[dict]) -> None:
-    cluster.kubectl("apply", "-f", "-", stdin=to_yaml(objects), check=True)
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=to_yaml(objects), check=True)
 
 
 def labelled_raw(obj: dict) -> dict:
