@@ -181,3 +181,15 @@ def test_forty_containers_stay_within_the_budget_in_every_family(newest):
     for answer in newest["many"]:
         assert not answer.allowed and "cost" not in answer.message.lower(), answer.message
         assert all(d["evaluation"] != "error" for d in answer.decisions), answer.decisions
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["1.31", "1.32", "1.33", "1.34", "1.35", "1.36"])
+def test_every_version_between_decides_the_corpus_as_the_webhook_does(version):
+    """The versions between the oldest and the newest (the fast tier runs those two): each one's CEL environment."""
+    target = for_version(version)
+    cases = corpus()
+    evaluation = evaluate(validating(target), [Request(c.obj, c.namespace) for c in cases], compatibility(target))
+    assert evaluation.compile_errors == []
+    found = compare(POLICIES, generate(POLICIES, target), cases, [seen(a) for a in evaluation.answers])
+    assert not found, found.summary(target.describe(), len(cases)) + "\n" + found.details()
