@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,8 +31,11 @@ def test_kubectl_get_all_namespaces_as_json_piped_into_check(cluster, tmp_path):
                                     stdin=kubectl.stdout, capture_output=True, text=True, timeout=120, cwd=REPO)
             assert kubectl.wait(timeout=60) == 0
         assert result.returncode == 1, result.stderr
-        assert ("<stdin>: Deployment cli-recipes/two-gpus: spec.template.spec.containers[0].resources.limits"
-                "[nvidia.com/gpu]: container \"train\": 2 nvidia.com/gpu is over the limit of 1 per container"
-                in result.stdout.splitlines()), result.stdout
+        # Each finding names the line and column of the field in what kubectl wrote.
+        found = [line for line in result.stdout.splitlines() if "Deployment cli-recipes/two-gpus" in line]
+        assert len(found) == 1, result.stdout
+        assert re.fullmatch(r'<stdin>:\d+:\d+: Deployment cli-recipes/two-gpus: spec\.template\.spec\.containers\[0\]'
+                            r'\.resources\.limits\[nvidia\.com/gpu\]: container "train": 2 nvidia\.com/gpu is over the '
+                            r'limit of 1 per container', found[0]), found
     finally:
         cluster.kubectl("delete", "namespace", "cli-recipes", "--wait=false")

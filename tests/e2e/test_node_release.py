@@ -364,7 +364,9 @@ def test_evicting_a_pod_under_load_fails_no_admission(node_bed, release):
         while time.monotonic() < deadline:
             gone = node_bed.kubectl("get", "pod", first, "-n", NAMESPACE).returncode != 0
             try:
-                last = _log_messages(node_bed, victim)
+                # Once the pod is gone the kubelet removes its log directory: a read then finds nothing, which
+                # must not replace what was read before.
+                last = _log_messages(node_bed, victim) or last
             except FileNotFoundError:
                 break
             if gone:
@@ -534,9 +536,17 @@ def test_the_container_runs_read_only_as_65532_without_capabilities(node_bed, re
 
 
 def test_the_container_logs_only_json_lines(node_bed, release):
+    # A pod that replaced an evicted or killed one may not have decided anything yet: admissions until each has
+    # (the apiserver picks a webhook endpoint at random for each call).
+    def each_pod_admitted() -> bool:
+        _dry_run(node_bed, seed_pod())
+        return all(any(json.loads(m).get("event") == "admission" for _, m in _log_messages(node_bed, p))
+                   for p in _pods(node_bed))
+
+    until("an admission logged by each webhook pod", each_pod_admitted, 60, interval=0.2)
     for p in _pods(node_bed):
         messages = _log_messages(node_bed, p)
-        assert len(messages) > 10
+        assert len(messages) > 3
         events = []
         for stream, message in messages:
             try:

@@ -54,7 +54,7 @@ MAX_LIST_DEPTH = 8  # Lists inside Lists are expanded this deep
 # With its aliases expanded, a document may have this many nodes, or twice its own, whichever is more:
 # enough for anchors shared by a few containers, and a bound on what an alias bomb makes the rules walk.
 ALIAS_NODE_FLOOR = 10_000
-JSON_CHUNK = 1 << 20  # JSON is read this many bytes at a time
+JSON_CHUNK = 1 << 16  # JSON is read this many bytes at a time
 CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 
 _SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
