@@ -270,11 +270,18 @@ def test_the_pods_become_ready_through_the_charts_probes(node_bed, release, webh
         # The kubelet's probe is what made it Ready: the same GET answers 200 on the pod's metrics port.
         code, body = node_bed.http_in_netns(f"http://{p['status']['podIP']}:8080/readyz")
         assert code == 200, body
-    slices = node_bed.kubectl_json("get", "endpointslices", "-n", NAMESPACE,
-                                   "-l", f"kubernetes.io/service-name={RELEASE}")["items"]
-    ready = {a for s in slices for e in s.get("endpoints") or [] if e["conditions"].get("ready")
-             for a in e["addresses"]}
-    assert ready == {p["status"]["podIP"] for p in pods}
+    # The EndpointSlice controller follows the pods' Ready condition a moment later (a cold run read it between
+    # the two): the Service's ready endpoints become exactly the two pods.
+    ips = {p["status"]["podIP"] for p in pods}
+
+    def ready_endpoints() -> set[str]:
+        slices = node_bed.kubectl_json("get", "endpointslices", "-n", NAMESPACE,
+                                       "-l", f"kubernetes.io/service-name={RELEASE}")["items"]
+        return {a for s in slices for e in s.get("endpoints") or [] if e["conditions"].get("ready")
+                for a in e["addresses"]}
+
+    until("the Service's ready endpoints to be the two pods", lambda: ready_endpoints() == ips, 30,
+          diagnose=lambda: f"ready endpoints {sorted(ready_endpoints())}, pods {sorted(ips)}")
 
 
 def test_the_apiserver_calls_the_pods_through_the_service(node_bed, release):
