@@ -543,17 +543,14 @@ def test_the_container_runs_read_only_as_65532_without_capabilities(node_bed, re
 
 
 def test_the_container_logs_only_json_lines(node_bed, release):
-    # A pod that replaced an evicted or killed one may not have decided anything yet: admissions until each has
-    # (the apiserver picks a webhook endpoint at random for each call).
-    def each_pod_admitted() -> bool:
-        _dry_run(node_bed, seed_pod())
-        return all(any(json.loads(m).get("event") == "admission" for _, m in _log_messages(node_bed, p))
-                   for p in _pods(node_bed))
-
-    until("an admission logged by each webhook pod", each_pod_admitted, 60, interval=0.2)
+    # One admission now, so that some pod has decided something. Which pod decides it is kube-proxy's choice for
+    # the apiserver's connection, which then carries every call: a pod that replaced an evicted or killed one may
+    # have decided nothing, so each pod is held to its own start and the pods together to the rest.
+    admitted = _dry_run(node_bed, seed_pod())
+    assert admitted.returncode == 0, admitted.stderr
+    every: set[str] = set()
     for p in _pods(node_bed):
         messages = _log_messages(node_bed, p)
-        assert len(messages) > 3
         events = []
         for stream, message in messages:
             try:
@@ -562,7 +559,9 @@ def test_the_container_logs_only_json_lines(node_bed, release):
                 pytest.fail(f"{p['metadata']['name']} logged a line that is not JSON ({stream}): {message!r}")
             assert isinstance(event, dict) and {"time", "level", "event"} <= event.keys(), message
             events.append(event["event"])
-        assert {"serving", "admission", "reloaded"} <= set(events), set(events)
+        assert {"serving", "reloaded"} <= set(events), set(events)
+        every |= set(events)
+    assert "admission" in every, every
     # The same lines through the apiserver and the kubelet.
     shown = node_bed.kubectl("logs", "-n", NAMESPACE, _pods(node_bed)[0]["metadata"]["name"], "--tail=5", check=True)
     assert all(json.loads(line)["event"] for line in shown.stdout.splitlines())
