@@ -43,21 +43,21 @@ def _names(container: str, ctx: Ctx) -> str:
 def variables(ctx: Ctx) -> list[tuple[str, str]]:
     """The variables the mutations read: ``used`` (``mutate.default_requests``' GPU names, each once, sorted;
     the tolerations name them), ``gpu`` (some container asks for one), ``fractional`` and ``trusted``."""
-    # Each name at the first container (in list order) that asks for it; Pod container names are unique.
     containers = "object.spec.?containers.orValue([])"
     inits = "object.spec.?initContainers.orValue([])"
-    first = (f"[{containers}.map(c, {_names('c', ctx)}.filter(k, !{containers}.exists(o, "
-             f"{containers}.indexOf(o) < {containers}.indexOf(c) && k in {_names('o', ctx)})))"
-             f", {inits}.map(c, {_names('c', ctx)}.filter(k, !{containers}.exists(o, k in {_names('o', ctx)}) && "
-             f"!{inits}.exists(o, {inits}.indexOf(o) < {inits}.indexOf(c) && k in {_names('o', ctx)})))]")
-    # Joined and split again (a resource name has no comma): one flat list, then sorted by rank.
-    flat = f"{first}.map(L, L.map(n, n.join(',')).filter(s, s != '').join(',')).filter(s, s != '').join(',')"
-    names = f"[{flat}].map(s, s == '' ? [] : s.split(','))[0]"
     if ctx.lists:
         every = f"[{containers}.map(c, {_names('c', ctx)}), {inits}.map(c, {_names('c', ctx)})]"
         names = f"{every}.flatten().flatten().distinct().sort()"
     else:
-        names = f"[{names}].map(L, L.map(x, L.filter(y, size(L.filter(z, z < y)) == L.indexOf(x))[0]))[0]"
+        # Each name at the first container (in list order) that asks for it; Pod container names are unique.
+        first = (f"[{containers}.map(c, {_names('c', ctx)}.filter(k, !{containers}.exists(o, "
+                 f"{containers}.indexOf(o) < {containers}.indexOf(c) && k in {_names('o', ctx)})))"
+                 f", {inits}.map(c, {_names('c', ctx)}.filter(k, !{containers}.exists(o, k in {_names('o', ctx)}) && "
+                 f"!{inits}.exists(o, {inits}.indexOf(o) < {inits}.indexOf(c) && k in {_names('o', ctx)})))]")
+        # Joined and split again (a resource name has no comma): one flat list, then sorted by rank.
+        flat = f"{first}.map(L, L.map(n, n.join(',')).filter(s, s != '').join(',')).filter(s, s != '').join(',')"
+        unsorted = f"[{flat}].map(s, s == '' ? [] : s.split(','))[0]"
+        names = f"[{unsorted}].map(L, L.map(x, L.filter(y, size(L.filter(z, z < y)) == L.indexOf(x))[0]))[0]"
     annotations = "object.metadata.?annotations.orValue({})"
     scheduler = (f"[{containers}, {inits}, object.spec.?ephemeralContainers.orValue([])].exists(L, L.exists(c, "
                  + " || ".join(f"c.?resources.?{s}.orValue({{}}).exists(k, k.contains('/') && "
