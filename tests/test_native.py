@@ -186,8 +186,12 @@ def test_namespaces_are_excluded_by_default_and_as_the_policy_says():
     assert deny["namespaceSelector"]["matchExpressions"][0]["values"] == ["kube-system", "kube-node-lease"]
     mine = by_name(objects("nativePolicies: {excludeNamespaces: [gpu-operator]}\n"))
     spec = mine["MutatingAdmissionPolicy/gpu-webhook"]["spec"]["matchConstraints"]
+    assert spec["namespaceSelector"]["matchExpressions"][0]["values"] == ["kube-system", "kube-node-lease",
+                                                                          "gpu-operator"]
+    own = by_name(objects("excludeNamespaces: [gpu-operator]\n"))
+    spec = own["MutatingAdmissionPolicy/gpu-webhook"]["spec"]["matchConstraints"]
     assert spec["namespaceSelector"]["matchExpressions"][0]["values"] == ["gpu-operator"]
-    none = by_name(objects("nativePolicies: {excludeNamespaces: []}\n"))
+    none = by_name(objects("excludeNamespaces: []\n"))
     assert "namespaceSelector" not in none["ValidatingAdmissionPolicy/gpu-webhook-deny"]["spec"]["matchConstraints"]
 
 

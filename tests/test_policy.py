@@ -154,9 +154,9 @@ WRONG_PLACE = [
      "cluster.unknownAccelerator)"),
     ("perContainer: 2",
      "(top level): unknown key(s) 'perContainer' (a setting of limits.*: write it as limits.perContainer)"),
-    ("excludeNamespaces: [gpu-operator]",
-     "(top level): unknown key(s) 'excludeNamespaces' (a setting of nativePolicies.*: write it as "
-     "nativePolicies.excludeNamespaces)"),
+    ("platformNamespaces: [gpu-operator]",
+     "(top level): unknown key(s) 'platformNamespaces' (a setting of isolation.*: write it as "
+     "isolation.platformNamespaces)"),
     ("serviceAccounts: [monitoring/dcgm]",
      "(top level): unknown key(s) 'serviceAccounts' (a setting of isolation.trusted.*: write it as "
      "isolation.trusted.serviceAccounts)"),
@@ -194,7 +194,10 @@ def test_a_key_in_the_wrong_place_is_told_where_it_lives(text, problem):
     assert caught.value.problems == [problem]
 
 
-SECTION_KEYS = [(section, key) for section, value in DEFAULTS.items() if isinstance(value, dict) for key in value]
+# A key that both the top level and a section have (excludeNamespaces: every engine's, and the native policies'
+# extra ones) is no mistake at the top.
+SECTION_KEYS = [(section, key) for section, value in DEFAULTS.items() if isinstance(value, dict) for key in value
+                if key not in DEFAULTS]
 
 
 @pytest.mark.parametrize(("section", "key"), SECTION_KEYS, ids=[f"{s}.{k}" for s, k in SECTION_KEYS])
@@ -227,7 +230,8 @@ def test_each_command_prints_every_problem_in_one_line_and_exits_2(tmp_path, arg
 
 
 def test_namespace_keys_are_read_as_written_not_as_yaml_numbers_or_booleans():
-    policies = parse_policy("namespaces:\n  2024: {enforcement: warn}\n  on: {enforcement: warn}\n  '7': {}")
+    policies = parse_policy("namespaces:\n  2024: {enforcement: warn}\n  on: {enforcement: warn}\n  '7': {}\n"
+                            "isolation: {platformNamespaces: []}")
     assert sorted(policies.by_namespace) == ["2024", "7", "on"]
     assert policies.for_namespace("2024").enforcement == "warn"
     assert policies.for_namespace("on").enforcement == "warn"
@@ -355,6 +359,11 @@ def test_a_bad_isolation_policy_is_refused_naming_the_key(text, problem):
 def test_the_native_policies_defaults_are_the_ones_the_generator_reads():
     from webhook.native.generate import settings
 
-    assert DEFAULTS["nativePolicies"] == {"customKinds": [], "excludeNamespaces": ["kube-system", "kube-node-lease"]}
+    assert DEFAULTS["nativePolicies"] == {"customKinds": [], "excludeNamespaces": []}
+    assert DEFAULTS["excludeNamespaces"] == ["kube-system", "kube-node-lease"]
     assert settings(load_policy(None))[1] == ["kube-system", "kube-node-lease"]
     assert settings(parse_policy("nativePolicies: {customKinds: []}"))[1] == ["kube-system", "kube-node-lease"]
+    # the native policies' own list adds to excludeNamespaces; excludeNamespaces replaces the default
+    assert settings(parse_policy("nativePolicies: {excludeNamespaces: [a, kube-system]}"))[1] == [
+        "kube-system", "kube-node-lease", "a"]
+    assert settings(parse_policy("excludeNamespaces: [b]"))[1] == ["b"]

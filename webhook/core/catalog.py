@@ -38,6 +38,7 @@ NEEDS_CLUSTER = (
 )
 FOLLOWS_CLAIMS = "follows a pod's claims to the ResourceClaims and templates they name, which CEL cannot read"
 CROSS_REPLICA = "compares the replicas of one workload kind by kind; not generated"
+WALKS = "finds GPU quantities anywhere in an object by a walk, which CEL cannot do"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,9 @@ _ROWS: tuple[Rule, ...] = (
          "native"),
     Rule("structure", None, None, "deny", "odd shapes: `containers` not a list, `limits` not a mapping", "the field",
          _CHECKED, "native"),
+    Rule("unchecked-gpu", "checks", "uncheckedGpu", "warn",
+         "a GPU quantity in a place no rule reads: a kind whose pod templates or resource blocks are not registered",
+         "the quantity's path", "rules.md#where-gpus-are-found", "webhook", WALKS),
     # --- checks.*: pod mistakes and GPU isolation ---
     Rule("cpu-pod-on-gpu-nodes", "checks", "cpuPodOnGpuNodes", "warn",
          "a pod with no GPU that tolerates a GPU taint or selects an accelerator", "the toleration or selector",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from webhook.core.field import ROOT, FieldPath, Violation
+from webhook.core.kinds import CustomKind
 from webhook.core.quantity import shown
 
 # (API group, kind) -> keys from the object to its pod template (a mapping holding metadata and spec).
@@ -98,6 +99,8 @@ class Container(NamedTuple):
     resources: Mapping[str, Any]
     limits: Mapping[str, Any]
     requests: Mapping[str, Any]
+    # A resource block's own path (``spec.predictor.model.resources``): a container's resources outside any pod spec
+    at: FieldPath | None = None
 
     @property
     def slot(self) -> tuple[str, int]:
@@ -107,10 +110,19 @@ class Container(NamedTuple):
     def path(self) -> FieldPath:
         """Known by name (``spec.containers[name=main]``), so that a container inserted before this one
         changes no violation's subject. Built when asked: most containers never need it."""
+        if self.at is not None:
+            return self.at
         return self.list_path.item(self.position, "name", self.fields.get("name"))
 
     @property
+    def resources_path(self) -> FieldPath:
+        """Where its ``limits`` and ``requests`` are: ``…containers[name=main].resources``, or the block's path."""
+        return self.at if self.at is not None else self.path.child("resources")
+
+    @property
     def label(self) -> str:
+        if self.at is not None:
+            return "the resource block"
         return container_label(self.fields, self.path)
 
 
@@ -202,3 +214,42 @@ def _walk(node: object, path: FieldPath, depth: int) -> Iterator[PodSpecRef]:
                 yield from _walk(item, path.item(i, by, item.get(by)), depth + 1)
             elif isinstance(item, list):
                 yield from _walk(item, path.index(i), depth + 1)
+
+
+def _follow(node: object, path: FieldPath, segments: list[str]) -> Iterator[tuple[FieldPath, Mapping[str, Any]]]:
+    """The mappings at a registry path (``spec.predictor.*.resources``, ``values[*].spec``) under ``node``."""
+    if not segments:
+        if isinstance(node, Mapping):
+            yield path, node
+        return
+    if not isinstance(node, Mapping):
+        return
+    head, rest = segments[0], segments[1:]
+    if head == "*":
+        for key, value in node.items():
+            if isinstance(key, str):
+                yield from _follow(value, path.child(key), rest)
+    elif head.endswith("[*]"):
+        name = head[:-3]
+        for i, item in enumerate(as_list(node.get(name))):
+            by = "name" if isinstance(as_mapping(item).get("name"), str) else "groupName"
+            yield from _follow(item, path.child(name).item(i, by, as_mapping(item).get(by)), rest)
+    else:
+        yield from _follow(node.get(head), path.child(head), rest)
+
+
+def resource_blocks(obj: Mapping[str, Any], group: str, kind: str,
+                    kinds: tuple[CustomKind, ...]) -> Iterator[Container]:
+    """The resource blocks of ``obj`` that its kind's registry entry names, each read as a container's resources
+    (``Container.at``: the mapping that holds it, so a violation's path is the block's own)."""
+    for entry in kinds:
+        if not entry.blocks or entry.group != group or entry.kind != kind:
+            continue
+        for block_path in entry.blocks:
+            *holder, last = block_path.split(".")
+            for at, holds in _follow(obj, ROOT, holder):
+                resources = holds.get(last)
+                if not isinstance(resources, Mapping):
+                    continue
+                yield Container("containers", 0, holds, at, resources, as_mapping(resources.get("limits")),
+                                as_mapping(resources.get("requests")), at.child(last))

@@ -24,6 +24,22 @@ from typing import Any
 # them (webhook.serving.policies checks the schema in a child process), and what it imports stays in every worker.
 from webhook.core import catalog
 from webhook.core import resources as registry
+from webhook.core.kinds import CustomKind, custom_kinds
+
+# The namespaces every engine leaves alone by default: the control plane's own. The chart's webhooks also leave out
+# their release's namespace and webhook.excludeNamespaces.
+EXCLUDED_NAMESPACES = ("kube-system", "kube-node-lease")
+
+# The namespaces where the platform's node agents install by their projects' documented defaults: the GPU stack
+# (NVIDIA GPU Operator, on OpenShift too; the NVIDIA device plugin and DRA driver; Node Feature Discovery; the AMD
+# GPU Operator; Intel's device plugins operator), CNIs (Calico's operator and its nodes, Flannel) and storage
+# node plugins (Longhorn, Rook). docs/isolation.md says who the isolation rules are for and why by namespace.
+PLATFORM_NAMESPACES = (
+    "gpu-operator", "nvidia-gpu-operator", "nvidia-device-plugin", "nvidia-dra-driver-gpu", "node-feature-discovery",
+    "kube-amd-gpu", "inteldeviceplugins-system",
+    "calico-system", "tigera-operator", "kube-flannel",
+    "longhorn-system", "rook-ceph",
+)
 
 DEFAULTS: dict[str, Any] = {
     "platform": "generic",
@@ -42,6 +58,9 @@ DEFAULTS: dict[str, Any] = {
         "hideGpus": "off",
         "runtimeClass": "",
         "trusted": {"namespaces": [], "serviceAccounts": []},
+        # Where the platform's own node agents run (docs/isolation.md, "Who the rules are for"): trusted like
+        # isolation.trusted, kept apart so that a policy's own trusted list does not drop them.
+        "platformNamespaces": list(PLATFORM_NAMESPACES),
     },
     # Each rule's setting, from the rule table.
     "checks": {rule.key: rule.default for rule in catalog.in_section("checks")},
@@ -54,9 +73,11 @@ DEFAULTS: dict[str, Any] = {
         "adminAccessNamespaces": [],
         **{rule.key: rule.default for rule in catalog.in_section("dra")},
     },
+    # Namespaces no engine looks at: the chart's webhooks, the generated policies and `check` leave them alone.
+    "excludeNamespaces": list(EXCLUDED_NAMESPACES),
     # For `gpu-webhook admission-policies` (webhook.native reads them): custom kinds with pod templates, and the
-    # namespaces the generated policies leave alone.
-    "nativePolicies": {"customKinds": [], "excludeNamespaces": ["kube-system", "kube-node-lease"]},
+    # namespaces the generated policies leave alone beyond excludeNamespaces.
+    "nativePolicies": {"customKinds": [], "excludeNamespaces": []},
     "namespaces": {},
 }
 _DRA_LISTS = ("gpuClasses", "allowedDeviceClasses", "adminAccessNamespaces")
@@ -84,6 +105,9 @@ PLATFORMS: dict[str, dict[str, Any]] = {
     # GPU Feature Discovery's product label (Tesla-T4, A100-SXM4-40GB); taints are the cluster's own.
     "gpu-operator": {"accelerator": {"nodeLabel": "nvidia.com/gpu.product"}},
 }
+
+# The namespaces a platform preset trusts whatever the policy's lists say: what the GPU Operator installs runs there.
+PLATFORM_TRUSTS: dict[str, tuple[str, ...]] = {"gpu-operator": ("gpu-operator", "nvidia-gpu-operator")}
 
 # Settings of the rules that have one, by the rule id their violations carry. Every other rule follows
 # ``enforcement``; these have a setting of their own, which ``enforcement: warn`` still softens.
@@ -139,13 +163,17 @@ _NATIVE_POLICIES = {
             "items": {
                 "type": "object",
                 "additionalProperties": False,
-                "required": ["group", "resource", "templates"],
+                "required": ["group", "resource"],
+                # pod templates, resource blocks ({limits, requests} an operator copies into its pods), or both;
+                # check and the webhook know an object by its kind, so blocks need it
+                "anyOf": [{"required": ["templates"]}, {"required": ["resources", "kind"]}],
                 "properties": {
                     "group": {"type": "string", "pattern": f"^{_DNS_SUBDOMAIN}$"},
                     "version": {"type": "string", "pattern": "^(?:[a-z0-9]+|\\*)$"},
                     "resource": {"type": "string", "pattern": f"^{_DNS_LABEL}$"},
                     "kind": {"type": "string", "pattern": "^[A-Z][A-Za-z0-9]*$"},
                     "templates": {"type": "array", "minItems": 1, "items": _TEMPLATE_PATH},
+                    "resources": {"type": "array", "minItems": 1, "items": _TEMPLATE_PATH},
                 },
             },
         },
@@ -179,6 +207,9 @@ SCHEMA: dict[str, Any] = {
             "properties": {
                 "hideGpus": _HIDE_GPUS,
                 "runtimeClass": _RUNTIME_CLASS,
+                "platformNamespaces": {
+                    "type": "array", "items": {"type": "string", "pattern": f"^{_DNS_LABEL}$"}, "uniqueItems": True,
+                },
                 "trusted": {
                     "type": "object",
                     "additionalProperties": False,
@@ -206,6 +237,7 @@ SCHEMA: dict[str, Any] = {
                 **{key: _SETTING for key in DEFAULTS["dra"] if key not in _DRA_LISTS},
             },
         },
+        "excludeNamespaces": {"type": "array", "items": {"type": "string", "pattern": f"^{_DNS_LABEL}$"}},
         "nativePolicies": _NATIVE_POLICIES,
         "namespaces": {
             "type": "object",
@@ -360,6 +392,8 @@ class Policy:
     gpu_classes: tuple[str, ...] = ()
     allowed_device_classes: tuple[str, ...] = ()
     admin_access_namespaces: tuple[str, ...] = ()
+    # the registry of kinds with the policy's nativePolicies.customKinds: where resource blocks are
+    kinds: tuple[CustomKind, ...] = ()
     _gpu_names: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
 
     def names_gpu(self, resource_name: str) -> bool:
@@ -433,6 +467,12 @@ class PolicySet:
     default: Policy
     by_namespace: Mapping[str, Policy]
     document: Mapping[str, Any]
+    # excludeNamespaces: no engine looks at objects there
+    excluded: frozenset[str] = frozenset(EXCLUDED_NAMESPACES)
+
+    def excludes(self, namespace: str | None) -> bool:
+        """Whether objects of ``namespace`` are left alone by every engine (``excludeNamespaces``)."""
+        return bool(namespace) and namespace in self.excluded
 
     def for_namespace(self, namespace: str | None) -> Policy:
         return self.by_namespace.get(namespace or "", self.default)
@@ -530,6 +570,8 @@ def _schema_problems(document: object) -> list[tuple[KeyPath, str]]:
             known = sorted(error.schema.get("properties", {}))
             unknown = sorted(set(error.instance) - set(known), key=str)
             problem = f"{where}: unknown key(s) {', '.join(_unknown_key(k, at, known) for k in unknown)}"
+        elif error.validator == "anyOf":  # a custom kind's: the one anyOf of the schema
+            problem = f"{where}: give templates (pod templates), or resources (resource blocks) with kind"
         elif error.validator == "enum":
             problem = f"{where}: {_written(error.instance)} is not a setting (use {_choices(error.validator_value)})"
         else:
@@ -643,7 +685,8 @@ def _all_problems(document: object, *, schema_checked: bool = False) -> list[str
     return [problem for _, problem in sorted(problems, key=lambda found: _place(found[0]))]
 
 
-def _policy(document: Mapping[str, Any], trusted: bool = False, accounts: frozenset[str] = frozenset()) -> Policy:
+def _policy(document: Mapping[str, Any], trusted: bool = False, accounts: frozenset[str] = frozenset(),
+            kinds: tuple[CustomKind, ...] = ()) -> Policy:
     accelerator = document["accelerator"]
     isolation = document["isolation"]
     return Policy(
@@ -667,6 +710,7 @@ def _policy(document: Mapping[str, Any], trusted: bool = False, accounts: frozen
         gpu_classes=tuple(document["dra"]["gpuClasses"]),
         allowed_device_classes=tuple(document["dra"]["allowedDeviceClasses"]),
         admin_access_namespaces=tuple(document["dra"]["adminAccessNamespaces"]),
+        kinds=kinds,
     )
 
 
@@ -687,12 +731,18 @@ def build_policy(document: object, source: str = "policy", *, schema_checked: bo
     for entry in trusted["serviceAccounts"]:
         namespace, name = entry.split("/", 1)
         accounts.setdefault(namespace, set()).add(name)
-    default = _policy(merged)
+    trusted_namespaces = {*trusted["namespaces"], *merged["isolation"]["platformNamespaces"],
+                          *PLATFORM_TRUSTS.get(merged["platform"], ())}
+    kinds = tuple(custom_kinds(merged))
+    default = _policy(merged, kinds=kinds)
     by_namespace = {
-        ns: _policy(_merge(merged, overlays.get(ns, {})), ns in trusted["namespaces"], frozenset(accounts.get(ns, ())))
-        for ns in {*overlays, *trusted["namespaces"], *accounts}
+        ns: _policy(_merge(merged, overlays.get(ns, {})), ns in trusted_namespaces, frozenset(accounts.get(ns, ())),
+                    kinds)
+        for ns in {*overlays, *trusted_namespaces, *accounts}
     }
-    return PolicySet(default=default, by_namespace=by_namespace, document={**merged, "namespaces": overlays})
+    excluded = frozenset(merged["excludeNamespaces"])
+    return PolicySet(default=default, by_namespace=by_namespace, document={**merged, "namespaces": overlays},
+                     excluded=excluded)
 
 
 def _at(mark: Any, first_line: int) -> str:

@@ -324,15 +324,17 @@ def _mutating_policy(policies: PolicySet, exclude: Sequence[str], target: Target
 
 
 def settings(policies: PolicySet) -> tuple[list[kinds.CustomKind], list[str]]:
-    """The custom kinds and the excluded namespaces of ``nativePolicies``."""
+    """The custom kinds, and the namespaces left alone: ``excludeNamespaces``, then ``nativePolicies``' own."""
     document: Mapping[str, Any] = policies.document
     native = document.get("nativePolicies") or {}
-    return kinds.custom_kinds(document), list(native.get("excludeNamespaces", ()))
+    exclude = [*document.get("excludeNamespaces", ()), *native.get("excludeNamespaces", ())]
+    return kinds.custom_kinds(document), list(dict.fromkeys(exclude))
 
 
 def _carried_kinds(all_kinds: Sequence[kinds.CustomKind], target: Target) -> list[kinds.CustomKind]:
-    """The custom kinds whose template paths the target's CEL can walk (two wildcards need flatten)."""
-    return [k for k in all_kinds if kinds.wildcards(k) <= 1 or target.has("lists")]
+    """The custom kinds whose template paths the target's CEL can walk (two wildcards need flatten); a kind with
+    resource blocks alone has none to walk."""
+    return [k for k in all_kinds if k.templates and (kinds.wildcards(k) <= 1 or target.has("lists"))]
 
 
 def generate(policies: PolicySet, target: Target = DEFAULT) -> Generated:
@@ -401,8 +403,13 @@ def _left_to_webhook(policies: PolicySet, target: Target, all_kinds: Sequence[ki
         if missing:
             wanted = "; ".join(f"{m} ({LIBRARIES[m][1]}, Kubernetes 1.{LIBRARIES[m][0] + 1}+)" for m in missing)
             out.append((rule.id, f"its CEL needs {wanted}; this cluster is {target.version}"))
+    blocks = [k for k in all_kinds if k.blocks]
+    if blocks:
+        out.append((f"GPU resource blocks of {', '.join(k.title for k in blocks)}",
+                    "the generated policies read pod templates; the webhook reads the resources an operator copies "
+                    "into the pods it makes"))
     for k in all_kinds:
-        if k not in custom_kinds:
+        if k not in custom_kinds and k.templates:
             out.append((f"pod templates of {k.title}",
                         f"a template path with two wildcards needs the CEL lists library (flatten, Kubernetes 1.35+); "
                         f"this cluster is {target.version}"))

@@ -88,7 +88,9 @@ def conditions(policies: PolicySet, target: Target) -> dict[str, list[Condition]
     from webhook.native.generate import settings
 
     every_kind, _ = settings(policies)
-    custom = [k for k in every_kind if kinds.wildcards(k) <= 1 or target.has("lists")]
+    # Carried whole: templates the target's CEL walks, and no resource block (those only the webhook reads).
+    custom = [k for k in every_kind
+              if k.templates and not k.blocks and (kinds.wildcards(k) <= 1 or target.has("lists"))]
     runtime_class = any(p.runtime_class for p in [policies.default, *policies.by_namespace.values()])
     mutate_native = bool(target.mutating) and not (policies.default.cluster_enabled and runtime_class)
     out: dict[str, list[Condition] | None] = {

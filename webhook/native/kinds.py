@@ -1,105 +1,20 @@
-"""Where pod templates are, kind by kind, and the CEL that lists them.
+"""The CEL that lists an object's pod templates, kind by kind, from the registry of kinds.
 
 The webhook walks any object for mappings whose ``containers`` is a list (``webhook.core.podspecs``).
-CEL cannot walk an unknown object, so each kind the policies match names its template paths:
-
-- built-in kinds: the paths ``webhook.core.podspecs`` knows (Pods: the object itself);
-- known custom kinds (Kubeflow, Ray, JobSet, LeaderWorkerSet): :data:`KNOWN_KINDS`;
-- more custom kinds from the policy: ``nativePolicies.customKinds``.
-
-A template path is dot-separated field names, ``*`` for every value of a map (PyTorchJob's replica
-types) and ``[*]`` after a name for every item of a list (RayCluster's worker groups). It points at a
-pod template (``{metadata, spec}``); a bare pod spec there is taken too, as the webhook's walk does.
+CEL cannot walk an unknown object, so each kind the policies match names its template paths in the one registry
+of kinds (``webhook.core.kinds``: built-in kinds, the known custom kinds, ``nativePolicies.customKinds``). A
+template path points at a pod template (``{metadata, spec}``); a bare pod spec there is taken too, as the
+webhook's walk does.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
+from webhook.core.kinds import BUILTIN_KINDS, KNOWN_KINDS, CustomKind, custom_kinds, path_problem, shape, wildcards
 from webhook.native.celtext import lit, record
 from webhook.native.snippets import guarded, stable_item
-
-
-@dataclass(frozen=True)
-class CustomKind:
-    group: str
-    resource: str  # the plural, as the apiserver serves it
-    templates: tuple[str, ...]
-    version: str = "*"
-    kind: str = ""  # for the docs and stderr only; the policies match the resource
-
-    @property
-    def title(self) -> str:
-        return f"{self.kind or self.resource}.{self.group}"
-
-
-def _kubeflow(kind: str, resource: str, field: str, version: str = "*") -> CustomKind:
-    return CustomKind("kubeflow.org", resource, (f"spec.{field}.*.template",), version, kind)
-
-
-def _ray(kind: str, resource: str, cluster: str, extra: tuple[str, ...] = ()) -> CustomKind:
-    prefix = f"spec.{cluster}." if cluster else "spec."
-    return CustomKind("ray.io", resource, (f"{prefix}headGroupSpec.template", f"{prefix}workerGroupSpecs[*].template",
-                                          *extra), "*", kind)
-
-
-KNOWN_KINDS: tuple[CustomKind, ...] = (
-    _kubeflow("PyTorchJob", "pytorchjobs", "pytorchReplicaSpecs"),
-    _kubeflow("TFJob", "tfjobs", "tfReplicaSpecs"),
-    _kubeflow("MPIJob", "mpijobs", "mpiReplicaSpecs"),
-    _kubeflow("XGBoostJob", "xgboostjobs", "xgbReplicaSpecs"),
-    _kubeflow("PaddleJob", "paddlejobs", "paddleReplicaSpecs"),
-    _ray("RayCluster", "rayclusters", ""),
-    _ray("RayJob", "rayjobs", "rayClusterSpec", ("spec.submitterPodTemplate",)),
-    _ray("RayService", "rayservices", "rayClusterConfig"),
-    CustomKind("jobset.x-k8s.io", "jobsets", ("spec.replicatedJobs[*].template.spec.template",), "*", "JobSet"),
-    CustomKind("leaderworkerset.x-k8s.io", "leaderworkersets",
-               ("spec.leaderWorkerTemplate.leaderTemplate", "spec.leaderWorkerTemplate.workerTemplate"), "*",
-               "LeaderWorkerSet"),
-)
-
-# Built-in kinds: (group, kind, plural) -> template path; the Pod is its own template.
-BUILTIN_KINDS: tuple[tuple[str, str, str, str], ...] = (
-    ("", "Pod", "pods", ""),
-    ("", "PodTemplate", "podtemplates", "template"),
-    ("", "ReplicationController", "replicationcontrollers", "spec.template"),
-    ("apps", "Deployment", "deployments", "spec.template"),
-    ("apps", "ReplicaSet", "replicasets", "spec.template"),
-    ("apps", "StatefulSet", "statefulsets", "spec.template"),
-    ("apps", "DaemonSet", "daemonsets", "spec.template"),
-    ("batch", "Job", "jobs", "spec.template"),
-    ("batch", "CronJob", "cronjobs", "spec.jobTemplate.spec.template"),
-)
-
-_SEGMENT = re.compile(r"(?:[A-Za-z0-9_-]+(?:\[\*\])?|\*)")
-
-
-def path_problem(path: object) -> str | None:
-    """Why a template path cannot be used, or None."""
-    if not isinstance(path, str) or not path:
-        return "must be a non-empty string"
-    segments = path.split(".")
-    if not all(_SEGMENT.fullmatch(s) for s in segments):
-        return (f"{path!r} is not a template path (field names separated by '.', '*' for every value of a map, "
-                "'name[*]' for every item of a list)")
-    if segments[0] == "*":
-        return f"{path!r} must start with a field name"
-    return None
-
-
-def custom_kinds(document: Mapping[str, Any]) -> list[CustomKind]:
-    """The known kinds and the policy's ``nativePolicies.customKinds`` (a kind given again replaces the known)."""
-    extra = [
-        CustomKind(entry["group"], entry["resource"], tuple(entry["templates"]), entry.get("version", "*"),
-                   entry.get("kind", ""))
-        for entry in (document.get("nativePolicies") or {}).get("customKinds", [])
-    ]
-    given = {(k.group, k.resource) for k in extra}
-    return [k for k in KNOWN_KINDS if (k.group, k.resource) not in given] + extra
-
 
 # --- CEL: the templates of an object -----------------------------------------------------------------------
 
@@ -108,18 +23,6 @@ def is_pod_spec(x: str) -> str:
     """``podspecs._is_pod_spec``: ``containers`` a non-empty list of mappings."""
     return (f"(type({x}) == map && 'containers' in {x} && type({x}.containers) == list && "
             f"size({x}.containers) > 0 && {x}.containers.all(c0, type(c0) == map))")
-
-
-def shape(path: str) -> tuple[str, ...]:
-    """The structure of a template path: ``field``, ``items`` (``name[*]``) or ``values`` (``*``) per segment."""
-    if not path:
-        return ()
-    return tuple("values" if s == "*" else "items" if s.endswith("[*]") else "field" for s in path.split("."))
-
-
-def wildcards(kind: CustomKind) -> int:
-    """The most wildcards (``*``, ``[*]``) in one of the kind's template paths."""
-    return max(sum(1 for s in shape(p) if s != "field") for p in kind.templates)
 
 
 def _record(path: str, stable: str, meta_path: str, spec: str, meta: str) -> str:
@@ -262,4 +165,4 @@ KIND = "request.resource.group + '/' + request.resource.resource"
 
 
 __all__ = ["BUILTIN_KINDS", "KIND", "KNOWN_KINDS", "CustomKind", "builtin_templates", "custom_kinds",
-           "custom_templates", "is_pod_spec", "path_problem", "wildcards"]
+           "custom_templates", "is_pod_spec", "path_problem", "shape", "wildcards"]

@@ -634,7 +634,8 @@ def mixed_gpu_and_mig(ctx: Ctx) -> list[Finding]:
 @native("init-container-gpus", reads=('init',))
 def init_container_gpus(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
-    loops = (Each("t", "variables.templates", "t.uses"), *r.containers(("initContainers",), f"!{r.sidecar()}"))
+    loops = (Each("t", "variables.templates", "t.uses && !t.trusted"),
+             *r.containers(("initContainers",), f"!{r.sidecar()}"))
     message = "'an init container asks for GPUs (' + h + '); they stay reserved for the pod\\'s lifetime'"
     return [Finding("init-container-gpus", loops, "h != ''", r.resources_path, r.resources_stable, "h", message,
                     (("h", _held(r, True)),))]
@@ -643,7 +644,7 @@ def init_container_gpus(ctx: Ctx) -> list[Finding]:
 @native("cpu-pod-on-gpu-nodes", reads=('gpu-nodes',))
 def cpu_pod_on_gpu_nodes(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
-    cpu_pod = Each("t", "variables.templates", "!t.uses && !t.declares && !t.holds")
+    cpu_pod = Each("t", "variables.templates", "!t.uses && !t.declares && !t.holds && !t.trusted")
     tolerations = Each("x", r.get("t.spec", "tolerations", "list", "[]"),
                        f"{r.is_map('x')}{tolerates_gpu_taint(ctx, 'x')}", "i")
     path = "t.path + '.tolerations[' + string(i) + ']'"
@@ -769,9 +770,10 @@ def _gpu_node_reasons(r: Reads) -> str:
     key_unset = "!has(x.key) || x.key == ''" if r.typed else "!('key' in x) || x.key == null || x.key == ''"
     operator = "x.?operator.orValue('')" if r.typed else "('operator' in x ? x.operator : null)"
     every = f"({key_unset}) && {operator} == 'Exists'"
-    tolerates = (f"{tolerations}.filter(x, {r.is_map('x')}(({every}) || {tolerates_gpu_taint(ctx, 'x')}))"
-                 f".map(x, ({every}) ? 'tolerates every taint' : 'tolerates the ' + x.key + ' taint')")
-    return f"([{selects}] + {tolerates}).filter(s, s != '').join(', ')"
+    blanket = f"({tolerations}.exists(x, {r.is_map('x')}{every}) ? ['tolerates every taint'] : [])"
+    tolerates = (f"{tolerations}.filter(x, {r.is_map('x')}{tolerates_gpu_taint(ctx, 'x')})"
+                 f".map(x, 'tolerates the ' + x.key + ' taint')")
+    return f"([{selects}] + {blanket} + {tolerates}).filter(s, s != '').join(', ')"
 
 
 @native("privileged-gpu", reads=('privileged',))
@@ -947,7 +949,8 @@ def node_name_with_gpus(ctx: Ctx) -> list[Finding]:
     lost = "(t.declares ? 'its claims are never allocated' : 'no GPU capacity is checked')"
     message = (f"'nodeName ' + n + ' bypasses the scheduler, so ' + {lost} + '; use nodeSelector "
                f"kubernetes.io/hostname: ' + n")
-    return [Finding("node-name-with-gpus", (TEMPLATES,), "n != '' && (t.uses || t.declares)", "t.path + '.nodeName'",
+    return [Finding("node-name-with-gpus", (Each("t", "variables.templates", "!t.trusted"),),
+                    "n != '' && (t.uses || t.declares)", "t.path + '.nodeName'",
                     "t.stable + '.nodeName'", "n", message, (("n", node),))]
 
 

@@ -134,7 +134,7 @@ def check_zero_gpu_limits(container: Container, names: tuple[Named, ...], policy
             continue
         out.append(
             Violation(
-                container.path.child("resources").child(n.section).key(n.name),
+                container.resources_path.child(n.section).key(n.name),
                 "zero-gpu-limit",
                 f"{container.label}: {n.name}: 0 allocates no GPU but may still tolerate GPU taints "
                 "and select GPU nodes; leave the resource out",
@@ -152,13 +152,11 @@ def gpu_node_reasons(spec: Mapping[str, Any], policy: Policy) -> list[str]:
         reasons.append(f"selects {policy.node_label}={selected}")
     elif policy.node_label in affinity_keys(spec):
         reasons.append(f"requires {policy.node_label} by node affinity")
-    tolerations = spec.get("tolerations")
-    for toleration in tolerations if isinstance(tolerations, list) else []:
-        toleration = as_mapping(toleration)
-        if toleration.get("key") in (None, "") and toleration.get("operator") == "Exists":
-            reasons.append("tolerates every taint")
-        elif policy.tolerates_gpu_taint(toleration):
-            reasons.append(f"tolerates the {toleration['key']} taint")
+    tolerations = [as_mapping(t) for t in as_list(spec.get("tolerations"))]
+    # Said once however many tolerations match every taint (one per effect is common), before the keyed ones.
+    if any(t.get("key") in (None, "") and t.get("operator") == "Exists" for t in tolerations):
+        reasons.append("tolerates every taint")
+    reasons.extend(f"tolerates the {t['key']} taint" for t in tolerations if policy.tolerates_gpu_taint(t))
     return reasons
 
 

@@ -14,14 +14,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from webhook.core import resources as registry
 from webhook.core.cluster import ClusterView
-from webhook.core.field import FieldPath, Violation
-from webhook.core.podspecs import Container, PodSpecRef, find_pod_specs, read_containers
+from webhook.core.field import ROOT, FieldPath, Violation
+from webhook.core.podspecs import Container, PodSpecRef, find_pod_specs, read_containers, resource_blocks
 from webhook.core.policy import Policy, gpu_entries
 from webhook.core.quantity import quoted, shown
 from webhook.rules import claims, sharing
 from webhook.rules.capacity import check_cluster
-from webhook.rules.context import Named, PodContext, pod_context
+from webhook.rules.context import Named, PodContext, pod_context, resource_names
 from webhook.rules.crossfield import (
     check_cpu_pod_on_gpu_nodes,
     check_init_container_gpus,
@@ -66,13 +67,16 @@ def _odd_resources(container: Container, out: list[Violation]) -> None:
     if raw is None or (type(raw) is dict and type(raw.get("limits", {})) is dict
                        and type(raw.get("requests", {})) is dict):
         return  # the usual shapes, told apart without building a path
-    resources = _mapping_at(container.fields, "resources", container.path, out)
-    _mapping_at(resources, "limits", container.path.child("resources"), out)
-    _mapping_at(resources, "requests", container.path.child("resources"), out)
+    if container.at is not None:  # a resource block: the registry found a mapping there
+        resources = container.resources
+    else:
+        resources = _mapping_at(container.fields, "resources", container.path, out)
+    _mapping_at(resources, "limits", container.resources_path, out)
+    _mapping_at(resources, "requests", container.resources_path, out)
 
 
 def _at(container: Container, section: str, name: str) -> FieldPath:
-    return container.path.child("resources").child(section).key(name)
+    return container.resources_path.child(section).key(name)
 
 
 def _invalid(container: Container, n: Named) -> Violation:
@@ -195,7 +199,7 @@ def check_containers(ctx: PodContext, gpus: PodGPUs) -> list[Violation]:
             out.extend(check_mixed_gpu_and_mig(container.fields, container.path, set(c.counts), policy))
         out.extend(sharing.check_vendor_resources(container, names, policy, ctx.trusted))
         out.extend(check_container_isolation(container, names, ctx, hidden))
-        if list_name == "initContainers" and c.counts:
+        if list_name == "initContainers" and c.counts and not ctx.trusted:
             out.extend(check_init_container_gpus(container.path, c.counts, c.sidecar, policy))
         buckets[list_name].append(c)
         if list_name == "ephemeralContainers":
@@ -301,7 +305,7 @@ def check_pod_spec(
         # A pod with claims may hold GPUs we cannot see; a time-sliced or HAMi pod is no CPU pod either,
         # though its names are not policy GPUs.
         claimed = isinstance(ref.spec.get("resourceClaims"), list) and bool(ref.spec["resourceClaims"])
-        if not claimed and not ctx.use.any:
+        if not claimed and not ctx.use.any and not ctx.trusted:
             out.extend(check_cpu_pod_on_gpu_nodes(ref, policy))
         return out, None
     out.extend(check_pod_limit(totals, ref.path, policy))
@@ -328,11 +332,73 @@ def violations(
         return claims.object_violations(obj, kind, policy, view, namespace)
     out: list[Violation] = []
     named: list[tuple[PodSpecRef, str]] = []
+    read: set[int] = set()  # the pod specs and resource blocks the rules read, by identity
     for ref in find_pod_specs(obj, group, kind):
+        read.add(id(ref.spec))
         found, accelerator = check_pod_spec(ref, policy, view, namespace)
         out.extend(found)
         if accelerator is not None:
             named.append((ref, accelerator))
+    out.extend(check_resource_blocks(obj, group, kind, policy, read))
     out.extend(check_replica_accelerators(named, group, kind, policy))
     out.extend(check_process_count(obj, group, kind, policy))
+    out.extend(check_unchecked(obj, kind, policy, read))
+    return out
+
+
+def check_resource_blocks(obj: Mapping[str, Any], group: str, kind: str, policy: Policy,
+                          read: set[int]) -> list[Violation]:
+    """The quantity and vendor-name rules on the resource blocks the registry of kinds names for this kind (an
+    InferenceService's model, a NIMService's ``spec.resources``): what an operator copies into the containers of the
+    pods it makes. Adds each block to ``read``."""
+    out: list[Violation] = []
+    for block in resource_blocks(obj, group, kind, policy.kinds):
+        read.add(id(block.resources))
+        names = resource_names(block, policy)
+        out.extend(check_container(block, names, policy, ContainerGPUs()))
+        out.extend(sharing.check_vendor_resources(block, names, policy, policy.trusted))
+    return out
+
+
+# Kinds whose GPU quantities are the cluster's own record, not a request: never "not checked".
+_RECORDS = frozenset({"Node"})
+_MAX_DEPTH = 64
+
+
+def _holds_gpus(name: object, policy: Policy) -> bool:
+    if not isinstance(name, str) or "/" not in name:
+        return False
+    entry = registry.lookup(name)
+    return policy.is_gpu(name) or (entry is not None and entry.kind.counts)
+
+
+def check_unchecked(obj: Mapping[str, Any], kind: str, policy: Policy, read: set[int]) -> list[Violation]:
+    """Every GPU quantity of ``obj`` (a GPU resource name with a value) outside what the rules read (``read``:
+    pod specs and resource blocks, by identity), ``metadata`` and ``status``: a place no rule reads, so nothing
+    was checked there."""
+    if kind in _RECORDS or not policy.checks("unchecked-gpu"):
+        return []
+    out: list[Violation] = []
+
+    def walk(node: object, path: FieldPath, depth: int) -> None:
+        if depth > _MAX_DEPTH or id(node) in read:
+            return
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                if depth == 0 and key in ("metadata", "status"):
+                    continue
+                if isinstance(value, (Mapping, list)):
+                    walk(value, path.child(str(key)), depth + 1)
+                elif isinstance(value, (str, int, float)) and not isinstance(value, bool) and _holds_gpus(key, policy):
+                    out.append(Violation(
+                        path.key(key), "unchecked-gpu",
+                        f"{about(value)} {key} is in a place no GPU rule reads, so it was not checked; if it reaches "
+                        "a pod, name this kind's pod templates or resource blocks in nativePolicies.customKinds",
+                        f"{key}={about(value)}",
+                    ))
+        elif isinstance(node, list):
+            for i, item in enumerate(node):
+                walk(item, path.index(i), depth + 1)
+
+    walk(obj, ROOT, 0)
     return out

@@ -26,8 +26,8 @@ def requested(container: Container, names: tuple[Named, ...]) -> list[Named]:
     ]
 
 
-def _at(path: FieldPath, section: str, name: str) -> FieldPath:
-    return path.child("resources").child(section).key(name)
+def _at(container: Container, section: str, name: str) -> FieldPath:
+    return container.resources_path.child(section).key(name)
 
 
 def check_vendor_resources(
@@ -56,7 +56,7 @@ def check_shared_gpus(container: Container, found: list[Named], policy: Policy) 
         if n.entry is not None and n.entry.kind is Kind.SHARED and n.number is not None and n.number > 1:
             out.append(
                 Violation(
-                    _at(container.path, n.section, n.name),
+                    _at(container, n.section, n.name),
                     "shared-gpu-over-one",
                     f"{container.label}: {n.number} {n.name} asks for several replicas of a shared GPU, which "
                     "give no more compute than one (the kubelet refuses it with failRequestsGreaterThanOne); "
@@ -80,14 +80,14 @@ def check_fractional_request(container: Container, found: list[Named], policy: P
         seen.add(n.name)
         if n.entry.percent and (n.number is None or n.number > 100):
             out.append(
-                Violation(_at(container.path, n.section, n.name), "fractional-gpu-request",
+                Violation(_at(container, n.section, n.name), "fractional-gpu-request",
                           f"{container.label}: {n.name} is a percentage, 0 to 100, not {shown(n.raw)}", shown(n.raw))
             )
     for absolute, percentage in EXCLUSIVE:
         if absolute in seen and percentage in seen:
             out.append(
                 Violation(
-                    container.path.child("resources"),
+                    container.resources_path,
                     "fractional-gpu-request",
                     f"{container.label}: {absolute} and {percentage} both size the GPU memory; set one of them",
                     f"{absolute} + {percentage}",
@@ -97,7 +97,7 @@ def check_fractional_request(container: Container, found: list[Named], policy: P
     if volcano and VOLCANO_COUNT not in seen:
         out.append(
             Violation(
-                container.path.child("resources"),
+                container.resources_path,
                 "fractional-gpu-request",
                 f"{container.label}: {', '.join(volcano)} without {VOLCANO_COUNT}: Volcano mounts no GPU without a "
                 "vGPU count",
@@ -114,7 +114,7 @@ def check_monitoring_resources(container: Container, found: list[Named], policy:
         return []
     return [
         Violation(
-            _at(container.path, n.section, n.name),
+            _at(container, n.section, n.name),
             "gpu-monitoring-resource",
             f"{container.label}: {n.name} gives access to every GPU of the node; only trusted "
             "namespaces and service accounts (isolation.trusted) may ask for it",
