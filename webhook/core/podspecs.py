@@ -28,6 +28,16 @@ _TEMPLATE_KEYS: dict[tuple[str, str], tuple[str, ...]] = {
     ("batch", "CronJob"): ("spec", "jobTemplate", "spec", "template"),
 }
 
+# Where each kind keeps its RayCluster spec (headGroupSpec, workerGroupSpecs): a RayCluster is one, a RayJob and a
+# RayService embed one. A kind that embeds one more is one row here: the replica checks read its cluster there
+# (webhook.rules.crossfield), hybrid mode sends it to the webhook for them and the generated policies find its pod
+# templates there (webhook.native.kinds).
+RAY_CLUSTER_SPECS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("ray.io", "RayCluster"): ("spec",),
+    ("ray.io", "RayJob"): ("spec", "rayClusterSpec"),
+    ("ray.io", "RayService"): ("spec", "rayClusterConfig"),
+}
+
 _MAX_DEPTH = 64  # deeper than any real manifest; a bound so hostile input cannot recurse without end
 
 

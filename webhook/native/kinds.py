@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.core.podspecs import RAY_CLUSTER_SPECS
 from webhook.native.celtext import lit, record
 from webhook.native.snippets import guarded, stable_item
 
@@ -40,10 +41,12 @@ def _kubeflow(kind: str, resource: str, field: str, version: str = "*") -> Custo
     return CustomKind("kubeflow.org", resource, (f"spec.{field}.*.template",), version, kind)
 
 
-def _ray(kind: str, resource: str, cluster: str, extra: tuple[str, ...] = ()) -> CustomKind:
-    prefix = f"spec.{cluster}." if cluster else "spec."
-    return CustomKind("ray.io", resource, (f"{prefix}headGroupSpec.template", f"{prefix}workerGroupSpecs[*].template",
-                                          *extra), "*", kind)
+def _ray(kind: str, resource: str, extra: tuple[str, ...] = ()) -> CustomKind:
+    """A Ray kind: the head's and the worker groups' templates in its RayCluster spec, where
+    ``webhook.core.podspecs.RAY_CLUSTER_SPECS`` says the kind keeps it."""
+    cluster = ".".join(RAY_CLUSTER_SPECS[("ray.io", kind)])
+    templates = (f"{cluster}.headGroupSpec.template", f"{cluster}.workerGroupSpecs[*].template", *extra)
+    return CustomKind("ray.io", resource, templates, "*", kind)
 
 
 KNOWN_KINDS: tuple[CustomKind, ...] = (
@@ -52,9 +55,9 @@ KNOWN_KINDS: tuple[CustomKind, ...] = (
     _kubeflow("MPIJob", "mpijobs", "mpiReplicaSpecs"),
     _kubeflow("XGBoostJob", "xgboostjobs", "xgbReplicaSpecs"),
     _kubeflow("PaddleJob", "paddlejobs", "paddleReplicaSpecs"),
-    _ray("RayCluster", "rayclusters", ""),
-    _ray("RayJob", "rayjobs", "rayClusterSpec", ("spec.submitterPodTemplate",)),
-    _ray("RayService", "rayservices", "rayClusterConfig"),
+    _ray("RayCluster", "rayclusters"),
+    _ray("RayJob", "rayjobs", ("spec.submitterPodTemplate",)),
+    _ray("RayService", "rayservices"),
     CustomKind("jobset.x-k8s.io", "jobsets", ("spec.replicatedJobs[*].template.spec.template",), "*", "JobSet"),
     CustomKind("leaderworkerset.x-k8s.io", "leaderworkersets",
                ("spec.leaderWorkerTemplate.leaderTemplate", "spec.leaderWorkerTemplate.workerTemplate"), "*",
