@@ -84,6 +84,26 @@ def ray_cluster(head: dict, workers: list[dict], name: str = "ray") -> dict:
     }
 
 
+def ray_job(head: dict, workers: list[dict], name: str = "ray-job", submitter: dict | None = None) -> dict:
+    """A KubeRay RayJob: the RayCluster it starts under spec.rayClusterSpec (head and worker groups as
+    :func:`ray_cluster` has them), and the pod that submits the entrypoint under spec.submitterPodTemplate."""
+    spec: dict[str, Any] = {"entrypoint": "python /home/ray/train.py", "shutdownAfterJobFinishes": True,
+                            "rayClusterSpec": ray_cluster(head, workers)["spec"]}
+    if submitter is not None:
+        spec["submitterPodTemplate"] = {"spec": submitter["spec"]}
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": name}, "spec": spec}
+
+
+def ray_service(head: dict, workers: list[dict], name: str = "ray-serve") -> dict:
+    """A KubeRay RayService: the RayCluster it serves on under spec.rayClusterConfig."""
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": {"name": name},
+        "spec": {"serveConfigV2": "applications: []\n", "rayClusterConfig": ray_cluster(head, workers)["spec"]},
+    }
+
+
 def admission_request(obj: dict | None, operation: str = "CREATE", namespace: str = "default",
                       uid: str = "705ab4f5-6393-11e8-b7cc-42010a800002") -> dict:
     kind = obj.get("kind", "") if obj else "Pod"

@@ -1,7 +1,7 @@
 """The corpus the generated admission policies are held to: pod specs (quantity spellings as strings and numbers,
 caps, accelerators, isolation cases, the pod's own DRA fields, odd shapes) placed in Pods, built-in workloads and
-the custom kinds the policies know (PyTorchJob, TFJob, RayCluster, RayJob, JobSet, LeaderWorkerSet, and a kind the
-policy adds), ResourceClaims and ResourceClaimTemplates, under a policy with per-namespace overrides.
+the custom kinds the policies know (PyTorchJob, TFJob, RayCluster, RayJob, RayService, JobSet, LeaderWorkerSet, and a
+kind the policy adds), ResourceClaims and ResourceClaimTemplates, under a policy with per-namespace overrides.
 
 Shared by the unit tier (tests/test_native_eval.py: the apiserver's CEL packages, in seconds) and the e2e
 differential (tests/e2e/test_native_policies.py: a real kube-apiserver of each version).
@@ -232,6 +232,16 @@ def as_rayjob(name: str, s: dict, annotations: dict) -> dict:
                 "headGroupSpec": {"template": template(s, annotations)}, "workerGroupSpecs": []}}}
 
 
+def as_rayservice(name: str, s: dict, annotations: dict) -> dict:
+    """The spec in a worker group told num-gpus=1 of the RayCluster a RayService embeds: where its first container's
+    GPU limit is not 1, the webhook-only process-count-mismatch fires too, which the native policies leave alone."""
+    return {"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": name},
+            "spec": {"serveConfigV2": "applications: []\n", "rayClusterConfig": {
+                "headGroupSpec": {"rayStartParams": {}, "template": template(spec(ctr("head")), {})},
+                "workerGroupSpecs": [{"groupName": "gpu", "rayStartParams": {"num-gpus": "1"},
+                                      "template": template(s, annotations)}]}}}
+
+
 def as_jobset(name: str, s: dict, annotations: dict) -> dict:
     return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": name},
             "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2, "template": {"spec": {
@@ -319,6 +329,11 @@ def corpus() -> list[Case]:
             for wrap in (as_pod, as_raycluster):
                 obj = wrap(f"{name}-{wrap.__name__[3:]}", s, meta)
                 cases.append(Case(obj["metadata"]["name"], namespace, obj))
+    # The same few specs in the RayCluster a RayService embeds (a block of its own: the cases above stay as they were).
+    for name, s, meta in pod_specs():
+        if name in chosen:
+            obj = as_rayservice(f"{name}-rayservice", s, meta)
+            cases.append(Case(obj["metadata"]["name"], NS, obj))
     # Odd shapes only custom resources can have.
     odd = [
         ("resources-string", spec(ctr("a", resources="lots"))),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.manifests import container, found, pod, pytorch_job, ray_cluster, seed_pod
+from tests.manifests import container, found, pod, pytorch_job, ray_cluster, ray_job, ray_service, seed_pod
 from webhook.core.policy import parse_policy
 from webhook.rules.admission import decide
 
@@ -29,13 +29,17 @@ def torch(nproc=None, elastic=None, worker_gpus=4, master=None, worker=None):
     return job
 
 
-def ray(num_gpus, limit, head_gpus=None, head_limit=None):
+def ray(num_gpus, limit, head_gpus=None, head_limit=None, build=ray_cluster):
+    """A Ray object (``build``: a RayCluster, RayJob or RayService) whose worker group is told ``num-gpus`` and whose
+    worker container has ``limit`` GPUs; its head told ``head_gpus`` with ``head_limit`` GPUs."""
     head = pod(container("head", limits={GPU: head_limit} if head_limit is not None else None))
-    cluster = ray_cluster(head, [pod(container("worker", limits={GPU: limit}))])
-    cluster["spec"]["workerGroupSpecs"][0]["rayStartParams"]["num-gpus"] = num_gpus
+    obj = build(head, [pod(container("worker", limits={GPU: limit}))])
+    spec = obj["spec"]
+    cluster = spec.get("rayClusterSpec") or spec.get("rayClusterConfig") or spec
+    cluster["workerGroupSpecs"][0]["rayStartParams"]["num-gpus"] = num_gpus
     if head_gpus is not None:
-        cluster["spec"]["headGroupSpec"]["rayStartParams"]["num-gpus"] = head_gpus
-    return cluster
+        cluster["headGroupSpec"]["rayStartParams"]["num-gpus"] = head_gpus
+    return obj
 
 
 CASES = [
@@ -133,6 +137,61 @@ CASES = [
 ]
 
 
+# Every RayCluster rule reads the RayCluster a RayJob or a RayService embeds too, at its path there.
+RAY_KINDS = [(ray_cluster, "spec"), (ray_job, "spec.rayClusterSpec"), (ray_service, "spec.rayClusterConfig")]
+RAY_CASES = [
+    (
+        "num-gpus differs from the worker's limit",
+        lambda build: ray("2", 1, build=build),
+        {("workerGroupSpecs[0].rayStartParams[num-gpus]", "process-count-mismatch")},
+    ),
+    ("num-gpus equal to the worker's limit", lambda build: ray("1", 1, build=build), set()),
+    (
+        "the head told num-gpus other than its limit",
+        lambda build: ray("1", 1, head_gpus="1", head_limit=2, build=build),
+        {("headGroupSpec.rayStartParams[num-gpus]", "process-count-mismatch")},
+    ),
+    (
+        "the head and a worker group both told wrong",
+        lambda build: ray("4", 2, head_gpus="1", build=build),
+        {
+            ("headGroupSpec.rayStartParams[num-gpus]", "process-count-mismatch"),
+            ("workerGroupSpecs[0].rayStartParams[num-gpus]", "process-count-mismatch"),
+        },
+    ),
+    ("the head told its own limit", lambda build: ray("1", 1, head_gpus="2", head_limit=2, build=build), set()),
+    (
+        "worker groups on different accelerators",
+        lambda build: build(pod(container("head")), [with_accelerator(seed_pod(), "a"),
+                                                     with_accelerator(seed_pod(), "b")]),
+        {("workerGroupSpecs[1].template.spec.nodeSelector[accelerator]", "replica-accelerator-mismatch")},
+    ),
+    (
+        "worker groups on one accelerator",
+        lambda build: build(pod(container("head")), [with_accelerator(seed_pod(), "a"),
+                                                     with_accelerator(seed_pod(), "a")]),
+        set(),
+    ),
+]
+
+
+@pytest.mark.parametrize(("build", "at"), RAY_KINDS, ids=[at for _, at in RAY_KINDS])
+@pytest.mark.parametrize(("make", "expected"), [c[1:] for c in RAY_CASES], ids=[c[0] for c in RAY_CASES])
+def test_the_ray_checks_read_the_raycluster_of_a_rayjob_and_a_rayservice(build, at, make, expected):
+    assert found(make(build)) == {(f"{at}.{path}", rule) for path, rule in expected}
+
+
+def test_a_rayjobs_submitter_is_no_replica_of_its_cluster():
+    """The submitter pod runs ``ray job submit``; it is no Ray node, whatever accelerator it asks for."""
+    job = ray_job(pod(container("head")), [with_accelerator(seed_pod(), "a")],
+                  submitter=with_accelerator(seed_pod(), "b"))
+    assert found(job) == set()
+    job["spec"]["rayClusterSpec"]["workerGroupSpecs"].append(
+        {"groupName": "other", "rayStartParams": {}, "template": {"spec": with_accelerator(seed_pod(), "b")["spec"]}})
+    assert found(job) == {("spec.rayClusterSpec.workerGroupSpecs[1].template.spec.nodeSelector[accelerator]",
+                           "replica-accelerator-mismatch")}
+
+
 @pytest.mark.parametrize(("obj", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_cross_field_checks(obj, expected):
     assert found(obj) == expected
@@ -146,6 +205,10 @@ def test_the_process_count_messages_name_the_replica():
     assert decide(head, "ray.io", "RayCluster", "default", DEFAULT).warnings == (
         "spec.headGroupSpec.rayStartParams[num-gpus]: the Ray head is told num-gpus=1 but its container's GPU limit "
         "is 2",)
+    service = ray("2", 1, build=ray_service)
+    assert decide(service, "ray.io", "RayService", "default", DEFAULT).warnings == (
+        "spec.rayClusterConfig.workerGroupSpecs[0].rayStartParams[num-gpus]: Ray is told num-gpus=2 but the "
+        "container's GPU limit is 1",)
 
 
 def test_defaults_warn_on_mixing_and_the_rest():

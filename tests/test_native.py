@@ -14,13 +14,15 @@ import yaml
 
 from webhook.core import catalog
 from webhook.core import resources as registry
+from webhook.core.kinds import RAY_CLUSTER_SPECS
 from webhook.core.policy import CLUSTER_RULES, PolicyError, parse_policy
-from webhook.native import claims, kinds, pods, snippets
+from webhook.native import claims, hybrid, kinds, pods, snippets
 from webhook.native.celtext import one_line
 from webhook.native.generate import CEL_FIELDS, LABELS, RULES_ANNOTATION, TARGET_ANNOTATION, generate, to_yaml
 from webhook.native.rules import BUILDERS, native_rules
 from webhook.native.target import for_version
 from webhook.rules import isolation
+from webhook.rules.crossfield import REPLICA_KINDS
 
 POLICY = """\
 accelerator: {allowed: [nvidia-l4, nvidia-a100], default: nvidia-l4}
@@ -241,6 +243,22 @@ def test_every_template_path_of_the_known_kinds_is_one():
     for kind in kinds.KNOWN_KINDS:
         for path in kind.templates:
             assert kinds.path_problem(path) is None, path
+
+
+def test_hybrid_mode_sends_the_webhook_every_kind_the_replica_checks_read():
+    """The replica checks read PyTorchJobs and the RayCluster of every Ray kind (a RayJob's, a RayService's): each is
+    a known kind, so hybrid mode's custom condition lets it through, and the Ray kinds' template paths are in the
+    RayCluster spec where the checks read it (one table, podspecs.RAY_CLUSTER_SPECS)."""
+    known = {(k.group, k.kind): k for k in kinds.KNOWN_KINDS}
+    assert set(REPLICA_KINDS) <= set(known)
+    assert hybrid.replica_kinds() == [
+        "kubeflow.org/pytorchjobs", "ray.io/rayclusters", "ray.io/rayjobs", "ray.io/rayservices"]
+    assert hybrid.custom_condition([], replicas=True).endswith(
+        " in ['kubeflow.org/pytorchjobs', 'ray.io/rayclusters', 'ray.io/rayjobs', 'ray.io/rayservices']")
+    for key, fields in RAY_CLUSTER_SPECS.items():
+        cluster = ".".join(fields)
+        assert {f"{cluster}.headGroupSpec.template", f"{cluster}.workerGroupSpecs[*].template"} <= set(
+            known[key].templates), key
 
 
 # --- the pitfalls, on the generated text -------------------------------------------------------------------------

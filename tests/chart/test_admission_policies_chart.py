@@ -174,14 +174,15 @@ def test_hybrid_mode_narrows_every_webhook(helm: Helm) -> None:
 
 
 def test_the_replica_checks_pull_only_the_kinds_they_read(helm: Helm) -> None:
-    """On by default (warn), and on in a single namespace: PyTorchJobs and RayClusters still go to the webhook, and
-    nothing else does for them."""
+    """On by default (warn), and on in a single namespace: PyTorchJobs and the Ray kinds (RayClusters, RayJobs and
+    RayServices, which embed one) still go to the webhook, and nothing else does for them."""
     for policy in ({}, {**CHECKS_OFF, "namespaces": {"team": {"checks": {"processCountMismatch": "deny"}}}}):
         docs = helm.template(*enabled(policy=policy, webhook={"customResources": CUSTOM}))
         found = conditions(docs)
         assert found["validate.gpu-webhook.io"] == ["gpu-or-isolation", "left-to-the-webhook"], policy
         custom = one(docs, "ValidatingWebhookConfiguration")["webhooks"][-1]["matchConditions"][0]["expression"]
-        assert custom.endswith(" in ['kubeflow.org/pytorchjobs', 'ray.io/rayclusters']"), policy
+        assert custom.endswith(" in ['kubeflow.org/pytorchjobs', 'ray.io/rayclusters', 'ray.io/rayjobs', "
+                               "'ray.io/rayservices']"), policy
 
 
 def test_a_bare_off_in_a_values_file_is_off(helm: Helm, tmp_path) -> None:

@@ -97,9 +97,9 @@ class Answer:
 
 
 PLURALS = {"Pod": "pods", "Deployment": "deployments", "CronJob": "cronjobs", "PyTorchJob": "pytorchjobs",
-           "TFJob": "tfjobs", "RayCluster": "rayclusters", "RayJob": "rayjobs", "JobSet": "jobsets",
-           "LeaderWorkerSet": "leaderworkersets", "TrainJob": "trainjobs", "ResourceClaim": "resourceclaims",
-           "ResourceClaimTemplate": "resourceclaimtemplates"}
+           "TFJob": "tfjobs", "RayCluster": "rayclusters", "RayJob": "rayjobs", "RayService": "rayservices",
+           "JobSet": "jobsets", "LeaderWorkerSet": "leaderworkersets", "TrainJob": "trainjobs",
+           "ResourceClaim": "resourceclaims", "ResourceClaimTemplate": "resourceclaimtemplates"}
 
 
 class Api:

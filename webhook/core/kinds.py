@@ -39,10 +39,22 @@ def _kubeflow(kind: str, resource: str, field: str, version: str = "*") -> Custo
     return CustomKind("kubeflow.org", resource, (f"spec.{field}.*.template",), version, kind)
 
 
-def _ray(kind: str, resource: str, cluster: str, extra: tuple[str, ...] = ()) -> CustomKind:
-    prefix = f"spec.{cluster}." if cluster else "spec."
-    return CustomKind("ray.io", resource, (f"{prefix}headGroupSpec.template", f"{prefix}workerGroupSpecs[*].template",
-                                          *extra), "*", kind)
+# Where each kind keeps its RayCluster spec (headGroupSpec, workerGroupSpecs): a RayCluster is one, a RayJob and a
+# RayService embed one. A kind that embeds one more is one row here: the replica checks read its cluster there
+# (webhook.rules.crossfield), hybrid mode sends it to the webhook for them and the generated policies find its pod
+# templates there.
+RAY_CLUSTER_SPECS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("ray.io", "RayCluster"): ("spec",),
+    ("ray.io", "RayJob"): ("spec", "rayClusterSpec"),
+    ("ray.io", "RayService"): ("spec", "rayClusterConfig"),
+}
+
+
+def _ray(kind: str, resource: str, extra: tuple[str, ...] = ()) -> CustomKind:
+    """A Ray kind: the head's and the worker groups' templates in its RayCluster spec (``RAY_CLUSTER_SPECS``)."""
+    cluster = ".".join(RAY_CLUSTER_SPECS[("ray.io", kind)])
+    templates = (f"{cluster}.headGroupSpec.template", f"{cluster}.workerGroupSpecs[*].template", *extra)
+    return CustomKind("ray.io", resource, templates, "*", kind)
 
 
 # Kinds whose pod templates the generated policies read (and `check` and the webhook find by their walk).
@@ -52,9 +64,9 @@ KNOWN_KINDS: tuple[CustomKind, ...] = (
     _kubeflow("MPIJob", "mpijobs", "mpiReplicaSpecs"),
     _kubeflow("XGBoostJob", "xgboostjobs", "xgbReplicaSpecs"),
     _kubeflow("PaddleJob", "paddlejobs", "paddleReplicaSpecs"),
-    _ray("RayCluster", "rayclusters", ""),
-    _ray("RayJob", "rayjobs", "rayClusterSpec", ("spec.submitterPodTemplate",)),
-    _ray("RayService", "rayservices", "rayClusterConfig"),
+    _ray("RayCluster", "rayclusters"),
+    _ray("RayJob", "rayjobs", ("spec.submitterPodTemplate",)),
+    _ray("RayService", "rayservices"),
     CustomKind("jobset.x-k8s.io", "jobsets", ("spec.replicatedJobs[*].template.spec.template",), "*", "JobSet"),
     CustomKind("leaderworkerset.x-k8s.io", "leaderworkersets",
                ("spec.leaderWorkerTemplate.leaderTemplate", "spec.leaderWorkerTemplate.workerTemplate"), "*",
@@ -129,5 +141,5 @@ def wildcards(kind: CustomKind) -> int:
     return max((sum(1 for s in shape(p) if s != "field") for p in kind.templates), default=0)
 
 
-__all__ = ["BLOCK_KINDS", "BUILTIN_KINDS", "KNOWN_KINDS", "CustomKind", "custom_kinds", "path_problem", "shape",
-           "wildcards"]
+__all__ = ["BLOCK_KINDS", "BUILTIN_KINDS", "KNOWN_KINDS", "RAY_CLUSTER_SPECS", "CustomKind", "custom_kinds",
+           "path_problem", "shape", "wildcards"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from webhook.core.policy import Policy
-from webhook.native.celtext import globs_regex, lit, matches, record
+from webhook.native.celtext import boolean, globs_regex, lit, matches, record
 from webhook.native.findings import Each, Finding
 from webhook.native.snippets import Ctx, guarded, quoted, stable_item
 
@@ -52,6 +52,12 @@ def _policies(ctx: Ctx) -> list[Policy]:
     return [ctx.policies.default, *ctx.policies.by_namespace.values()]
 
 
+def _trusted(ctx: Ctx) -> str:
+    """Whether the claim's namespace is trusted (``isolation.trusted``, ``isolation.platformNamespaces``): the
+    platform's node agents there may take every device and watch devices in use."""
+    return ctx.ns(lambda p: boolean(p.trusted))
+
+
 def _class() -> str:
     return "d.q.?deviceClassName.orValue(null)"
 
@@ -72,13 +78,15 @@ def device_class_not_allowed(ctx: Ctx) -> list[Finding]:
 def allocation_mode_all(ctx: Ctx) -> list[Finding]:
     message = lit("allocationMode: All takes every matching device on the node (and fails while any is in use); "
                   "ask for a count instead")
-    return [Finding("allocation-mode-all", (REQUESTS, DEVICES), "d.q.?allocationMode.orValue('') == 'All'",
+    return [Finding("allocation-mode-all", (REQUESTS, DEVICES),
+                    f"d.q.?allocationMode.orValue('') == 'All' && !{_trusted(ctx)}",
                     "d.path + '.allocationMode'", "d.stable + '.allocationMode'", lit("All"), message)]
 
 
 def admin_access(ctx: Ctx) -> list[Finding]:
     namespaces = ctx.policy.admin_access_namespaces
     allowed = matches("request.namespace", globs_regex(namespaces)) if namespaces else "false"
+    allowed = f"({allowed} || {_trusted(ctx)})" if _trusted(ctx) != "false" else allowed
     listed = ", ".join(namespaces) or "none"
     intro = lit("adminAccess gives access to devices in use by other pods; it is allowed only in the namespaces "
                 "the webhook policy names (dra.adminAccessNamespaces: " + listed + "), not in ")
@@ -91,7 +99,8 @@ def blanket_device_toleration(ctx: Ctx) -> list[Finding]:
     key_set = "x.?key.orValue('') != ''"
     effect = "x.?effect.orValue('')"
     blanket = f"(!({key_set}) && x.?operator.orValue('') == 'Exists')"
-    tolerations = Each("x", "d.q.?tolerations.orValue([])", "", "i")
+    trusted = _trusted(ctx)
+    tolerations = Each("x", "d.q.?tolerations.orValue([])", "" if trusted == "false" else f"!{trusted}", "i")
     path = "d.path + '.tolerations[' + string(i) + ']'"
     stable = stable_item("d.stable + '.tolerations'", "i", "x", "key")
     key_shown = f"({key_set} ? x.key : '*')"

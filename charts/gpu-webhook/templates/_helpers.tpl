@@ -467,7 +467,7 @@ drainSeconds + 20). A shorter period SIGKILLs the server while it still answers 
 Hybrid mode (admissionPolicies.enabled): the engines this cluster allows, from .Capabilities and the generated
 helpers of _native.tpl (the CEL of every hybrid condition comes from the generator, none is kept here).
 "gpu-webhook.replicaChecks" is true while a check only the webhook carries (the replica checks, which read
-PyTorchJobs and RayClusters only) is not off in the policy or a namespace. A bare `off` in a values file is YAML
+PyTorchJobs and the Ray kinds only: RayClusters, RayJobs, RayServices) is not off in the policy or a namespace. A bare `off` in a values file is YAML
 false: it counts as off too.
 */}}
 {{- define "gpu-webhook.isOff" -}}
@@ -552,7 +552,7 @@ mode, and where the webhook must keep seeing every object its other conditions l
   expression: "false"
 {{- else if and (eq .hook "custom") (include "gpu-webhook.native.carriesAll" $root) }}
 # Kinds the generated policies know their pod templates of are theirs (the replica checks, while on, read
-# PyTorchJobs and RayClusters). On a version whose CEL cannot carry every rule, every kind comes here.
+# PyTorchJobs, RayClusters, RayJobs and RayServices). On a version whose CEL cannot carry every rule, every kind comes here.
 - name: kind-not-native
   expression: |-
     {{- include "gpu-webhook.native.customCondition" (dict "kinds" (include "gpu-webhook.nativeCustomKinds" $root) "replicas" (include "gpu-webhook.replicaChecks" $root)) | nindent 4 }}

@@ -53,7 +53,7 @@ processCountMismatch,replicaAcceleratorMismatch
 
 {{- define "gpu-webhook.native.customCondition" -}}
 {{- /* Call with (dict "kinds" <CEL list> "replicas" <bool>). */}}
-{{- if .replicas }}!((request.resource.group + '/' + request.resource.resource) in {{ .kinds }}) || (request.resource.group + '/' + request.resource.resource) in ['kubeflow.org/pytorchjobs', 'ray.io/rayclusters']
+{{- if .replicas }}!((request.resource.group + '/' + request.resource.resource) in {{ .kinds }}) || (request.resource.group + '/' + request.resource.resource) in ['kubeflow.org/pytorchjobs', 'ray.io/rayclusters', 'ray.io/rayjobs', 'ray.io/rayservices']
 {{- else }}!((request.resource.group + '/' + request.resource.resource) in {{ .kinds }})
 {{- end }}
 {{- end }}
