@@ -15,8 +15,8 @@ import yaml
 from cryptography import x509
 
 from tests.manifests import EXAMPLES, container, pod, pytorch_job, seed_pod, workload
-from webhook.cli import check
 from webhook.cli.main import main
+from webhook.manifests import yamlstream
 
 GPU = "nvidia.com/gpu"
 
@@ -313,8 +313,8 @@ def test_a_broken_document_is_named_by_number_and_line_and_the_others_are_still_
     cli, tmp_path, monkeypatch, loader, content, says, checked
 ):
     if loader == "python":
-        monkeypatch.setattr(check, "_SafeLoader", yaml.SafeLoader)
-    elif not check.LIBYAML:
+        monkeypatch.setattr(yamlstream, "_SafeLoader", yaml.SafeLoader)
+    elif not yamlstream.LIBYAML:
         pytest.skip("PyYAML without libyaml")
     path = tmp_path / "m.yaml"
     path.write_text(content)

@@ -12,8 +12,10 @@ import yaml
 
 from tests.manifests import container, pod
 from tests.test_cli import cli  # noqa: F401  (the fixture: gpu-webhook in this process)
-from webhook.cli import check
-from webhook.cli.check import JsonInput, JsonLocator, YamlLocator, steps, yaml_parts
+from webhook.manifests import yamlstream
+from webhook.manifests.jsonstream import JsonInput, JsonLocator
+from webhook.manifests.positions import YamlLocator, steps
+from webhook.manifests.yamlstream import yaml_parts
 
 GPU = "nvidia.com/gpu"
 
@@ -278,5 +280,5 @@ def test_a_list_and_the_documents_after_it(cli, tmp_path):  # noqa: F811
 
 def test_load_reads_a_yaml_list_whole():
     text = kubectl_yaml_list(pods(3))
-    [document] = check.load(text)
+    [document] = yamlstream.load(text)
     assert document.value == yaml.safe_load(text)

@@ -29,11 +29,11 @@ from xml.sax.saxutils import quoteattr
 
 from webhook import __version__
 from webhook.core.catalog import RULES, page_url
+from webhook.manifests.inputs import STDIN
 
 OUTPUTS = ("text", "json", "jsonl", "junit", "sarif")
 FAIL_ON = ("deny", "warning")
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_UNREADABLE = 0, 1, 2
-STDIN = "<stdin>"
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 
 

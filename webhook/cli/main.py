@@ -16,6 +16,8 @@ from webhook import __version__
 from webhook.cli import check, formats
 from webhook.core.policy import PolicyError, PolicySet, load_policy
 from webhook.kube.client import DEFAULT_CREDENTIALS
+from webhook.manifests import inputs
+from webhook.manifests.parts import UnreadableInput
 from webhook.serving import tls
 from webhook.serving.ports import port_problem
 
@@ -139,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
     lint.add_argument(
         "--cluster-state", "--nodes", dest="cluster_state", action="append", metavar="FILE",
         help="Nodes, ResourceSlices, DeviceClasses, ResourceClaims, ResourceClaimTemplates and RuntimeClasses "
-        f"({check.SAVE_CLUSTER_STATE}); turns the cluster-aware checks on and runs them against these; repeatable "
+        f"({inputs.SAVE_CLUSTER_STATE}); turns the cluster-aware checks on and runs them against these; repeatable "
         "(--nodes is the old name)",
     )
     lint.add_argument(
@@ -427,8 +429,8 @@ def _check(args: argparse.Namespace) -> int:
     state = None
     if args.cluster_state:
         try:
-            state = check.read_cluster_state(args.cluster_state)
-        except check.UnreadableInput as exc:
+            state = inputs.read_cluster_state(args.cluster_state)
+        except UnreadableInput as exc:
             print(f"gpu-webhook: --cluster-state: {exc}", file=sys.stderr)
             return check.EXIT_UNREADABLE
         policies = check.with_cluster_checks(policies)
