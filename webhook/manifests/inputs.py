@@ -224,7 +224,14 @@ def input_files(path: str, recursive: bool = False) -> tuple[list[str], str]:
         files = [str(f) for f in manifest_files(Path(path), recursive)]
     except OSError as exc:
         return [], f"cannot read: {exc}"
-    return files, "" if files else f"no {', '.join('*' + s for s in SUFFIXES)} files"
+    if files:
+        return files, ""
+    try:  # a hint only: a subdirectory that cannot be read hides nothing asked for
+        deeper = not recursive and next(manifest_files(Path(path), True), None) is not None
+    except OSError:
+        deeper = False
+    none = f"no {', '.join('*' + s for s in SUFFIXES)} files"
+    return [], f"{none}; its subdirectories hold some: add -R to read them" if deeper else none
 
 
 class Opened:
