@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from tests.recipes import pins
 from tests.test_cli import (
     GOOD,
     NOTHING,
     cli,  # noqa: F401  (the fixture: gpu-webhook in this process)
 )
+
+REPO = Path(__file__).resolve().parent.parent
+
 
 # ------------------------------------------------------------------------- a directory without -R
 
@@ -24,3 +34,18 @@ def test_a_directory_with_no_manifests_anywhere_gets_no_hint(cli, tmp_path):  # 
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "notes.md").write_text("# notes")
     assert cli("check", str(tmp_path)) == (2, "", [f"{tmp_path}: no *.yaml, *.yml, *.json files", NOTHING])
+
+
+# ------------------------------------------------------------------------------ the pre-commit hook
+
+
+def test_the_pre_commit_hook_runs_once_and_installs_the_constraints_pins():
+    """pre-commit runs a hook in several processes at once unless it is serial (the summary printed once per
+    process), and installs the hook without the constraints file: the pins ride in ``additional_dependencies``."""
+    [hook] = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
+    assert hook.get("require_serial") is True
+    pinned = [Requirement(d) for d in hook.get("additional_dependencies", [])]
+    assert all(len(r.specifier) == 1 and next(iter(r.specifier)).operator == "==" for r in pinned), pinned
+    hook_pins = {canonicalize_name(r.name): next(iter(r.specifier)).version for r in pinned}
+    assert hook_pins == pins(REPO / "requirements" / "constraints.txt"), (
+        "the hook's additional_dependencies are not requirements/constraints.txt's pins")
