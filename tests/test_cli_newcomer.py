@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -49,3 +50,22 @@ def test_the_pre_commit_hook_runs_once_and_installs_the_constraints_pins():
     hook_pins = {canonicalize_name(r.name): next(iter(r.specifier)).version for r in pinned}
     assert hook_pins == pins(REPO / "requirements" / "constraints.txt"), (
         "the hook's additional_dependencies are not requirements/constraints.txt's pins")
+
+
+# ------------------------------------------------------------------------------------ exit codes in --help
+
+
+@pytest.mark.parametrize("command", [[], ["check"]], ids=["gpu-webhook", "check"])
+def test_help_says_what_the_exit_codes_mean(cli, command):  # noqa: F811
+    code, out, _ = cli(*command, "--help")
+    assert code == 0
+    said = out.split("exit codes:\n", 1)[1].splitlines()
+    assert [line.split()[0] for line in said[:3]] == ["0", "1", "2"], out
+    assert "denied" in said[1] and "could not be used" in said[2]
+
+
+def test_the_cli_reference_says_what_checks_exit_codes_mean():
+    text = (REPO / "docs" / "cli.md").read_text()
+    check = text.split("### `gpu-webhook check`", 1)[1].split("\n### ", 1)[0]
+    assert "Exit codes:\n\n- `0`: nothing would be denied" in check and "- `1`: something would be denied" in check
+    assert "- `2`: an input or the policy could not be used" in check

@@ -60,8 +60,31 @@ def _seconds(text: str) -> float:
     return seconds
 
 
+# What the exit codes mean, for --help (an epilog) and docs/cli.md (generated from it).
+EXIT_CODES = (
+    ("0", "success; check and audit found nothing that would be denied"),
+    ("1", "check or audit found something that would be denied (with --fail-on warning: or warned about)"),
+    ("2", "the arguments, the policy, an input or the cluster could not be used (one line on stderr says which)"),
+)
+CHECK_EXIT_CODES = (
+    ("0", "nothing would be denied (with --fail-on warning: nor warned about)"),
+    ("1", "something would be denied (with --fail-on warning: or is warned about)"),
+    ("2", "an input or the policy could not be used, or the arguments are wrong (one line on stderr each)"),
+)
+AUDIT_EXIT_CODES = (
+    *CHECK_EXIT_CODES[:2], ("2", "the cluster or the policy could not be used, or the arguments are wrong"),
+)
+
+
+def _epilog(codes: tuple[tuple[str, str], ...]) -> str:
+    return "exit codes:\n" + "\n".join(f"  {code}  {meaning}" for code, meaning in codes)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpu-webhook", description="Kubernetes admission webhook for GPU resources.")
+    parser = argparse.ArgumentParser(
+        prog="gpu-webhook", description="Kubernetes admission webhook for GPU resources.",
+        epilog=_epilog(EXIT_CODES), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"gpu-webhook {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -131,7 +154,10 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--out-dir", required=True, help="directory for ca.crt, tls.crt, tls.key")
     gen.add_argument("--force", action="store_true", help="overwrite ca.crt, tls.crt and tls.key if they exist")
 
-    lint = commands.add_parser("check", help="lint manifests offline with the webhook's rules")
+    lint = commands.add_parser(
+        "check", help="lint manifests offline with the webhook's rules", epilog=_epilog(CHECK_EXIT_CODES),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     lint.set_defaults(subparser=lint)
     lint.add_argument("--policy", help="policy YAML file (default: built-in defaults)")
     lint.add_argument(
@@ -168,7 +194,8 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     audit = commands.add_parser(
-        "audit", help="run the webhook's rules over what a live cluster already runs (read-only: it only lists)"
+        "audit", help="run the webhook's rules over what a live cluster already runs (read-only: it only lists)",
+        epilog=_epilog(AUDIT_EXIT_CODES), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     audit.set_defaults(subparser=audit)
     audit.add_argument(
