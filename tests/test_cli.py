@@ -295,7 +295,7 @@ def test_check_refuses_a_file_that_is_not_utf8(cli, tmp_path):
     path = tmp_path / "m.yaml"
     path.write_bytes(b"kind: Pod\nmetadata: {name: \xff}\n")
     code, _, err = cli("check", str(path))
-    assert code == 2 and err[0].startswith(f"{path}: cannot read: 'utf-8' codec can't decode byte 0xff")
+    assert code == 2 and err[0] == f"{path}: not UTF-8: byte 0xff at line 2, column 18: save it as UTF-8"
 
 
 BROKEN = [  # (id, file content, the problem line after "F: ", objects checked)

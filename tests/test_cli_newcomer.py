@@ -69,3 +69,34 @@ def test_the_cli_reference_says_what_checks_exit_codes_mean():
     check = text.split("### `gpu-webhook check`", 1)[1].split("\n### ", 1)[0]
     assert "Exit codes:\n\n- `0`: nothing would be denied" in check and "- `1`: something would be denied" in check
     assert "- `2`: an input or the policy could not be used" in check
+
+
+# ------------------------------------------------------------------------------------ files not UTF-8
+
+POD = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: a\n"
+
+
+@pytest.mark.parametrize(("encoding", "data", "says"), [
+    ("UTF-16 with a BOM", POD.encode("utf-16"), "not UTF-8 but UTF-16 LE (it starts with a byte order mark)"),
+    ("UTF-16 BE with a BOM", b"\xfe\xff" + POD.encode("utf-16-be"),
+     "not UTF-8 but UTF-16 BE (it starts with a byte order mark)"),
+    ("UTF-32 with a BOM", POD.encode("utf-32"), "not UTF-8 but UTF-32 LE (it starts with a byte order mark)"),
+    ("UTF-16 without a BOM", POD.encode("utf-16-le"), "not UTF-8 but likely UTF-16 LE (every other byte is zero)"),
+    ("Latin-1", (POD + "  labels: {team: équipe}\n").encode("latin-1"), "not UTF-8: byte 0xe9 at line 5, column 18"),
+])
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_a_file_that_is_not_utf8_is_named_with_what_to_do(cli, tmp_path, encoding, data, says, suffix):  # noqa: F811
+    if suffix == ".json" and encoding == "Latin-1":
+        data = b'{"kind": "Pod",\n "metadata": {"name": "caf\xe9"}}\n'
+        says = "not UTF-8: byte 0xe9 at line 2, column 27"
+    path = tmp_path / f"m{suffix}"
+    path.write_bytes(data)
+    code, out, err = cli("check", str(path))
+    assert (code, out) == (2, "")
+    assert err == [f"{path}: {says}: save it as UTF-8", NOTHING]
+
+
+def test_stdin_that_is_not_utf8_is_named_too(cli):  # noqa: F811
+    stdin = POD.encode("utf-16").decode("utf-8", "surrogateescape")  # the bytes, as the fixture's text stdin holds them
+    assert cli("check", "-", stdin=stdin)[2][0] == (
+        "<stdin>: not UTF-8 but UTF-16 LE (it starts with a byte order mark): save it as UTF-8")

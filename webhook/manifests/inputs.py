@@ -17,7 +17,7 @@ from typing import IO, Any
 from webhook.core.cluster import KIND_OF, ClusterState, ClusterView
 from webhook.core.podspecs import as_mapping, group_of
 from webhook.manifests.jsonstream import JSON_CHUNK, JsonInput, is_json
-from webhook.manifests.parts import Part, UnreadableInput
+from webhook.manifests.parts import NotUtf8, Part, UnreadableInput
 from webhook.manifests.positions import Locator, steps
 from webhook.manifests.yamlstream import looks_like_object, yaml_parts
 from webhook.rules.admission import CHECKED_OPERATIONS
@@ -197,13 +197,56 @@ def read_items(stream: IO[bytes], source: str, reading: Reading) -> Iterator[Ite
     problem as a line. A JSON item's positions hold until the next one is read."""
     start = stream.read(4096)
     stream.seek(0)
+    if problem := other_encoding(start):
+        yield problem
+        return
     try:
         if is_json(start.decode("utf-8", "replace"), "" if source == STDIN else source):
             yield from _part_items(JsonInput(stream).parts(), reading)
         else:
             yield from _part_items(yaml_parts(stream, reading.skip_others), reading)
+    except NotUtf8 as exc:
+        line, column = _byte_position(stream, exc.offset)
+        yield f"not UTF-8: byte 0x{exc.byte:02x} at line {line}, column {column}: save it as UTF-8"
     except UnreadableInput as exc:
         yield str(exc)
+
+
+# Byte order marks of the encodings a Windows editor saves in, longest first (UTF-32 LE starts as UTF-16 LE does).
+_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32 LE"), (b"\x00\x00\xfe\xff", "UTF-32 BE"), (b"\xff\xfe", "UTF-16 LE"),
+         (b"\xfe\xff", "UTF-16 BE"))
+
+
+def other_encoding(start: bytes) -> str:
+    """Why an input that starts with ``start`` is read as no UTF-8 at all: a UTF-16 or UTF-32 byte order mark,
+    or text with a zero every other byte (UTF-16 without one); "" when it may be UTF-8."""
+    for mark, name in _BOMS:
+        if start.startswith(mark):
+            return f"not UTF-8 but {name} (it starts with a byte order mark): save it as UTF-8"
+    head = start[:min(64, len(start) - len(start) % 2)]  # whole pairs
+    even, odd = head[0::2], head[1::2]
+    if len(head) >= 4:
+        if not odd.strip(b"\x00") and even.strip(b"\x00"):
+            return "not UTF-8 but likely UTF-16 LE (every other byte is zero): save it as UTF-8"
+        if not even.strip(b"\x00") and odd.strip(b"\x00"):
+            return "not UTF-8 but likely UTF-16 BE (every other byte is zero): save it as UTF-8"
+    return ""
+
+
+def _byte_position(stream: IO[bytes], offset: int) -> tuple[int, int]:
+    """(line, column), 1-based, of the byte at ``offset`` (the column counted in bytes)."""
+    stream.seek(0)
+    line, line_start, done = 1, 0, 0
+    while done < offset:
+        chunk = stream.read(min(JSON_CHUNK, offset - done))
+        if not chunk:
+            break
+        newlines = chunk.count(b"\n")
+        if newlines:
+            line += newlines
+            line_start = done + chunk.rfind(b"\n") + 1
+        done += len(chunk)
+    return line, offset - line_start + 1
 
 
 def manifest_files(directory: Path, recursive: bool) -> Iterator[Path]:

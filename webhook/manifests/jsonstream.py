@@ -12,7 +12,7 @@ from typing import IO
 
 import orjson
 
-from webhook.manifests.parts import Part, UnreadableInput
+from webhook.manifests.parts import NotUtf8, Part
 
 JSON_CHUNK = 1 << 16  # JSON is read this many bytes at a time
 
@@ -98,8 +98,7 @@ class JsonInput:
             part = self._decoder.decode(data, final=not data)
         except UnicodeDecodeError as exc:
             at = self._bytes - pending + exc.start
-            raise UnreadableInput(f"cannot read: 'utf-8' codec can't decode byte 0x{exc.object[exc.start]:02x} in "
-                                  f"position {at}: {exc.reason}") from None
+            raise NotUtf8(exc.object[exc.start], at) from None
         self._bytes += len(data)
         self.eof = not data
         if self._first and part:

@@ -11,6 +11,14 @@ class UnreadableInput(ValueError):
     pass
 
 
+class NotUtf8(UnreadableInput):
+    """Bytes that are not UTF-8: the first such byte and its offset in the input."""
+
+    def __init__(self, byte: int, offset: int):
+        super().__init__(f"not UTF-8: byte 0x{byte:02x} at offset {offset}: save it as UTF-8")
+        self.byte, self.offset = byte, offset
+
+
 @dataclass(frozen=True)
 class Document:
     """One document of a file: its value, or why it could not be loaded."""

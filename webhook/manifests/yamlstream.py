@@ -11,7 +11,7 @@ import yaml
 from yaml.composer import Composer
 
 from webhook.core.policy import yaml_error_line
-from webhook.manifests.parts import Document, Part, UnreadableInput
+from webhook.manifests.parts import Document, NotUtf8, Part
 from webhook.manifests.positions import YamlLocator
 
 # With its aliases expanded, a document may have this many nodes, or twice its own, whichever is more:
@@ -209,10 +209,7 @@ def _decode(data: bytes, offset: int, errors: str = "strict") -> str:
     try:
         return data.decode("utf-8", errors)
     except UnicodeDecodeError as exc:
-        raise UnreadableInput(
-            f"cannot read: 'utf-8' codec can't decode byte 0x{data[exc.start]:02x} in position {offset + exc.start}: "
-            f"{exc.reason}"
-        ) from None
+        raise NotUtf8(data[exc.start], offset + exc.start) from None
 
 
 def _event_loader(loader: type) -> type:
@@ -323,7 +320,7 @@ def _event_document(loader: Any, piece: YamlPiece, number: int, skip: bool) -> I
 def yaml_parts(stream: Iterable[bytes], skip: bool = False, lists: bool = True, errors: str = "strict") -> Iterator[
         Part]:
     """The documents of a YAML stream, a piece at a time (a List's items one at a time when ``lists``); one broken
-    document does not hide the others. Raises :class:`UnreadableInput` at bytes that are not UTF-8."""
+    document does not hide the others. Raises :class:`NotUtf8` at bytes that are not UTF-8."""
     lines = _Lines(stream)
     number = 0
     while lines.next is not None:
