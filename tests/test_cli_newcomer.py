@@ -15,6 +15,7 @@ from tests.test_cli import (
     NOTHING,
     cli,  # noqa: F401  (the fixture: gpu-webhook in this process)
 )
+from webhook.manifests import yamlstream
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -100,3 +101,46 @@ def test_stdin_that_is_not_utf8_is_named_too(cli):  # noqa: F811
     stdin = POD.encode("utf-16").decode("utf-8", "surrogateescape")  # the bytes, as the fixture's text stdin holds them
     assert cli("check", "-", stdin=stdin)[2][0] == (
         "<stdin>: not UTF-8 but UTF-16 LE (it starts with a byte order mark): save it as UTF-8")
+
+
+# ------------------------------------------------------------------------------ a key written twice
+
+TWICE = [  # (id, file name, content, the problem after "F: ")
+    ("two metadata blocks", "m.yaml",
+     "apiVersion: v1\nkind: Pod\nmetadata:\n  name: a\nspec: {}\nmetadata:\n  name: b\n",
+     'document 1: duplicate key "metadata" (line 6, column 1; first at line 3, column 1)'),
+    ("nested, in a flow mapping", "m.yaml", "kind: Pod\nmetadata: {name: a, labels: {x: '1', x: '2'}}\n",
+     'document 1: duplicate key "x" (line 2, column 38; first at line 2, column 30)'),
+    ("in the second document", "m.yaml", "kind: Pod\nmetadata: {name: a}\n---\nkind: Pod\nkind: Pod\n",
+     'document 2: duplicate key "kind" (line 5, column 1; first at line 4, column 1)'),
+    ("in an item of a List", "m.yaml",
+     "apiVersion: v1\nkind: List\nitems:\n- kind: Pod\n  metadata: {name: a}\n  metadata: {name: b}\n",
+     'item 1: duplicate key "metadata" (line 6, column 3; first at line 5, column 3)'),
+    ("JSON", "m.json", '{"apiVersion": "v1", "kind": "Pod",\n "metadata": {"name": "a"},\n "metadata": {}}\n',
+     'document 1: duplicate key "metadata" (line 3, column 2; first at line 2, column 2)'),
+    ("JSON, nested", "m.json", '{"kind": "Pod", "metadata": {"name": "a",\n  "name": "b"}}\n',
+     'document 1: duplicate key "name" (line 2, column 3; first at line 1, column 30)'),
+    ("JSON, in an item of a List", "m.json",
+     '{"apiVersion": "v1", "kind": "List", "items": [{"kind": "Pod"},\n {"kind": "Pod", "kind": "Pod"}]}\n',
+     'document 1: duplicate key "kind" (line 2, column 18; first at line 2, column 3)'),
+]
+
+
+@pytest.mark.parametrize("loader", ["libyaml", "python"])
+@pytest.mark.parametrize(("name", "content", "says"), [c[1:] for c in TWICE], ids=[c[0] for c in TWICE])
+def test_a_key_written_twice_is_refused_as_kubectl_refuses_it(cli, tmp_path, monkeypatch, loader, name, content,  # noqa: F811
+                                                              says):
+    if loader == "python":
+        monkeypatch.setattr(yamlstream, "_SafeLoader", yaml.SafeLoader)
+    path = tmp_path / name
+    path.write_text(content)
+    code, _, err = cli("check", str(path))
+    assert code == 2
+    assert f"{path}: {says}: kubectl refuses it; keep one" in err, err
+
+
+def test_a_merge_key_may_still_be_overridden(cli, tmp_path):  # noqa: F811
+    path = tmp_path / "m.yaml"
+    path.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  <<: &base {name: base, namespace: a}\n"
+                    "  name: mine\ndata:\n  <<: {k: '1'}\n  k: '2'\n")
+    assert cli("check", str(path)) == (0, "", ["1 object checked, 0 denied, 0 warned"])

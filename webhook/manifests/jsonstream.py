@@ -12,7 +12,7 @@ from typing import IO
 
 import orjson
 
-from webhook.manifests.parts import NotUtf8, Part
+from webhook.manifests.parts import DuplicateKey, NotUtf8, Part
 
 JSON_CHUNK = 1 << 16  # JSON is read this many bytes at a time
 
@@ -38,8 +38,20 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-# Strict as RFC 8259 and kubectl: no NaN or Infinity, no number beyond a float64 (the standard library takes both).
-_DECODER = json.JSONDecoder(parse_float=_finite, parse_constant=_no_constant)
+def _unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    members = dict(pairs)
+    if len(members) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return members
+
+
+# Strict as RFC 8259 and kubectl: no NaN or Infinity, no number beyond a float64 (the standard library takes both),
+# no key written twice in an object (the standard library keeps the last).
+_DECODER = json.JSONDecoder(parse_float=_finite, parse_constant=_no_constant, object_pairs_hook=_unique)
 # A \uD800-\uDFFF escape: the standard library decodes a lone one into a string nothing can print.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
@@ -58,11 +70,41 @@ def _json_problem(text: str, start: int, exc: Exception) -> tuple[int, str]:
 
 
 class BrokenJson(ValueError):
-    """A JSON value that cannot be read: why, and where (an index of the text held)."""
+    """A JSON value that cannot be read: why, and where (an index of the text held); for a key written twice,
+    the key and where it was first written."""
 
-    def __init__(self, reason: str, at: int):
+    def __init__(self, reason: str, at: int, duplicate: DuplicateKey | None = None, first: int = 0):
         super().__init__(reason)
-        self.reason, self.at = reason, at
+        self.reason, self.at, self.duplicate, self.first = reason, at, duplicate, first
+
+
+def _walk(text: str, at: int) -> tuple[int, tuple[str, int, int] | None]:
+    """Past the JSON value at ``at``, and the first key written twice in one of its objects: (the key, where it
+    was first written, where again)."""
+    at = _skip_space(text, at)
+    opener = text[at]
+    if opener not in "{[":
+        return _DECODER.raw_decode(text, at)[1], None
+    closer = "}" if opener == "{" else "]"
+    seen: dict[str, int] = {}
+    at = _skip_space(text, at + 1)
+    if text[at] == closer:
+        return at + 1, None
+    while True:
+        if opener == "{":
+            at = _skip_space(text, at)
+            key, end = _DECODER.raw_decode(text, at)
+            if key in seen:
+                return at, (key, seen[key], at)
+            seen[key] = at
+            at = _skip_space(text, end) + 1  # past the colon
+        at, found = _walk(text, at)
+        if found is not None:
+            return at, found
+        at = _skip_space(text, at)
+        if text[at] == closer:
+            return at + 1, None
+        at += 1  # the comma
 
 
 class JsonInput:
@@ -156,6 +198,8 @@ class JsonInput:
                 if self._cut(exc) and self._more(len(self.text) - self.pos):
                     continue
                 raise self._broken(exc) from None
+            except DuplicateKey as exc:
+                raise self._duplicate(exc) from None
             except (ValueError, RecursionError) as exc:
                 raise self._broken(exc) from None
             if end == len(self.text) and not isinstance(value, dict | list | str) and self._more():
@@ -169,6 +213,17 @@ class JsonInput:
                 raise BrokenJson(exc.msg, start + exc.pos) from None
         self.pos = end
         return value
+
+    def _duplicate(self, exc: DuplicateKey) -> BrokenJson:
+        """Where the key of ``exc`` is written twice in the value at ``pos``."""
+        try:
+            found = _walk(self.text, self.pos)[1]
+        except (ValueError, IndexError, RecursionError):
+            found = None
+        if found is None:
+            return BrokenJson(str(exc), self.pos)
+        key, first, again = found
+        return BrokenJson(str(exc), again, DuplicateKey(key), first)
 
     def _broken(self, exc: Exception) -> BrokenJson:
         at, reason = _json_problem(self.text, self.pos, exc)
@@ -186,6 +241,7 @@ class JsonInput:
         members and whether the items were read one by one (as the generator's return value)."""
         self.pos += 1  # {
         members: dict[str, object] = {}
+        written: dict[str, int] = {}  # where each key is, in the text held
         listed = False
         found = self._space()
         if found == "}":
@@ -194,8 +250,12 @@ class JsonInput:
         while True:
             if found != '"':
                 raise BrokenJson("key must be a string" if found else "unexpected end of data", self.pos)
+            at = self.pos
             key = self._value()
             assert isinstance(key, str)
+            if key in written:
+                raise BrokenJson(f"duplicate key {key!r}", at, DuplicateKey(key), written[key])
+            written[key] = at
             self._expect(self._space(), ":")
             found = self._space()
             if key == "items" and found == "[" and ("kind" in members or "apiVersion" in members):
@@ -255,7 +315,11 @@ class JsonInput:
                     yield Part("document", number, value, JsonLocator(self, start), more=bool(found))
         except BrokenJson as exc:
             line, column = self.position(self.absolute(exc.at))
-            yield Part("problem", max(number, 1), f"invalid JSON: {exc.reason} (line {line}, column {column})")
+            if exc.duplicate is not None:
+                first = self.position(self.absolute(exc.first))
+                yield Part("problem", max(number, 1), exc.duplicate.text((line, column), first))
+            else:
+                yield Part("problem", max(number, 1), f"invalid JSON: {exc.reason} (line {line}, column {column})")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,23 @@ class UnreadableInput(ValueError):
     pass
 
 
+class DuplicateKey(ValueError):
+    """A key written twice in one mapping or object, which kubectl's strict decoding refuses."""
+
+    def __init__(self, key: str):
+        super().__init__(f"duplicate key {key!r}")
+        self.key = key
+
+    def text(self, at: tuple[int, int], first: tuple[int, int]) -> str:
+        """The problem as a line, given (line, column) of the key and of its first writing."""
+        return (f"duplicate key {_quoted(self.key)} (line {at[0]}, column {at[1]}; first at line {first[0]}, "
+                f"column {first[1]}): kubectl refuses it; keep one")
+
+
+def _quoted(key: str) -> str:
+    return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 class NotUtf8(UnreadableInput):
     """Bytes that are not UTF-8: the first such byte and its offset in the input."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import re
 from collections.abc import Collection, Iterable, Iterator
@@ -11,7 +12,7 @@ import yaml
 from yaml.composer import Composer
 
 from webhook.core.policy import yaml_error_line
-from webhook.manifests.parts import Document, NotUtf8, Part
+from webhook.manifests.parts import Document, DuplicateKey, NotUtf8, Part
 from webhook.manifests.positions import YamlLocator
 
 # With its aliases expanded, a document may have this many nodes, or twice its own, whichever is more:
@@ -96,6 +97,43 @@ def _node_keys(node: yaml.Node) -> list[str] | None:
     return [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
 
 
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+class _Written(DuplicateKey):
+    """A duplicate key with the nodes of its two writings."""
+
+    def __init__(self, key: str, first: yaml.Node, again: yaml.Node):
+        super().__init__(key)
+        self.first, self.again = first, again
+
+
+class _UniqueKeys:
+    """A constructor mixin that refuses a key written twice in one mapping, as kubectl's strict decoding does.
+    Keys a merge (``<<: *anchor``) brings in may still be overridden, as YAML allows."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode) and len(node.value) > 1:
+            seen: dict[tuple[str, str], yaml.Node] = {}
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE:
+                    written = (key_node.tag, key_node.value)
+                    if written in seen:
+                        raise _Written(key_node.value, seen[written], key_node)
+                    seen[written] = key_node
+        return super().construct_mapping(node, deep)  # type: ignore[misc]  # the loader's, after this mixin
+
+
+@functools.cache
+def _strict(loader: type) -> type:
+    """``loader`` refusing duplicate keys."""
+    return type(f"Unique{loader.__name__}", (_UniqueKeys, loader), {})
+
+
+def _mark(node: yaml.Node, first_line: int) -> tuple[int, int]:
+    return node.start_mark.line + first_line + 1, node.start_mark.column + 1
+
+
 def _build(loader: Any, node: yaml.Node, aliases: bool, first_line: int) -> tuple[object, str]:
     """(value, "") of a composed node, or (None, why not): its aliases expand too far, or the constructor
     refuses a value."""
@@ -105,10 +143,12 @@ def _build(loader: Any, node: yaml.Node, aliases: bool, first_line: int) -> tupl
     try:
         return loader.construct_document(node), ""
     except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError) as exc:
-        # A value the constructor refuses (a timestamp 2024-13-45, an int too long to convert):
-        # reset the constructor so the next document starts clean.
+        # A value the constructor refuses (a timestamp 2024-13-45, an int too long to convert, a key written
+        # twice): reset the constructor so the next document starts clean.
         loader.constructed_objects, loader.recursive_objects, loader.state_generators = {}, {}, []
         loader.deep_construct = False
+        if isinstance(exc, _Written):
+            return None, exc.text(_mark(exc.again, first_line), _mark(exc.first, first_line))
         reason = yaml_problem(exc, first_line) if isinstance(exc, yaml.YAMLError) else str(exc) or type(exc).__name__
         return None, f"not valid YAML: {' '.join(reason.split())}"
 
@@ -225,7 +265,7 @@ def _piece_parts(piece: YamlPiece, before: int, skip: bool, lists: bool) -> Iter
     piece starts as a List. With ``skip``, documents that are not meant as Kubernetes objects are skipped before
     they are built (a CI file's ``!reference`` tags need no constructor)."""
     events = lists and piece.listed()
-    loader = (_event_loader(_SafeLoader) if events else _SafeLoader)(piece)
+    loader = _strict(_event_loader(_SafeLoader) if events else _SafeLoader)(piece)
     number = before
     try:
         while True:
