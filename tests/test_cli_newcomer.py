@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from tests.test_cli import (
     NOTHING,
     cli,  # noqa: F401  (the fixture: gpu-webhook in this process)
 )
+from webhook.core.catalog import RULES
 from webhook.manifests import yamlstream
 
 REPO = Path(__file__).resolve().parent.parent
@@ -144,3 +146,44 @@ def test_a_merge_key_may_still_be_overridden(cli, tmp_path):  # noqa: F811
     path.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  <<: &base {name: base, namespace: a}\n"
                     "  name: mine\ndata:\n  <<: {k: '1'}\n  k: '2'\n")
     assert cli("check", str(path)) == (0, "", ["1 object checked, 0 denied, 0 warned"])
+
+
+# ------------------------------------------------------------------------------ SARIF's rule help
+
+
+def _sarif_rules(cli, tmp_path, *args: str) -> list[dict]:  # noqa: F811
+    path = tmp_path / "pod.yaml"
+    path.write_text(GOOD)
+    code, out, _ = cli("check", "-o", "sarif", *args, str(path))
+    assert code == 0
+    return json.loads(out)["runs"][0]["tool"]["driver"]["rules"]
+
+
+def test_sarif_carries_each_rules_help_and_links_no_address_it_was_not_given(cli, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.delenv("GPU_WEBHOOK_DOCS_URL", raising=False)
+    rules = _sarif_rules(cli, tmp_path)
+    assert len(rules) == len(RULES) and not any("helpUri" in rule for rule in rules)
+    assert "example/" not in json.dumps(rules)
+    by_id = {rule["id"]: rule for rule in rules}
+    privileged = RULES["privileged-gpu"]
+    help_ = by_id["privileged-gpu"]["help"]
+    assert help_["markdown"].startswith(f"Refuses {privileged.refuses}, reported at {privileged.reports}.")
+    assert "change the manifest" in help_["markdown"] and f"`{privileged.setting}`" in help_["markdown"]
+    assert "`" not in help_["text"] and privileged.setting in help_["text"]
+    assert "enforcement" in by_id["requests-without-limits"]["help"]["markdown"]
+
+
+def test_sarif_links_each_rules_page_under_the_docs_url_given(cli, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("GPU_WEBHOOK_DOCS_URL", "https://docs.example.org/gpu")
+    by_env = _sarif_rules(cli, tmp_path)
+    assert by_env[0]["helpUri"].startswith("https://docs.example.org/gpu/")
+    by_flag = _sarif_rules(cli, tmp_path, "--docs-url", "https://internal.example.net/webhook/")
+    assert all(rule["helpUri"].startswith("https://internal.example.net/webhook/") for rule in by_flag)
+
+
+def test_a_docs_url_that_is_no_address_is_one_line(cli, tmp_path, monkeypatch):  # noqa: F811
+    code, _, err = cli("check", "--docs-url", "docs/", str(tmp_path))
+    assert code == 2 and err[-1].endswith("argument --docs-url: 'docs/' is not an http:// or https:// address")
+    monkeypatch.setenv("GPU_WEBHOOK_DOCS_URL", "ftp://x")
+    assert cli("check", str(tmp_path)) == (
+        2, "", ["gpu-webhook: check: GPU_WEBHOOK_DOCS_URL: 'ftp://x' is not an http:// or https:// address"])

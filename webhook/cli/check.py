@@ -198,16 +198,19 @@ def run(
     cluster_state: list[Mapping[str, Any]] | None = None,
     fail_on: str = "deny",
     skip_others: bool = False,
+    docs_url: str = "",
 ) -> int:
     """Check every file, object by object as it is read; write what was found on ``out`` in the ``output``
     format (:mod:`webhook.cli.formats`) as it is found, each input problem and a summary on ``err``.
     ``cluster_state`` holds Nodes, ResourceSlices, DeviceClasses, ... (from
     :func:`webhook.manifests.inputs.read_cluster_state`) for the cluster-aware checks. ``skip_others`` skips
-    documents that are not meant as Kubernetes objects and Helm chart templates instead of refusing them. The
+    documents that are not meant as Kubernetes objects and Helm chart templates instead of refusing them.
+    ``docs_url`` is where the documentation site is published (SARIF links each rule's page there). The
     exit code: 2 when an input could not be read, else 1 when a violation is denied (or with
     ``fail_on="warning"``, warned about), else 0."""
     out, err = out or sys.stdout, err or sys.stderr
-    checking = _Run(policies, namespace, formats.writer(output, out, fail_on), err, cluster_state, skip_others)
+    writes = formats.writer(output, out, fail_on, docs_url)
+    checking = _Run(policies, namespace, writes, err, cluster_state, skip_others)
     for path in paths:
         files, problem = input_files(path, recursive)
         if problem:

@@ -80,6 +80,17 @@ def _epilog(codes: tuple[tuple[str, str], ...]) -> str:
     return "exit codes:\n" + "\n".join(f"  {code}  {meaning}" for code, meaning in codes)
 
 
+DOCS_URL_VARIABLE = "GPU_WEBHOOK_DOCS_URL"
+
+
+def _docs_url(text: str) -> str:
+    """``--docs-url`` for argparse: an http(s) address, ending in ``/``."""
+    scheme, _, rest = text.partition("://")
+    if scheme not in ("http", "https") or not rest.strip("/") or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// address")
+    return text if text.endswith("/") else text + "/"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpu-webhook", description="Kubernetes admission webhook for GPU resources.",
@@ -178,6 +189,11 @@ def _parser() -> argparse.ArgumentParser:
     lint.add_argument(
         "--fail-on", choices=formats.FAIL_ON, default="deny",
         help="exit 1 when something would be denied (default), or also when something is only warned about",
+    )
+    lint.add_argument(
+        "--docs-url", type=_docs_url, metavar="URL",
+        help=f"where the gpu-webhook documentation is published: SARIF links each rule's page there (helpUri); "
+        f"default: ${DOCS_URL_VARIABLE}, else no links (each rule's help is in the SARIF itself)",
     )
     lint.add_argument(
         "-R", "--recursive", action="store_true", help="read directories' subdirectories too (as kubectl -R)"
@@ -452,6 +468,13 @@ def _certs(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    docs_url = args.docs_url
+    if docs_url is None and os.environ.get(DOCS_URL_VARIABLE):
+        try:
+            docs_url = _docs_url(os.environ[DOCS_URL_VARIABLE])
+        except argparse.ArgumentTypeError as exc:
+            print(f"gpu-webhook: check: {DOCS_URL_VARIABLE}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     policies = _policy_or_exit(args.policy)
     state = None
     if args.cluster_state:
@@ -463,7 +486,7 @@ def _check(args: argparse.Namespace) -> int:
         policies = check.with_cluster_checks(policies)
     return check.run(
         args.paths, policies, args.namespace, output=args.output, recursive=args.recursive, cluster_state=state,
-        fail_on=args.fail_on, skip_others=args.skip_non_kubernetes,
+        fail_on=args.fail_on, skip_others=args.skip_non_kubernetes, docs_url=docs_url or "",
     )
 
 
