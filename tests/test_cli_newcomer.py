@@ -187,3 +187,20 @@ def test_a_docs_url_that_is_no_address_is_one_line(cli, tmp_path, monkeypatch): 
     monkeypatch.setenv("GPU_WEBHOOK_DOCS_URL", "ftp://x")
     assert cli("check", str(tmp_path)) == (
         2, "", ["gpu-webhook: check: GPU_WEBHOOK_DOCS_URL: 'ftp://x' is not an http:// or https:// address"])
+
+
+# ------------------------------------------------------------------ admission-policies for a newer Kubernetes
+
+
+def test_a_kube_version_newer_than_known_says_which_version_it_assumed(capsys):
+    from webhook.cli.main import main
+    from webhook.native.target import NEWEST
+
+    assert main(["admission-policies", "--kube-version", f"1.{NEWEST + 1}.0"]) == 0
+    newer = capsys.readouterr()
+    assert newer.err.splitlines()[0] == (
+        f"gpu-webhook: admission-policies: Kubernetes 1.{NEWEST + 1} is newer than this release knows: generating "
+        f"for 1.{NEWEST}, the newest it knows")
+    assert main(["admission-policies", "--kube-version", f"1.{NEWEST}"]) == 0
+    known = capsys.readouterr()
+    assert known.out == newer.out and "newer than" not in known.err

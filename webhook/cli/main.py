@@ -292,14 +292,16 @@ def _admission_policies(args: argparse.Namespace, parser: argparse.ArgumentParse
         return apply_policies.run(policies, args.kubeconfig)
     from webhook.cli.policies import report
     from webhook.native.generate import generate, to_yaml
-    from webhook.native.target import DEFAULT, TargetError, for_version
+    from webhook.native.target import DEFAULT, TargetError, for_version, known
 
     api_versions = [v.strip() for item in args.api_versions for v in item.split(",") if v.strip()]
     try:
-        target = for_version(args.kube_version or DEFAULT.version, api_versions)
+        target, newer = known(for_version(args.kube_version or DEFAULT.version, api_versions))
     except TargetError as exc:
         print(f"gpu-webhook: admission-policies: {exc}", file=sys.stderr)
         return 2
+    if newer:
+        print(f"gpu-webhook: admission-policies: {newer}", file=sys.stderr)
     generated = generate(policies, target)
     sys.stdout.write(to_yaml(generated.objects))
     report(generated, sys.stderr)
