@@ -204,3 +204,18 @@ def test_a_kube_version_newer_than_known_says_which_version_it_assumed(capsys):
     assert main(["admission-policies", "--kube-version", f"1.{NEWEST}"]) == 0
     known = capsys.readouterr()
     assert known.out == newer.out and "newer than" not in known.err
+
+
+# ------------------------------------------------------------------ generated objects name their generator
+
+
+@pytest.mark.parametrize("minor", [30, 34, 37])
+def test_every_generated_object_names_the_gpu_webhook_version_that_made_it(minor):
+    from webhook import __version__
+    from webhook.core.policy import load_policy
+    from webhook.native.generate import generate
+    from webhook.native.target import for_version
+
+    objects = generate(load_policy(None), for_version(f"1.{minor}")).objects
+    assert objects and all(
+        o["metadata"]["annotations"]["gpu-webhook.io/generator-version"] == __version__ for o in objects)
