@@ -219,3 +219,38 @@ def test_every_generated_object_names_the_gpu_webhook_version_that_made_it(minor
     objects = generate(load_policy(None), for_version(f"1.{minor}")).objects
     assert objects and all(
         o["metadata"]["annotations"]["gpu-webhook.io/generator-version"] == __version__ for o in objects)
+
+
+# ------------------------------------------------------------------ docs/troubleshooting.md quotes check
+
+
+TROUBLE = {  # file -> content; each line check prints for it is quoted in docs/troubleshooting.md
+    "values.yaml": "replicas: 2\nimage: x\n",
+    "chart/Chart.yaml": None,
+    "chart/templates/pod.yaml": "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {{ .Release.Name }}\n"
+                                "{{- if .Values.gpu }}\nspec: {}\n{{- end }}\n",
+    "utf16/pod.yaml": POD.encode("utf-16"),
+    "latin1/pod.yaml": (POD + "  labels: {team: équipe}\n").encode("latin-1"),
+    "twice/pod.yaml": TWICE[0][2],
+    "k8s/base/pod.yaml": GOOD,
+}
+
+
+@pytest.mark.parametrize("path", ["values.yaml", "chart/templates/pod.yaml", "utf16/pod.yaml", "latin1/pod.yaml",
+                                  "twice/pod.yaml", "k8s"])
+def test_the_troubleshooting_page_quotes_what_check_prints(cli, tmp_path, monkeypatch, path):  # noqa: F811
+    if path.startswith("chart/") and not yamlstream.LIBYAML:
+        pytest.skip("the page quotes libyaml's words")
+    for name, content in TROUBLE.items():
+        file = tmp_path / name
+        file.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            file.write_bytes(content)
+        else:
+            file.write_text(content if content is not None else "apiVersion: v2\nname: c\nversion: 0.1.0\n")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli("check", path)
+    assert code == 2
+    shown = err[0].replace("utf16/", "").replace("latin1/", "").replace("twice/", "")
+    page = " ".join((REPO / "docs" / "troubleshooting.md").read_text().split())
+    assert f"`{shown}`" in page
