@@ -15,8 +15,8 @@ import yaml
 from cryptography import x509
 
 from tests.manifests import EXAMPLES, container, pod, pytorch_job, seed_pod, workload
-from webhook.cli import check
 from webhook.cli.main import main
+from webhook.manifests import yamlstream
 
 GPU = "nvidia.com/gpu"
 
@@ -295,7 +295,7 @@ def test_check_refuses_a_file_that_is_not_utf8(cli, tmp_path):
     path = tmp_path / "m.yaml"
     path.write_bytes(b"kind: Pod\nmetadata: {name: \xff}\n")
     code, _, err = cli("check", str(path))
-    assert code == 2 and err[0].startswith(f"{path}: cannot read: 'utf-8' codec can't decode byte 0xff")
+    assert code == 2 and err[0] == f"{path}: not UTF-8: byte 0xff at line 2, column 18: save it as UTF-8"
 
 
 BROKEN = [  # (id, file content, the problem line after "F: ", objects checked)
@@ -313,8 +313,8 @@ def test_a_broken_document_is_named_by_number_and_line_and_the_others_are_still_
     cli, tmp_path, monkeypatch, loader, content, says, checked
 ):
     if loader == "python":
-        monkeypatch.setattr(check, "_SafeLoader", yaml.SafeLoader)
-    elif not check.LIBYAML:
+        monkeypatch.setattr(yamlstream, "_SafeLoader", yaml.SafeLoader)
+    elif not yamlstream.LIBYAML:
         pytest.skip("PyYAML without libyaml")
     path = tmp_path / "m.yaml"
     path.write_text(content)

@@ -282,10 +282,10 @@ def test_serve_with_cluster_checks_and_no_cluster_stops_at_once(tmp_path):
 def test_the_suggested_cluster_state_command_lets_the_missing_template_warning_fire(cli, tmp_path):  # noqa: F811
     """``kubectl get nodes,...,runtimeclasses`` saved no claims or templates, so a template missing from the cluster
     was never judged missing; the command now suggested saves them."""
-    from webhook.cli import check
+    from webhook.manifests import inputs
 
-    assert "resourceclaims,resourceclaimtemplates" in check.SAVE_CLUSTER_STATE
-    kinds = check.CLUSTER_STATE_KINDS.split(",")
+    assert "resourceclaims,resourceclaimtemplates" in inputs.SAVE_CLUSTER_STATE
+    kinds = inputs.CLUSTER_STATE_KINDS.split(",")
     # What that command saves from a cluster with one Node and one template (its List holds every kind asked).
     state = {"apiVersion": "v1", "kind": "List", "items": [
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}, "status": {"allocatable": {GPU: "4"}}},

@@ -12,8 +12,10 @@ import yaml
 
 from tests.manifests import container, pod
 from tests.test_cli import cli  # noqa: F401  (the fixture: gpu-webhook in this process)
-from webhook.cli import check
-from webhook.cli.check import JsonInput, JsonLocator, YamlLocator, steps, yaml_parts
+from webhook.manifests import yamlstream
+from webhook.manifests.jsonstream import JsonInput, JsonLocator
+from webhook.manifests.positions import YamlLocator, steps
+from webhook.manifests.yamlstream import yaml_parts
 
 GPU = "nvidia.com/gpu"
 
@@ -211,8 +213,9 @@ def test_bytes_that_are_not_utf8_are_named_at_their_offset_in_the_file(cli, tmp_
     good = kubectl_list(pods(50))
     path.write_bytes(good[:-200] + b"\xff" + good[-199:])
     code, _, err = cli("check", str(path))
-    assert code == 2 and err[0] == (f"{path}: cannot read: 'utf-8' codec can't decode byte 0xff in position "
-                                    f"{len(good) - 200}: invalid start byte")
+    before = good[:-200]
+    line, column = before.count(b"\n") + 1, len(before) - before.rfind(b"\n")
+    assert code == 2 and err[0] == f"{path}: not UTF-8: byte 0xff at line {line}, column {column}: save it as UTF-8"
 
 
 def test_a_list_item_without_kind_in_the_first_of_several_documents_is_named_by_document(cli, tmp_path):  # noqa: F811
@@ -278,5 +281,5 @@ def test_a_list_and_the_documents_after_it(cli, tmp_path):  # noqa: F811
 
 def test_load_reads_a_yaml_list_whole():
     text = kubectl_yaml_list(pods(3))
-    [document] = check.load(text)
+    [document] = yamlstream.load(text)
     assert document.value == yaml.safe_load(text)

@@ -8,8 +8,8 @@ pins each of these dependencies below its next major version.
 - kubernetes: ``kubernetes/utils/quantity.py`` as a file defining ``parse_quantity`` (``core.quantity``;
   ``kubernetes.utils.parse_quantity`` would import the whole API client, 17 MB, into every worker).
 - PyYAML: a constructor's ``constructed_objects``, ``recursive_objects``, ``state_generators`` and
-  ``deep_construct`` (``cli.check._build`` resets them after a refused document: nothing public resets a loader
-  whose stream must go on).
+  ``deep_construct`` (``manifests.yamlstream._build`` resets them after a refused document: nothing public
+  resets a loader whose stream must go on).
 - orjson: the text of ``JSONDecodeError``, ``depth limit`` and ``infinity`` (``core.review.decode``; the error
   has no code).
 - cel-python: ``CELEvalError.args``, ``(message, KeyError, ...)`` for a missing key and ``undeclared reference``
@@ -101,15 +101,15 @@ def test_pyyaml_constructor_keeps_the_state_check_resets(loader):
         for name, kind in (("constructed_objects", dict), ("recursive_objects", dict), ("state_generators", list),
                            ("deep_construct", bool)):
             assert isinstance(getattr(instance, name, None), kind), (
-                f"PyYAML's {loader} has no {name} ({kind.__name__}) any more: webhook.cli.check resets it after a "
-                "document its constructor refused"
+                f"PyYAML's {loader} has no {name} ({kind.__name__}) any more: webhook.manifests.yamlstream resets "
+                "it after a document its constructor refused"
             )
     finally:
         instance.dispose()
-    from webhook.cli import check
+    from webhook.manifests import yamlstream
 
     # What the reset is for: a refused document does not take the next one with it.
-    documents = check.load("a: 2024-13-45\n---\nb: 1\n")
+    documents = yamlstream.load("a: 2024-13-45\n---\nb: 1\n")
     assert documents[0].problem and documents[1].value == {"b": 1}
 
 

@@ -232,6 +232,7 @@ def cli_reference() -> str:
     if top:
         lines += ["", "Without a command: " + ", ".join(f"`{max(a.option_strings, key=len)}`" for a in top)
                   + " (" + "; ".join(_help(a, prog) for a in top) + ")."]
+    lines += _exit_codes(parser)
     for name, _, sub in commands:
         actions = _visible(sub)
         lines += ["", f"### `{prog} {name}`", "", "```text", *_wrapped([f"{prog} {name}", *map(_usage_part, actions)]),
@@ -244,7 +245,20 @@ def cli_reference() -> str:
             else:
                 flags = f"`{_usage_part(action)}`"
             lines.append(f"| {flags} | {_default(action)} | {_help(action, prog)} |")
+        lines += _exit_codes(sub)
     return "\n".join(lines) + "\n"
+
+
+_EXIT_CODE = re.compile(r"^ +(?P<code>\d+) +(?P<meaning>.+)$")
+
+
+def _exit_codes(parser: argparse.ArgumentParser) -> list[str]:
+    """The exit codes a parser's epilog lists (``exit codes:`` then ``  CODE  meaning`` lines), as a list."""
+    epilog = parser.epilog or ""
+    found = [m for line in epilog.splitlines() if (m := _EXIT_CODE.match(line))]
+    if not epilog.startswith("exit codes:") or not found:
+        return []
+    return ["", "Exit codes:", "", *(f"- `{m['code']}`: {_escape(m['meaning'])}" for m in found)]
 
 
 # --- chart values -------------------------------------------------------------------------------------------

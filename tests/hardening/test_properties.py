@@ -24,6 +24,7 @@ from tests.manifests import pod as make_pod
 from webhook.cli import check
 from webhook.cli.check import check_objects
 from webhook.core import review
+from webhook.manifests import yamlstream
 from webhook.rules import admission
 from webhook.rules.mutate import mutated_pod, pod_patch
 
@@ -241,18 +242,18 @@ def test_check_ends_quickly_and_cleanly_on_nested_aliases(figures):
             with contextlib.redirect_stderr(err):
                 code = check.run([str(path)], POLICIES["defaults"], out=out)
             problems = err.getvalue().splitlines()[:-1]
-            assert len(out.getvalue().splitlines()) <= check.ALIAS_NODE_FLOOR
+            assert len(out.getvalue().splitlines()) <= yamlstream.ALIAS_NODE_FLOOR
             if code == 2:
                 runs["refused"] += 1
                 assert len(problems) == 1, problems
                 assert problems[0].startswith(f"{path}: document 1: "), problems
                 assert any(s in problems[0] for s in ("too many YAML aliases", "refers to itself", "merg")), problems
                 if "too many YAML aliases" in problems[0] and not shapes & {"merge", "itself"}:
-                    assert expanded_at_least(yaml.load(text, check._SafeLoader), check.ALIAS_NODE_FLOOR)
+                    assert expanded_at_least(yaml.load(text, yamlstream._SafeLoader), yamlstream.ALIAS_NODE_FLOOR)
             else:
                 runs["checked"] += 1
                 assert code in (0, 1) and not problems
-                assert check.load(text)[0].value == yaml.load(text, check._SafeLoader)
+                assert yamlstream.load(text)[0].value == yaml.load(text, yamlstream._SafeLoader)
 
         try:
             prop()

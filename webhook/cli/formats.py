@@ -4,7 +4,7 @@
 JSON object per violation and line; ``json`` one JSON document with every violation, the input problems and a
 summary; ``junit`` JUnit XML as Jenkins and GitLab read it (one testsuite per input file, one testcase per
 object, a ``<failure>`` per violation that fails the run); ``sarif`` SARIF 2.1.0 as code scanning reads it (the
-rule table as ``tool.driver.rules`` with each rule's page, each result at the line and column of its field).
+rule table as ``tool.driver.rules`` with each rule's help, each result at the line and column of its field).
 
 Writers are told of each object as it is decided: ``text`` and ``jsonl`` write its lines at once; ``json`` and
 ``sarif`` keep the findings alone until the end; ``junit`` writes each testcase to a temporary file, since a
@@ -28,12 +28,12 @@ from urllib.parse import quote
 from xml.sax.saxutils import quoteattr
 
 from webhook import __version__
-from webhook.core.catalog import RULES, page_url
+from webhook.core.catalog import RULES, Rule, page_url
+from webhook.manifests.inputs import STDIN
 
 OUTPUTS = ("text", "json", "jsonl", "junit", "sarif")
 FAIL_ON = ("deny", "warning")
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_UNREADABLE = 0, 1, 2
-STDIN = "<stdin>"
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 
 
@@ -294,18 +294,34 @@ def _plain(markdown: str) -> str:
     return markdown.replace("`", "")
 
 
-def sarif_rules() -> list[dict[str, Any]]:
-    """``tool.driver.rules``: every rule of the table, its default action as the level, its page as help."""
+def rule_help(rule: Rule) -> str:
+    """What a rule checks and how to fix what it finds, in Markdown, from the rule table."""
+    action = "Refuses" if rule.default == "deny" else "Warns about"
+    if rule.setting:
+        setting = (f"The policy's `{rule.setting}` sets what it does: `deny`, `warn` or `off` (default "
+                   f"`{rule.default}`).")
+    else:
+        setting = "It follows the policy's `enforcement`: `deny` or `warn`."
+    return (f"{action} {rule.refuses}, reported at {rule.reports}.\n\nTo fix it, change the manifest at the "
+            f"reported field so that it no longer does this. {setting}")
+
+
+def sarif_rules(docs_url: str = "") -> list[dict[str, Any]]:
+    """``tool.driver.rules``: every rule of the table, its default action as the level, what it checks and how to
+    fix it as help; its page on the documentation site as ``helpUri`` only when ``docs_url`` says where that
+    site is published."""
     rules = []
     for rule in RULES.values():
+        markdown = rule_help(rule)
         entry: dict[str, Any] = {
             "id": rule.id,
             "shortDescription": {"text": _plain(rule.refuses), "markdown": rule.refuses},
-            "helpUri": page_url(rule.page),
-            "help": {"text": page_url(rule.page), "markdown": f"[{rule.page}]({page_url(rule.page)})"},
+            "help": {"text": _plain(markdown), "markdown": markdown},
             "defaultConfiguration": {"level": "error" if rule.default == "deny" else "warning"},
             "properties": {"reportedAt": _plain(rule.reports)},
         }
+        if docs_url:
+            entry["helpUri"] = page_url(rule.page, docs_url)
         if rule.setting:
             entry["name"] = rule.key
             entry["properties"]["setting"] = rule.setting
@@ -319,9 +335,9 @@ class Sarif(Writer):
     invocation's notifications. Standard input has no file to point at: its results carry the logical location
     alone. Columns count characters (``columnKind`` unicodeCodePoints)."""
 
-    def __init__(self, out: TextIO, fail_on: str = "deny"):
+    def __init__(self, out: TextIO, fail_on: str = "deny", docs_url: str = ""):
         super().__init__(out, fail_on)
-        self.rules = sarif_rules()
+        self.rules = sarif_rules(docs_url)
         self.index = {rule["id"]: i for i, rule in enumerate(self.rules)}
         self.results: list[dict[str, Any]] = []
         self.notifications: list[dict[str, Any]] = []
@@ -371,5 +387,8 @@ WRITERS: dict[str, type[Writer]] = {"text": Text, "jsonl": JsonLines, "json": Js
                                     "sarif": Sarif}
 
 
-def writer(output: str, out: TextIO, fail_on: str = "deny") -> Writer:
+def writer(output: str, out: TextIO, fail_on: str = "deny", docs_url: str = "") -> Writer:
+    """The writer of ``output``; ``docs_url``, where the documentation site is published, links SARIF's rules."""
+    if output == "sarif":
+        return Sarif(out, fail_on, docs_url)
     return WRITERS[output](out, fail_on)

@@ -16,6 +16,8 @@ from webhook import __version__
 from webhook.cli import check, formats
 from webhook.core.policy import PolicyError, PolicySet, load_policy
 from webhook.kube.client import DEFAULT_CREDENTIALS
+from webhook.manifests import inputs
+from webhook.manifests.parts import UnreadableInput
 from webhook.serving import tls
 from webhook.serving.ports import port_problem
 
@@ -58,8 +60,42 @@ def _seconds(text: str) -> float:
     return seconds
 
 
+# What the exit codes mean, for --help (an epilog) and docs/cli.md (generated from it).
+EXIT_CODES = (
+    ("0", "success; check and audit found nothing that would be denied"),
+    ("1", "check or audit found something that would be denied (with --fail-on warning: or warned about)"),
+    ("2", "the arguments, the policy, an input or the cluster could not be used (one line on stderr says which)"),
+)
+CHECK_EXIT_CODES = (
+    ("0", "nothing would be denied (with --fail-on warning: nor warned about)"),
+    ("1", "something would be denied (with --fail-on warning: or is warned about)"),
+    ("2", "an input or the policy could not be used, or the arguments are wrong (one line on stderr each)"),
+)
+AUDIT_EXIT_CODES = (
+    *CHECK_EXIT_CODES[:2], ("2", "the cluster or the policy could not be used, or the arguments are wrong"),
+)
+
+
+def _epilog(codes: tuple[tuple[str, str], ...]) -> str:
+    return "exit codes:\n" + "\n".join(f"  {code}  {meaning}" for code, meaning in codes)
+
+
+DOCS_URL_VARIABLE = "GPU_WEBHOOK_DOCS_URL"
+
+
+def _docs_url(text: str) -> str:
+    """``--docs-url`` for argparse: an http(s) address, ending in ``/``."""
+    scheme, _, rest = text.partition("://")
+    if scheme not in ("http", "https") or not rest.strip("/") or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// address")
+    return text if text.endswith("/") else text + "/"
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpu-webhook", description="Kubernetes admission webhook for GPU resources.")
+    parser = argparse.ArgumentParser(
+        prog="gpu-webhook", description="Kubernetes admission webhook for GPU resources.",
+        epilog=_epilog(EXIT_CODES), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"gpu-webhook {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -129,7 +165,10 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--out-dir", required=True, help="directory for ca.crt, tls.crt, tls.key")
     gen.add_argument("--force", action="store_true", help="overwrite ca.crt, tls.crt and tls.key if they exist")
 
-    lint = commands.add_parser("check", help="lint manifests offline with the webhook's rules")
+    lint = commands.add_parser(
+        "check", help="lint manifests offline with the webhook's rules", epilog=_epilog(CHECK_EXIT_CODES),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     lint.set_defaults(subparser=lint)
     lint.add_argument("--policy", help="policy YAML file (default: built-in defaults)")
     lint.add_argument(
@@ -139,7 +178,7 @@ def _parser() -> argparse.ArgumentParser:
     lint.add_argument(
         "--cluster-state", "--nodes", dest="cluster_state", action="append", metavar="FILE",
         help="Nodes, ResourceSlices, DeviceClasses, ResourceClaims, ResourceClaimTemplates and RuntimeClasses "
-        f"({check.SAVE_CLUSTER_STATE}); turns the cluster-aware checks on and runs them against these; repeatable "
+        f"({inputs.SAVE_CLUSTER_STATE}); turns the cluster-aware checks on and runs them against these; repeatable "
         "(--nodes is the old name)",
     )
     lint.add_argument(
@@ -150,6 +189,11 @@ def _parser() -> argparse.ArgumentParser:
     lint.add_argument(
         "--fail-on", choices=formats.FAIL_ON, default="deny",
         help="exit 1 when something would be denied (default), or also when something is only warned about",
+    )
+    lint.add_argument(
+        "--docs-url", type=_docs_url, metavar="URL",
+        help=f"where the gpu-webhook documentation is published: SARIF links each rule's page there (helpUri); "
+        f"default: ${DOCS_URL_VARIABLE}, else no links (each rule's help is in the SARIF itself)",
     )
     lint.add_argument(
         "-R", "--recursive", action="store_true", help="read directories' subdirectories too (as kubectl -R)"
@@ -166,7 +210,8 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     audit = commands.add_parser(
-        "audit", help="run the webhook's rules over what a live cluster already runs (read-only: it only lists)"
+        "audit", help="run the webhook's rules over what a live cluster already runs (read-only: it only lists)",
+        epilog=_epilog(AUDIT_EXIT_CODES), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     audit.set_defaults(subparser=audit)
     audit.add_argument(
@@ -247,14 +292,16 @@ def _admission_policies(args: argparse.Namespace, parser: argparse.ArgumentParse
         return apply_policies.run(policies, args.kubeconfig)
     from webhook.cli.policies import report
     from webhook.native.generate import generate, to_yaml
-    from webhook.native.target import DEFAULT, TargetError, for_version
+    from webhook.native.target import DEFAULT, TargetError, for_version, known
 
     api_versions = [v.strip() for item in args.api_versions for v in item.split(",") if v.strip()]
     try:
-        target = for_version(args.kube_version or DEFAULT.version, api_versions)
+        target, newer = known(for_version(args.kube_version or DEFAULT.version, api_versions))
     except TargetError as exc:
         print(f"gpu-webhook: admission-policies: {exc}", file=sys.stderr)
         return 2
+    if newer:
+        print(f"gpu-webhook: admission-policies: {newer}", file=sys.stderr)
     generated = generate(policies, target)
     sys.stdout.write(to_yaml(generated.objects))
     report(generated, sys.stderr)
@@ -423,18 +470,25 @@ def _certs(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    docs_url = args.docs_url
+    if docs_url is None and os.environ.get(DOCS_URL_VARIABLE):
+        try:
+            docs_url = _docs_url(os.environ[DOCS_URL_VARIABLE])
+        except argparse.ArgumentTypeError as exc:
+            print(f"gpu-webhook: check: {DOCS_URL_VARIABLE}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     policies = _policy_or_exit(args.policy)
     state = None
     if args.cluster_state:
         try:
-            state = check.read_cluster_state(args.cluster_state)
-        except check.UnreadableInput as exc:
+            state = inputs.read_cluster_state(args.cluster_state)
+        except UnreadableInput as exc:
             print(f"gpu-webhook: --cluster-state: {exc}", file=sys.stderr)
             return check.EXIT_UNREADABLE
         policies = check.with_cluster_checks(policies)
     return check.run(
         args.paths, policies, args.namespace, output=args.output, recursive=args.recursive, cluster_state=state,
-        fail_on=args.fail_on, skip_others=args.skip_non_kubernetes,
+        fail_on=args.fail_on, skip_others=args.skip_non_kubernetes, docs_url=docs_url or "",
     )
 
 

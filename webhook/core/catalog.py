@@ -17,18 +17,16 @@ from typing import Literal
 
 Section = Literal["checks", "cluster", "dra"]
 
-# Where the documentation site is published: mkdocs.yml's site_url is this (a test holds the two equal). Each
-# rule's page links from there, as SARIF's rule help does.
-DOCS_URL = "https://gpu-webhook.example/"
 
 
-def page_url(page: str) -> str:
-    """The absolute address of a documentation page as MkDocs publishes it: ``rules.md#what-is-checked`` ->
-    ``DOCS_URL`` + ``rules/#what-is-checked`` (a directory per page; ``index.md`` is the root)."""
+def page_url(page: str, docs_url: str) -> str:
+    """The absolute address of a documentation page as MkDocs publishes it under ``docs_url`` (where the site
+    is published, ending in ``/``): ``rules.md#what-is-checked`` -> ``docs_url`` + ``rules/#what-is-checked``
+    (a directory per page; ``index.md`` is the root)."""
     path, _, anchor = page.partition("#")
     stem = path.removesuffix(".md")
     directory = "" if stem == "index" else f"{stem.removesuffix('/index')}/"
-    return f"{DOCS_URL}{directory}{'#' + anchor if anchor else ''}"
+    return f"{docs_url}{directory}{'#' + anchor if anchor else ''}"
 Engine = Literal["native", "webhook"]
 
 # Why a rule stays with the webhook, for the reasons shared by several rules.

@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from webhook import __version__
 from webhook.core.policy import PolicySet
 from webhook.native import claims, kinds, mutations, pods
 from webhook.native.celtext import layout, lit
@@ -43,6 +44,7 @@ from webhook.native.target import DEFAULT, LIBRARIES, Target, every_version
 NAME = "gpu-webhook"
 RULES_ANNOTATION = "gpu-webhook.io/rules"
 TARGET_ANNOTATION = "gpu-webhook.io/kubernetes"
+VERSION_ANNOTATION = "gpu-webhook.io/generator-version"  # the gpu-webhook release that generated the object
 LABELS = {"app.kubernetes.io/name": "gpu-webhook", "app.kubernetes.io/component": "admission-policies"}
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 OPERATIONS = ["CREATE", "UPDATE"]
@@ -256,7 +258,8 @@ def _match_constraints(family: Family, custom_kinds: Sequence[kinds.CustomKind],
 
 def _metadata(name: str, rules: Sequence[str], target: Target) -> dict[str, Any]:
     return {"name": name, "labels": dict(LABELS),
-            "annotations": {RULES_ANNOTATION: ",".join(rules), TARGET_ANNOTATION: target.version}}
+            "annotations": {RULES_ANNOTATION: ",".join(rules), TARGET_ANNOTATION: target.version,
+                            VERSION_ANNOTATION: __version__}}
 
 
 def _bindings(policy: str, rules: Sequence[str], policies: PolicySet, deny: bool,

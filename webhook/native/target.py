@@ -17,9 +17,9 @@ webhook on that target, and the generator says so.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 # The oldest and newest minors this generator targets (ValidatingAdmissionPolicy v1 arrived in 1.30).
 OLDEST, NEWEST = 30, 37
@@ -40,7 +40,7 @@ class TargetError(ValueError):
     """A version or API list that cannot be read: one line for the user."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Target:
     """A Kubernetes minor version and the admission-policy APIs it serves."""
 
@@ -103,6 +103,16 @@ def for_version(version: str, api_versions: Iterable[str] = ()) -> Target:
     return Target(minor, True, mutating)
 
 
+def known(target: Target) -> tuple[Target, str]:
+    """``target``, or for a minor newer than this generator knows the newest it knows (serving what the newer one
+    said it serves), and a line saying so ("" when the minor is known)."""
+    if target.minor <= NEWEST:
+        return target, ""
+    assumed = dataclasses.replace(target, minor=NEWEST)
+    return assumed, (f"Kubernetes {target.version} is newer than this release knows: generating for "
+                     f"{assumed.version}, the newest it knows")
+
+
 def _could_serve(minor: int, version: str) -> bool:
     """Whether a MutatingAdmissionPolicy version exists at that minor at all (v1beta1 1.34+, v1 1.36+)."""
     return minor >= (36 if version == "v1" else 34)
@@ -131,5 +141,5 @@ def every_version() -> list[Target]:
 
 DEFAULT = Target(NEWEST, True, "v1")
 
-__all__ = ["DEFAULT", "LIBRARIES", "Target", "TargetError", "every_version", "for_version", "from_discovery",
+__all__ = ["DEFAULT", "LIBRARIES", "Target", "TargetError", "every_version", "for_version", "from_discovery", "known",
            "parse_minor"]
