@@ -13,10 +13,11 @@ device plugin's ``example.com/gpu``): the registry only ever narrows ``policy.re
 Sources (see ``shared/notes/gpu-landscape-2026.md`` sections 3-4): NVIDIA k8s-device-plugin v0.20.0
 README and ``internal/rm/rm.go`` (``.shared`` names, MIG names with ``+`` as ``.``); AMD device plugin
 ``-resource_naming_strategy mixed``; Intel GPU plugin v0.36.0; HAMi v2.10.0; Volcano vGPU; KEP-5004. The other
-vendors' names: HAMi v2.10.0 (commit 4707fb02) ``charts/hami/values.yaml``, the device configuration in
-``charts/hami/templates/scheduler/device-configmap.yaml``, its ``examples/`` and ``pkg/device/<vendor>/`` (units,
-percentages); HAMi v2.7.0 for Iluvatar's earlier names; Volcano (commit ed72c7c8, after v1.16.0-alpha.1)
-``pkg/scheduler/api/devices/`` and ``docs/user-guide/how_to_use_vnpu.md``; Huawei's Ascend/ascend-for-volcano
+vendors' names: HAMi v2.10.0 (commit 4707fb02), ``Project-HAMi/HAMi/charts/hami/values.yaml``, the device
+configuration in ``Project-HAMi/HAMi/charts/hami/templates/scheduler/device-configmap.yaml``, HAMi's ``examples/``
+and ``pkg/device/<vendor>/`` (units, percentages); HAMi v2.7.0 for Iluvatar's earlier names; Volcano (commit
+ed72c7c8, after v1.16.0-alpha.1) ``pkg/scheduler/api/devices/`` and
+``volcano-sh/volcano/docs/user-guide/how_to_use_vnpu.md``; Huawei's Ascend/ascend-for-volcano
 ``internal/vnpu/modulev310p/type.go`` and ``modulev910/type.go`` (static vNPU names). docs/rules.md lists them.
 """
 
@@ -90,8 +91,8 @@ REGISTRY: tuple[VendorResource, ...] = (
     # Volcano's older GPU sharing (gpushare): GPU memory, and whole GPUs beside it.
     VendorResource(r"volcano\.sh/gpu-number", Kind.DEVICE, "volcano", "volcano.sh/gpu-number", scheduler="volcano"),
     VendorResource(r"volcano\.sh/gpu-memory", Kind.MEMORY, "volcano", "volcano.sh/gpu-memory", scheduler="volcano"),
-    # The other vendors HAMi schedules (HAMi v2.10.0, charts/hami/values.yaml and
-    # charts/hami/templates/scheduler/device-configmap.yaml; units from pkg/device/<vendor>/). scheduler="hami"
+    # The other vendors HAMi schedules (HAMi v2.10.0: Project-HAMi/HAMi/charts/hami/values.yaml and the chart's
+    # templates/scheduler/device-configmap.yaml; units from pkg/device/<vendor>/). scheduler="hami"
     # marks the names only HAMi's device plugins publish; whole-device names their vendors' plugins publish,
     # which HAMi and Volcano also place, name no scheduler. docs/rules.md has the table with every source.
     # AMD under HAMi: amd.com/gpu is the count; memory in MiB, cores 1-100 %.
