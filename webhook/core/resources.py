@@ -12,7 +12,13 @@ device plugin's ``example.com/gpu``): the registry only ever narrows ``policy.re
 
 Sources (see ``shared/notes/gpu-landscape-2026.md`` sections 3-4): NVIDIA k8s-device-plugin v0.20.0
 README and ``internal/rm/rm.go`` (``.shared`` names, MIG names with ``+`` as ``.``); AMD device plugin
-``-resource_naming_strategy mixed``; Intel GPU plugin v0.36.0; HAMi v2.10.0; Volcano vGPU; KEP-5004.
+``-resource_naming_strategy mixed``; Intel GPU plugin v0.36.0; HAMi v2.10.0; Volcano vGPU; KEP-5004. The other
+vendors' names: HAMi v2.10.0 (commit 4707fb02), ``Project-HAMi/HAMi/charts/hami/values.yaml``, the device
+configuration in ``Project-HAMi/HAMi/charts/hami/templates/scheduler/device-configmap.yaml``, HAMi's ``examples/``
+and ``pkg/device/<vendor>/`` (units, percentages); HAMi v2.7.0 for Iluvatar's earlier names; Volcano (commit
+ed72c7c8, after v1.16.0-alpha.1) ``pkg/scheduler/api/devices/`` and
+``volcano-sh/volcano/docs/user-guide/how_to_use_vnpu.md``; Huawei's Ascend/ascend-for-volcano
+``internal/vnpu/modulev310p/type.go`` and ``modulev910/type.go`` (static vNPU names). docs/rules.md lists them.
 """
 
 from __future__ import annotations
@@ -82,6 +88,75 @@ REGISTRY: tuple[VendorResource, ...] = (
         "volcano",
     ),
     VendorResource(r"volcano\.sh/vgpu-cores", Kind.CORES, "volcano", "volcano.sh/vgpu-cores", True, "volcano"),
+    # Volcano's older GPU sharing (gpushare): GPU memory, and whole GPUs beside it.
+    VendorResource(r"volcano\.sh/gpu-number", Kind.DEVICE, "volcano", "volcano.sh/gpu-number", scheduler="volcano"),
+    VendorResource(r"volcano\.sh/gpu-memory", Kind.MEMORY, "volcano", "volcano.sh/gpu-memory", scheduler="volcano"),
+    # The other vendors HAMi schedules (HAMi v2.10.0: Project-HAMi/HAMi/charts/hami/values.yaml and the chart's
+    # templates/scheduler/device-configmap.yaml; units from pkg/device/<vendor>/). scheduler="hami"
+    # marks the names only HAMi's device plugins publish; whole-device names their vendors' plugins publish,
+    # which HAMi and Volcano also place, name no scheduler. docs/rules.md has the table with every source.
+    # AMD under HAMi: amd.com/gpu is the count; memory in MiB, cores 1-100 %.
+    VendorResource(r"amd\.com/gpumem", Kind.MEMORY, "amd", "amd.com/gpumem", scheduler="hami"),
+    VendorResource(r"amd\.com/gpucores", Kind.CORES, "amd", "amd.com/gpucores", True, "hami"),
+    # Iluvatar: one vGPU count, memory and cores per chip model (iluvatar.ai/BI-V100-vgpu, .vMem in 256 MiB
+    # units, .vCore in % of the GPU); before HAMi v2.8.0 one set for every model (iluvatar.ai/vgpu, ...).
+    VendorResource(r"iluvatar\.ai/[A-Za-z0-9][A-Za-z0-9-]*-vgpu", Kind.DEVICE, "iluvatar", "iluvatar.ai/BI-V100-vgpu",
+                   scheduler="hami"),
+    VendorResource(r"iluvatar\.ai/[A-Za-z0-9][A-Za-z0-9-]*\.vMem", Kind.MEMORY, "iluvatar", "iluvatar.ai/BI-V100.vMem",
+                   scheduler="hami"),
+    VendorResource(r"iluvatar\.ai/[A-Za-z0-9][A-Za-z0-9-]*\.vCore", Kind.CORES, "iluvatar", "iluvatar.ai/BI-V100.vCore",
+                   True, "hami"),
+    VendorResource(r"iluvatar\.ai/vgpu", Kind.DEVICE, "iluvatar", "iluvatar.ai/vgpu", scheduler="hami"),
+    VendorResource(r"iluvatar\.ai/vcuda-memory", Kind.MEMORY, "iluvatar", "iluvatar.ai/vcuda-memory", scheduler="hami"),
+    VendorResource(r"iluvatar\.ai/vcuda-core", Kind.CORES, "iluvatar", "iluvatar.ai/vcuda-core", True, "hami"),
+    # MetaX: whole GPUs (metax-tech.com/gpu, MetaX's own plugin), sGPUs with cores in % and memory in GiB.
+    VendorResource(r"metax-tech\.com/gpu", Kind.DEVICE, "metax", "metax-tech.com/gpu"),
+    VendorResource(r"metax-tech\.com/sgpu", Kind.DEVICE, "metax", "metax-tech.com/sgpu", scheduler="hami"),
+    VendorResource(r"metax-tech\.com/vcore", Kind.CORES, "metax", "metax-tech.com/vcore", True, "hami"),
+    VendorResource(r"metax-tech\.com/vmemory", Kind.MEMORY, "metax", "metax-tech.com/vmemory", scheduler="hami"),
+    # Moore Threads: memory in 512 MiB units, cores out of 16 per GPU (not a percentage).
+    VendorResource(r"mthreads\.com/vgpu", Kind.DEVICE, "mthreads", "mthreads.com/vgpu", scheduler="hami"),
+    VendorResource(r"mthreads\.com/sgpu-memory", Kind.MEMORY, "mthreads", "mthreads.com/sgpu-memory", scheduler="hami"),
+    VendorResource(r"mthreads\.com/sgpu-core", Kind.CORES, "mthreads", "mthreads.com/sgpu-core", scheduler="hami"),
+    # Hygon DCU: memory in MiB, cores in %.
+    VendorResource(r"hygon\.com/dcunum", Kind.DEVICE, "hygon", "hygon.com/dcunum", scheduler="hami"),
+    VendorResource(r"hygon\.com/dcumem", Kind.MEMORY, "hygon", "hygon.com/dcumem", scheduler="hami"),
+    VendorResource(r"hygon\.com/dcucores", Kind.CORES, "hygon", "hygon.com/dcucores", True, "hami"),
+    # Cambricon MLU: memory in 256 MiB units, cores in %; "mlu" becomes the model (mlu370) when Cambricon's
+    # plugin runs with --enable-device-type.
+    VendorResource(r"cambricon\.com/vmlu", Kind.DEVICE, "cambricon", "cambricon.com/vmlu", scheduler="hami"),
+    VendorResource(r"cambricon\.com/[a-z0-9]+\.smlu\.vmemory", Kind.MEMORY, "cambricon",
+                   "cambricon.com/mlu370.smlu.vmemory", scheduler="hami"),
+    VendorResource(r"cambricon\.com/[a-z0-9]+\.smlu\.vcore", Kind.CORES, "cambricon", "cambricon.com/mlu.smlu.vcore",
+                   True, "hami"),
+    # Huawei Ascend NPUs: whole NPUs (Volcano's Ascend910, Ascend310, Ascend310P) and HAMi's vNPU counts per
+    # model (Ascend910B3, Ascend910B4-1), memory in MiB, cores in % (hami-core mode); static vNPU templates
+    # (Ascend310P-2c.1cpu) are hardware slices; Volcano's dynamic vNPU asks for AI cores (huawei.com/npu-core).
+    VendorResource(r"huawei\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?", Kind.DEVICE, "ascend",
+                   "huawei.com/Ascend910B4-1"),
+    VendorResource(r"huawei\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?-memory", Kind.MEMORY, "ascend",
+                   "huawei.com/Ascend910B3-memory", scheduler="hami"),
+    VendorResource(r"huawei\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?-core", Kind.CORES, "ascend",
+                   "huawei.com/Ascend910C-core", True, "hami"),
+    VendorResource(r"huawei\.com/Ascend[0-9]+[A-Za-z]?-[0-9]+c(?:\.[a-z0-9]+)*", Kind.PARTITION, "ascend",
+                   "huawei.com/Ascend310P-2c.1cpu"),
+    VendorResource(r"huawei\.com/npu-core", Kind.CORES, "ascend", "huawei.com/npu-core", scheduler="volcano"),
+    # Enflame GCU: whole GCUs; a DRS slice whose quantity is the profile size (3 = a 3g slice of one GCU, no
+    # count of devices); or memory in MiB and cores in % that HAMi turns into a profile.
+    VendorResource(r"enflame\.com/gcu", Kind.DEVICE, "enflame", "enflame.com/gcu"),
+    VendorResource(r"enflame\.com/drs-gcu", Kind.CORES, "enflame", "enflame.com/drs-gcu", scheduler="hami"),
+    VendorResource(r"enflame\.com/gcu-memory", Kind.MEMORY, "enflame", "enflame.com/gcu-memory", scheduler="hami"),
+    VendorResource(r"enflame\.com/gcu-core", Kind.CORES, "enflame", "enflame.com/gcu-core", True, "hami"),
+    # Kunlunxin XPU: whole XPUs, vXPUs with memory in MiB.
+    VendorResource(r"kunlunxin\.com/xpu", Kind.DEVICE, "kunlunxin", "kunlunxin.com/xpu"),
+    VendorResource(r"kunlunxin\.com/vxpu", Kind.DEVICE, "kunlunxin", "kunlunxin.com/vxpu", scheduler="hami"),
+    VendorResource(r"kunlunxin\.com/vxpu-memory", Kind.MEMORY, "kunlunxin", "kunlunxin.com/vxpu-memory",
+                   scheduler="hami"),
+    # Biren, Vastai, AWS Neuron: whole devices (a NeuronCore is a slice of a Neuron device, given whole).
+    VendorResource(r"birentech\.com/gpu", Kind.DEVICE, "biren", "birentech.com/gpu"),
+    VendorResource(r"vastaitech\.com/va", Kind.DEVICE, "vastai", "vastaitech.com/va"),
+    VendorResource(r"aws\.amazon\.com/neuron", Kind.DEVICE, "aws", "aws.amazon.com/neuron"),
+    VendorResource(r"aws\.amazon\.com/neuroncore", Kind.PARTITION, "aws", "aws.amazon.com/neuroncore"),
     # KEP-5004's implicit names, deviceclass.resource.kubernetes.io/<class>, are not here: whether one is a
     # GPU depends on the class (policy.dra.gpuClasses), which policy.is_gpu decides.
 )
