@@ -272,14 +272,12 @@ def kinds() -> list[Case]:
     """The kinds that keep GPUs outside a pod template: a fractional GPU refused, a whole one admitted, a request
     that differs from its limit refused; and GPUs where nothing reads them, warned."""
     cases = []
-    for name, obj in _kinds("500m"):
-        cases.append(Case(f"kinds/{name}-fractional", obj["metadata"].get("namespace", ""), obj,
-                          {"invalid-quantity": "deny"}))
-    for name, obj in _kinds(1):
-        cases.append(Case(f"kinds/{name}-one-gpu", obj["metadata"].get("namespace", ""), obj))
-    for name, obj in _kinds(2, 1):
-        cases.append(Case(f"kinds/{name}-requests-differ", obj["metadata"].get("namespace", ""), obj,
-                          {"requests-differ": "deny"}))
+    for variant, (gpu, request), expected in (("fractional", ("500m", None), {"invalid-quantity": "deny"}),
+                                               ("one-gpu", (1, None), {}),
+                                               ("requests-differ", (2, 1), {"requests-differ": "deny"})):
+        for name, obj in _kinds(gpu, request):
+            obj["metadata"]["name"] = f"{name}-{variant}"
+            cases.append(Case(f"kinds/{name}-{variant}", obj["metadata"].get("namespace", ""), obj, expected))
     unknown = {"apiVersion": "example.com/v1", "kind": "ModelServer", "metadata": {"name": "m", "namespace": TENANT},
                "spec": {"accelerators": {"limits": {"nvidia.com/gpu": "500m"}}}}
     queue = {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue", "metadata": {"name": "research"},

@@ -42,6 +42,7 @@ from webhook.manifests.inputs import (
     with_namespace,
 )
 from webhook.rules.admission import decide, object_name, validate
+from webhook.rules.pods import looks_into
 
 EXIT_ADMITTED, EXIT_DENIED, EXIT_UNREADABLE = formats.EXIT_CLEAN, formats.EXIT_FINDINGS, formats.EXIT_UNREADABLE
 
@@ -86,16 +87,27 @@ def judge(item: Item, source: str, policies: PolicySet, namespace: str, view: Cl
         target = request.get("namespace") or _identity(obj)[1]
         target = target if isinstance(target, str) else ""
         answer = validate(request, policies, view)
+        group = str(requested.get("group") or "")
     else:
         kind = str(obj["kind"])
         name, own_namespace = _identity(obj)
         target = own_namespace or namespace
-        answer = decide(obj, group_of(obj.get("apiVersion")), kind, target, policies, view)
+        group = group_of(obj.get("apiVersion"))
+        answer = decide(obj, group, kind, target, policies, view)
     found = tuple(
         Finding(source, kind, name, target, str(v.path), v.rule, action, v.message, *item.position(str(v.path)))
         for v, action in answer.judged()
     )
-    return Checked(kind, name, target, item.line, found)
+    looked = bool(found) or looks_into(obj, group, kind, policies.for_namespace(target))
+    return Checked(kind, name, target, item.line, found, looked)
+
+
+def target_namespace(item: Item, namespace: str) -> str:
+    """The namespace an input object is decided in: its request's or its own, else ``--namespace``."""
+    if item.request is not None:
+        target = item.request.get("namespace") or _identity(item.obj)[1]
+        return target if isinstance(target, str) else ""
+    return _identity(item.obj)[1] or namespace
 
 
 def findings(
@@ -131,6 +143,7 @@ class _Run:
     tally: Tally = field(default_factory=Tally)
     skipped: int = 0  # documents that are not Kubernetes objects
     templates: int = 0  # Helm chart templates
+    excluded: set[str] = field(default_factory=set)  # the excludeNamespaces objects were skipped in
 
     def problem(self, source: str, problem: str) -> None:
         print(f"{source}: {problem}", file=self.err)
@@ -165,6 +178,11 @@ class _Run:
                     if isinstance(entry, str):
                         self.problem(source, entry)
                         continue
+                    target = target_namespace(entry, self.namespace)
+                    if self.policies.excludes(target):
+                        self.tally.excluded += 1
+                        self.excluded.add(target)
+                        continue
                     checked = judge(entry, source, self.policies, self.namespace, view)
                     self.tally.add(checked)
                     self.writer.object(source, checked)
@@ -184,6 +202,10 @@ class _Run:
         if self.templates:
             parts.append(f"{self.templates} Helm chart template{'s' if self.templates != 1 else ''} (check what "
                          "helm template renders)")
+        if self.tally.excluded:
+            count = self.tally.excluded
+            parts.append(f"{count} object{'s' if count != 1 else ''} in {', '.join(sorted(self.excluded))}, which "
+                         "no engine checks (excludeNamespaces)")
         return f"skipped {' and '.join(parts)}" if parts else ""
 
 

@@ -86,6 +86,7 @@ class Checked:
     namespace: str
     line: int  # where the object starts; 0: not known
     findings: tuple[Finding, ...] = ()
+    looked: bool = True  # the rules had something to read in it (a pod spec, a resource block, device requests)
 
     @property
     def label(self) -> str:
@@ -98,6 +99,8 @@ class Tally:
     the violations by action, and the input problems."""
 
     objects: int = 0
+    nothing: int = 0  # objects with nothing to check: no pod spec, resource block or GPU quantity (a ConfigMap)
+    excluded: int = 0  # objects in excludeNamespaces, not checked (counted apart from objects)
     denied: int = 0
     warned: int = 0
     denials: int = 0
@@ -106,6 +109,7 @@ class Tally:
 
     def add(self, checked: Checked) -> None:
         self.objects += 1
+        self.nothing += not checked.looked and not checked.findings
         denials = sum(f.action == "deny" for f in checked.findings)
         warnings = len(checked.findings) - denials
         self.denials += denials
@@ -121,12 +125,17 @@ class Tally:
         return EXIT_CLEAN
 
     def summary(self) -> dict[str, int]:
-        return {"objects": self.objects, "denied": self.denied, "warned": self.warned, "denials": self.denials,
-                "warnings": self.warnings, "problems": self.problems}
+        return {"objects": self.objects, "nothingToCheck": self.nothing, "excluded": self.excluded,
+                "denied": self.denied, "warned": self.warned, "denials": self.denials, "warnings": self.warnings,
+                "problems": self.problems}
 
     def __str__(self) -> str:
-        objects = f"{self.objects} object{'' if self.objects == 1 else 's'}"
-        return f"{objects} checked, {self.denied} denied, {self.warned} warned"
+        """``3 objects checked, 1 denied, 0 warned``: the objects the rules looked into, then the others."""
+        looked = self.objects - self.nothing
+        text = f"{looked} object{'' if looked == 1 else 's'} checked, {self.denied} denied, {self.warned} warned"
+        if self.nothing:
+            text += f"; {self.nothing} with nothing to check (no pod spec, resource block or GPU quantity)"
+        return text
 
 
 def fails(finding: Finding, fail_on: str) -> bool:

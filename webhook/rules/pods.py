@@ -346,6 +346,15 @@ def violations(
     return out
 
 
+def looks_into(obj: Mapping[str, Any], group: str, kind: str, policy: Policy) -> bool:
+    """Whether the rules have something to read in ``obj``: a pod spec, a resource block, or device requests (a
+    ResourceClaim, ResourceClaimTemplate or DeviceClass). A GPU quantity elsewhere is a finding of its own."""
+    if claims.is_dra_object(group, kind):
+        return True
+    return any(True for _ in find_pod_specs(obj, group, kind)) or any(
+        True for _ in resource_blocks(obj, group, kind, policy.kinds))
+
+
 def check_resource_blocks(obj: Mapping[str, Any], group: str, kind: str, policy: Policy,
                           read: set[int]) -> list[Violation]:
     """The quantity and vendor-name rules on the resource blocks the registry of kinds names for this kind (an
