@@ -130,11 +130,12 @@ class Tally:
                 "problems": self.problems}
 
     def __str__(self) -> str:
-        """``3 objects checked, 1 denied, 0 warned``: the objects the rules looked into, then the others."""
+        """``3 objects checked, 1 denied, 0 warned``: the objects the rules looked into, after those with nothing
+        to check (no pod spec, resource block, device request or GPU quantity) when there are any."""
         looked = self.objects - self.nothing
         text = f"{looked} object{'' if looked == 1 else 's'} checked, {self.denied} denied, {self.warned} warned"
         if self.nothing:
-            text += f"; {self.nothing} with nothing to check (no pod spec, resource block or GPU quantity)"
+            text = f"{self.nothing} object{'' if self.nothing == 1 else 's'} with nothing to check; {text}"
         return text
 
 

@@ -27,7 +27,7 @@ from webhook.core import resources as registry
 from webhook.core.kinds import CustomKind, custom_kinds
 
 # The namespaces every engine leaves alone by default: the control plane's own. The chart's webhooks also leave out
-# their release's namespace and webhook.excludeNamespaces.
+# their release's namespace and the namespaces its values add.
 EXCLUDED_NAMESPACES = ("kube-system", "kube-node-lease")
 
 # The namespaces where the platform's node agents install by their projects' documented defaults: the GPU stack
