@@ -168,6 +168,8 @@ SPELLINGS: list[tuple[str, Any, Any]] = [
     ("zero", "0", None), ("tiny", "1.0000000001", None), ("e7", 10000000, None), ("milli-1500", "1500m", None),
     ("req-equal", "2", "2000m"), ("req-differ", 2, 1), ("req-half", 1, "0.5"), ("req-only", None, "1"),
     ("req-only-int", None, 2), ("long", "1" * 70, None), ("e-minus", "1e-3", None), ("exp-big", "1e65", None),
+    ("envsubst", "${GPUS}", None), ("envsubst-bare", "$GPUS", None), ("helm", "{{ .Values.gpus }}", None),
+    ("placeholder-and-more", "${GPUS}x", None),
 ]
 
 
