@@ -332,6 +332,10 @@ def corpus() -> list[Case]:
         ("claims-both", spec(ctr(resources={"claims": [{"name": "g"}]}), resourceClaims=[
             {"name": "g", "resourceClaimName": "c", "resourceClaimTemplateName": "t"}])),
         ("claims-undeclared", spec(ctr(resources={"claims": [{"name": "x"}]}))),
+        ("claims-old-source", spec(ctr(resources={"claims": [{"name": "g"}]}), resourceClaims=[
+            {"name": "g", "source": {"resourceClaimTemplateName": "t"}}])),
+        ("claims-source-empty", spec(ctr(resources={"claims": [{"name": "g"}]}), resourceClaims=[
+            {"name": "g", "source": {"resourceClaimName": ""}}])),
         ("pod-level-gpu", spec(ctr(), resources={"limits": {"nvidia.com/gpu": 1}})),
         ("ephemeral-gpu", spec(ctr(), ephemeralContainers=[gpu(1, "debug")])),
         ("host-pid-string", spec(gpu(1), hostPID="true")),

@@ -183,6 +183,9 @@ POD_CASES = [
     ("neither-source", claim_pod(uses("gpu"), claims=[{"name": "gpu"}]), [("spec.resourceClaims[0]", "claim-source")]),
     ("both-sources", claim_pod(uses("gpu"), claims=[{**TWO, "resourceClaimName": "shared"}]),
      [("spec.resourceClaims[0]", "claim-source")]),
+    ("pre-1.31-source",
+     claim_pod(uses("gpu"), claims=[{"name": "gpu", "source": {"resourceClaimTemplateName": "two"}}]),
+     [("spec.resourceClaims[0]", "claim-source")]),
     ("unused-claim", claim_pod(container(), claims=[TWO]), [("spec.resourceClaims[0]", "unused-claim")]),
     ("missing-template", claim_pod(uses("gpu"), claims=[{"name": "gpu", "resourceClaimTemplateName": "nope"}]),
      [("spec.resourceClaims[0].resourceClaimTemplateName", "missing-claim-source")]),
@@ -225,6 +228,32 @@ POD_CASES = [
 @pytest.mark.parametrize(("obj", "expected"), [c[1:] for c in POD_CASES], ids=[c[0] for c in POD_CASES])
 def test_pod_claim_rules(obj, expected):
     assert found(obj) == sorted(expected)
+
+
+SOURCE_MOVED = "uses source:, the pre-1.31 form Kubernetes removed; move the name up into the entry:"
+NAMES_NEITHER = "names neither of resourceClaimName and resourceClaimTemplateName; exactly one is required"
+# What claim-source says of each spec.resourceClaims[] entry (no view: the pod's own fields only).
+CLAIM_SOURCE_MESSAGES = [
+    ("template-under-source", {"name": "gpu", "source": {"resourceClaimTemplateName": "two"}},
+     f'claim "gpu" {SOURCE_MOVED} resourceClaimTemplateName: two'),
+    ("claim-under-source", {"name": "gpu", "source": {"resourceClaimName": "shared"}},
+     f'claim "gpu" {SOURCE_MOVED} resourceClaimName: shared'),
+    ("neither", {"name": "gpu"}, f'claim "gpu" {NAMES_NEITHER}'),
+    ("empty-source", {"name": "gpu", "source": {}}, f'claim "gpu" {NAMES_NEITHER}'),
+    ("both-under-source", {"name": "gpu", "source": {"resourceClaimName": "a", "resourceClaimTemplateName": "b"}},
+     f'claim "gpu" {NAMES_NEITHER}'),
+    ("source-not-a-string", {"name": "gpu", "source": {"resourceClaimName": 7}}, f'claim "gpu" {NAMES_NEITHER}'),
+    ("moved-up-already", {"name": "gpu", "resourceClaimName": "shared", "source": {"resourceClaimName": "shared"}},
+     None),
+]
+
+
+@pytest.mark.parametrize(("entry", "said"), [c[1:] for c in CLAIM_SOURCE_MESSAGES],
+                         ids=[c[0] for c in CLAIM_SOURCE_MESSAGES])
+def test_claim_source_says_what_to_write(entry, said):
+    answer = decide(claim_pod(uses("gpu"), claims=[entry]), "", "Pod", "default", POLICY)
+    said_of = [str(v) for v in answer.violations if v.rule == "claim-source"]
+    assert said_of == ([f"spec.resourceClaims[0]: {said}"] if said else [])
 
 
 def test_in_a_custom_resource_template_the_claim_rules_apply_at_the_real_path():

@@ -182,7 +182,8 @@ _ROWS: tuple[Rule, ...] = (
     Rule("undeclared-claim", "dra", "undeclaredClaim", "deny", "`resources.claims[].name` not in `spec.resourceClaims`",
          "the container's claim", _DRA, "native"),
     Rule("claim-source", "dra", "claimSource", "deny",
-         "a `spec.resourceClaims[]` entry with neither or both of its sources", "`spec.resourceClaims[]`", _DRA,
+         "a `spec.resourceClaims[]` entry with neither or both of its sources (one still under the pre-1.31 "
+         "`source:` is told to move it up)", "`spec.resourceClaims[]`", _DRA,
          "native"),
     Rule("unused-claim", "dra", "unusedClaim", "warn", "a declared claim no container uses", "`spec.resourceClaims[]`",
          _DRA, "native"),
