@@ -287,13 +287,15 @@ def claim_cases() -> list[Case]:
             {"name": "big", "deviceClassName": "gpu.nvidia.com", "count": 8},
             {"name": "other", "deviceClassName": "gpu.example.com"}]}]),
         ("two-requests", [exactly("a"), exactly("b", device_class="gpu.example.com", allocationMode="All")]),
+        ("admin-all-devices", [exactly(allocationMode="All", adminAccess=True)]),
     ]
     for name, reqs in requests:
         for template_of in (False, True):
             kind = "rct" if template_of else "rc"
             for namespace in (NS, OPEN, ADMIN, LAB):
                 if namespace in (OPEN, ADMIN, LAB) and name not in ("class-not-allowed", "admin-access",
-                                                                   "two-requests", "all-devices"):
+                                                                   "two-requests", "all-devices",
+                                                                   "admin-all-devices"):
                     continue
                 cases.append(Case(f"{kind}-{name}", namespace, claim(f"{kind}-{name}", *reqs, template_of=template_of)))
     return cases

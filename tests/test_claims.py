@@ -125,6 +125,12 @@ CLAIM_CASES = [
     ("admin-access-tenant", claim(req(adminAccess=True)), "default", [(f"{E}.adminAccess", "admin-access")]),
     ("admin-access-named-namespace", claim(req(adminAccess=True)), "gpu-admin", []),
     ("admin-access-glob-namespace", claim(req(adminAccess=True)), "ops-monitoring", []),
+    # DCGM exporter's monitoring claim: admin access holds no device, so All takes nothing and fails on nothing.
+    ("all-devices-with-admin-access", claim(req(allocationMode="All", adminAccess=True)), "gpu-admin", []),
+    ("all-devices-with-admin-access-tenant", claim(req(allocationMode="All", adminAccess=True)), "default",
+     [(f"{E}.adminAccess", "admin-access")]),
+    ("all-devices-admin-access-false", claim(req(allocationMode="All", adminAccess=False)), "gpu-admin",
+     [(f"{E}.allocationMode", "allocation-mode-all")]),
     ("blanket-toleration", claim(req(tolerations=[{"operator": "Exists"}])), "default",
      [(f"{E}.tolerations[0]", "blanket-device-toleration")]),
     ("no-execute-toleration", claim(req(tolerations=[{"key": "health", "operator": "Exists", "effect": "NoExecute"}])),
@@ -254,6 +260,14 @@ def test_claim_source_says_what_to_write(entry, said):
     answer = decide(claim_pod(uses("gpu"), claims=[entry]), "", "Pod", "default", POLICY)
     said_of = [str(v) for v in answer.violations if v.rule == "claim-source"]
     assert said_of == ([f"spec.resourceClaims[0]: {said}"] if said else [])
+
+
+def test_all_devices_keeps_its_message_without_admin_access():
+    answer = decide(claim(req(allocationMode="All", adminAccess=False)), "resource.k8s.io", "ResourceClaim",
+                    "gpu-admin", POLICY)
+    assert [str(v) for v in answer.violations] == [
+        f"{E}.allocationMode: allocationMode: All takes every matching device on the node (and fails while any is in "
+        "use); ask for a count instead"]
 
 
 def test_in_a_custom_resource_template_the_claim_rules_apply_at_the_real_path():

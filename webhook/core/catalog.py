@@ -170,8 +170,9 @@ _ROWS: tuple[Rule, ...] = (
     Rule("device-class-not-allowed", "dra", "deviceClassNotAllowed", "deny",
          "a device class outside `dra.allowedDeviceClasses` of the namespace", "the request's `deviceClassName`",
          _DRA, "native"),
-    Rule("allocation-mode-all", "dra", "allocationModeAll", "deny", "`allocationMode: All`",
-         "the request's `allocationMode`", _DRA, "native"),
+    Rule("allocation-mode-all", "dra", "allocationModeAll", "deny",
+         "`allocationMode: All`, unless the request has `adminAccess: true` (an admin-access allocation holds no "
+         "device)", "the request's `allocationMode`", _DRA, "native"),
     Rule("admin-access", "dra", "adminAccess", "deny", "`adminAccess: true` outside `dra.adminAccessNamespaces`",
          "the request's `adminAccess`", _DRA, "native"),
     Rule("blanket-device-toleration", "dra", "blanketDeviceToleration", "warn",

@@ -72,7 +72,9 @@ def device_class_not_allowed(ctx: Ctx) -> list[Finding]:
 def allocation_mode_all(ctx: Ctx) -> list[Finding]:
     message = lit("allocationMode: All takes every matching device on the node (and fails while any is in use); "
                   "ask for a count instead")
-    return [Finding("allocation-mode-all", (REQUESTS, DEVICES), "d.q.?allocationMode.orValue('') == 'All'",
+    # claims.check_allocation_mode: not with adminAccess (an admin-access allocation holds no device)
+    where = "d.q.?allocationMode.orValue('') == 'All' && d.q.?adminAccess.orValue(false) != true"
+    return [Finding("allocation-mode-all", (REQUESTS, DEVICES), where,
                     "d.path + '.allocationMode'", "d.stable + '.allocationMode'", lit("All"), message)]
 
 

@@ -68,8 +68,15 @@ def check_device_class_exists(
 
 
 def check_allocation_mode(request: Mapping[str, Any], path: FieldPath, policy: Policy) -> list[Violation]:
-    """D10: allocationMode All takes every matching device of a node, and fails if any is in use."""
-    if request.get("allocationMode") != "All" or not policy.checks("allocation-mode-all"):
+    """D10: allocationMode All takes every matching device of a node, and fails if any is in use.
+
+    Not with ``adminAccess: true`` (a monitoring claim, such as DCGM exporter's): an admin-access allocation
+    ignores the ordinary claims on its devices and holds none of them (the API: "Allocation will fail if some
+    devices are already allocated, unless adminAccess is requested"), so it takes nothing from anyone and does not
+    fail while they are in use; who may ask for admin access is ``admin-access``'s to say."""
+    if request.get("allocationMode") != "All" or request.get("adminAccess") is True:
+        return []
+    if not policy.checks("allocation-mode-all"):
         return []
     return [Violation(
         path.child("allocationMode"), "allocation-mode-all",
