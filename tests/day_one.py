@@ -229,7 +229,7 @@ def tenants() -> list[Case]:
         Case("tenant/visible-devices-all", TENANT, leaky, {"visible-devices-without-gpu": "deny"}),
         Case("tenant/device-hostpath", TENANT, devices, {"gpu-device-mount": "deny"}),
         Case("tenant/cdi-annotation", TENANT, cdi, {"cdi-annotation": "deny"}),
-        Case("tenant/admin-claim", TENANT, admin, {"admin-access": "deny", "allocation-mode-all": "deny"}),
+        Case("tenant/admin-claim", TENANT, admin, {"admin-access": "deny"}),
         Case("tenant/kueue-lws-request-without-limit", TENANT, lws, {"requests-without-limits": "deny"}),
     ]
 

@@ -168,6 +168,8 @@ SPELLINGS: list[tuple[str, Any, Any]] = [
     ("zero", "0", None), ("tiny", "1.0000000001", None), ("e7", 10000000, None), ("milli-1500", "1500m", None),
     ("req-equal", "2", "2000m"), ("req-differ", 2, 1), ("req-half", 1, "0.5"), ("req-only", None, "1"),
     ("req-only-int", None, 2), ("long", "1" * 70, None), ("e-minus", "1e-3", None), ("exp-big", "1e65", None),
+    ("envsubst", "${GPUS}", None), ("envsubst-bare", "$GPUS", None), ("helm", "{{ .Values.gpus }}", None),
+    ("placeholder-and-more", "${GPUS}x", None),
 ]
 
 
@@ -295,13 +297,15 @@ def claim_cases() -> list[Case]:
             {"name": "big", "deviceClassName": "gpu.nvidia.com", "count": 8},
             {"name": "other", "deviceClassName": "gpu.example.com"}]}]),
         ("two-requests", [exactly("a"), exactly("b", device_class="gpu.example.com", allocationMode="All")]),
+        ("admin-all-devices", [exactly(allocationMode="All", adminAccess=True)]),
     ]
     for name, reqs in requests:
         for template_of in (False, True):
             kind = "rct" if template_of else "rc"
             for namespace in (NS, OPEN, ADMIN, LAB):
                 if namespace in (OPEN, ADMIN, LAB) and name not in ("class-not-allowed", "admin-access",
-                                                                   "two-requests", "all-devices"):
+                                                                   "two-requests", "all-devices",
+                                                                   "admin-all-devices"):
                     continue
                 cases.append(Case(f"{kind}-{name}", namespace, claim(f"{kind}-{name}", *reqs, template_of=template_of)))
     return cases
@@ -345,6 +349,10 @@ def corpus() -> list[Case]:
         ("claims-both", spec(ctr(resources={"claims": [{"name": "g"}]}), resourceClaims=[
             {"name": "g", "resourceClaimName": "c", "resourceClaimTemplateName": "t"}])),
         ("claims-undeclared", spec(ctr(resources={"claims": [{"name": "x"}]}))),
+        ("claims-old-source", spec(ctr(resources={"claims": [{"name": "g"}]}), resourceClaims=[
+            {"name": "g", "source": {"resourceClaimTemplateName": "t"}}])),
+        ("claims-source-empty", spec(ctr(resources={"claims": [{"name": "g"}]}), resourceClaims=[
+            {"name": "g", "source": {"resourceClaimName": ""}}])),
         ("pod-level-gpu", spec(ctr(), resources={"limits": {"nvidia.com/gpu": 1}})),
         ("ephemeral-gpu", spec(ctr(), ephemeralContainers=[gpu(1, "debug")])),
         ("host-pid-string", spec(gpu(1), hostPID="true")),

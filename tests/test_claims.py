@@ -125,6 +125,12 @@ CLAIM_CASES = [
     ("admin-access-tenant", claim(req(adminAccess=True)), "default", [(f"{E}.adminAccess", "admin-access")]),
     ("admin-access-named-namespace", claim(req(adminAccess=True)), "gpu-admin", []),
     ("admin-access-glob-namespace", claim(req(adminAccess=True)), "ops-monitoring", []),
+    # DCGM exporter's monitoring claim: admin access holds no device, so All takes nothing and fails on nothing.
+    ("all-devices-with-admin-access", claim(req(allocationMode="All", adminAccess=True)), "gpu-admin", []),
+    ("all-devices-with-admin-access-tenant", claim(req(allocationMode="All", adminAccess=True)), "default",
+     [(f"{E}.adminAccess", "admin-access")]),
+    ("all-devices-admin-access-false", claim(req(allocationMode="All", adminAccess=False)), "gpu-admin",
+     [(f"{E}.allocationMode", "allocation-mode-all")]),
     ("blanket-toleration", claim(req(tolerations=[{"operator": "Exists"}])), "default",
      [(f"{E}.tolerations[0]", "blanket-device-toleration")]),
     ("no-execute-toleration", claim(req(tolerations=[{"key": "health", "operator": "Exists", "effect": "NoExecute"}])),
@@ -183,6 +189,9 @@ POD_CASES = [
     ("neither-source", claim_pod(uses("gpu"), claims=[{"name": "gpu"}]), [("spec.resourceClaims[0]", "claim-source")]),
     ("both-sources", claim_pod(uses("gpu"), claims=[{**TWO, "resourceClaimName": "shared"}]),
      [("spec.resourceClaims[0]", "claim-source")]),
+    ("pre-1.31-source",
+     claim_pod(uses("gpu"), claims=[{"name": "gpu", "source": {"resourceClaimTemplateName": "two"}}]),
+     [("spec.resourceClaims[0]", "claim-source")]),
     ("unused-claim", claim_pod(container(), claims=[TWO]), [("spec.resourceClaims[0]", "unused-claim")]),
     ("missing-template", claim_pod(uses("gpu"), claims=[{"name": "gpu", "resourceClaimTemplateName": "nope"}]),
      [("spec.resourceClaims[0].resourceClaimTemplateName", "missing-claim-source")]),
@@ -225,6 +234,40 @@ POD_CASES = [
 @pytest.mark.parametrize(("obj", "expected"), [c[1:] for c in POD_CASES], ids=[c[0] for c in POD_CASES])
 def test_pod_claim_rules(obj, expected):
     assert found(obj) == sorted(expected)
+
+
+SOURCE_MOVED = "uses source:, the pre-1.31 form Kubernetes removed; move the name up into the entry:"
+NAMES_NEITHER = "names neither of resourceClaimName and resourceClaimTemplateName; exactly one is required"
+# What claim-source says of each spec.resourceClaims[] entry (no view: the pod's own fields only).
+CLAIM_SOURCE_MESSAGES = [
+    ("template-under-source", {"name": "gpu", "source": {"resourceClaimTemplateName": "two"}},
+     f'claim "gpu" {SOURCE_MOVED} resourceClaimTemplateName: two'),
+    ("claim-under-source", {"name": "gpu", "source": {"resourceClaimName": "shared"}},
+     f'claim "gpu" {SOURCE_MOVED} resourceClaimName: shared'),
+    ("neither", {"name": "gpu"}, f'claim "gpu" {NAMES_NEITHER}'),
+    ("empty-source", {"name": "gpu", "source": {}}, f'claim "gpu" {NAMES_NEITHER}'),
+    ("both-under-source", {"name": "gpu", "source": {"resourceClaimName": "a", "resourceClaimTemplateName": "b"}},
+     f'claim "gpu" {NAMES_NEITHER}'),
+    ("source-not-a-string", {"name": "gpu", "source": {"resourceClaimName": 7}}, f'claim "gpu" {NAMES_NEITHER}'),
+    ("moved-up-already", {"name": "gpu", "resourceClaimName": "shared", "source": {"resourceClaimName": "shared"}},
+     None),
+]
+
+
+@pytest.mark.parametrize(("entry", "said"), [c[1:] for c in CLAIM_SOURCE_MESSAGES],
+                         ids=[c[0] for c in CLAIM_SOURCE_MESSAGES])
+def test_claim_source_says_what_to_write(entry, said):
+    answer = decide(claim_pod(uses("gpu"), claims=[entry]), "", "Pod", "default", POLICY)
+    said_of = [str(v) for v in answer.violations if v.rule == "claim-source"]
+    assert said_of == ([f"spec.resourceClaims[0]: {said}"] if said else [])
+
+
+def test_all_devices_keeps_its_message_without_admin_access():
+    answer = decide(claim(req(allocationMode="All", adminAccess=False)), "resource.k8s.io", "ResourceClaim",
+                    "gpu-admin", POLICY)
+    assert [str(v) for v in answer.violations] == [
+        f"{E}.allocationMode: allocationMode: All takes every matching device on the node (and fails while any is in "
+        "use); ask for a count instead"]
 
 
 def test_in_a_custom_resource_template_the_claim_rules_apply_at_the_real_path():

@@ -81,7 +81,7 @@ def test_the_same_agents_are_refused_or_warned_in_a_tenants_namespace():
         rules |= {v.rule for v in decided.violations}
         refused += not decided.allowed
     assert {"privileged-gpu", "gpu-device-mount", "visible-devices-without-gpu", "cdi-annotation", "admin-access",
-            "allocation-mode-all", "cpu-pod-on-gpu-nodes", "init-container-gpus", "node-name-with-gpus",
+            "cpu-pod-on-gpu-nodes", "init-container-gpus", "node-name-with-gpus",
             "runtime-class-without-gpu"} <= rules
     assert refused >= 10
 

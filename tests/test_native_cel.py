@@ -78,6 +78,16 @@ def test_the_quantity_grammar_is_the_webhooks():
         assert full(snippets.QUANTITY_GRAMMAR, text) == (grammar.fullmatch(text) is not None), text
 
 
+PLACEHOLDERS = ["${GPUS}", "${GPUS:-1}", "${}", "$GPUS", "$_x1", "{{ .Values.gpus }}", "{{}}", "$1", "$", "${GPUS}x",
+                "x${GPUS}", "$GPUS-1", "{{ a }", "{ a }}", "${a\n}", "{{a\n}}", "$$", "${a}}"]
+
+
+def test_the_placeholder_pattern_is_the_webhooks():
+    guard = quantity._PLACEHOLDER  # what webhook.core.quantity calls a placeholder never substituted
+    for text in PLACEHOLDERS:
+        assert full(snippets.PLACEHOLDER, text) == (guard.fullmatch(text) is not None), text
+
+
 @pytest.mark.parametrize("exponent", [*range(0, 130), 999, 1000])
 @pytest.mark.parametrize("sign", ["", "+", "-"])
 def test_an_exponent_is_sensible_up_to_the_webhooks_bound_whatever_its_leading_zeros(exponent, sign):

@@ -83,6 +83,30 @@ def test_the_message_says_what_was_written():
     assert str(caught.value) == f'"9999999999999999…" (70000 characters) {NOT_SENSIBLE}'
 
 
+PLACEHOLDER = "is a placeholder that was never substituted; render the manifest first"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("${GPUS}", f'"${{GPUS}}" {PLACEHOLDER}'),  # envsubst
+        ("${GPUS:-1}", f'"${{GPUS:-1}}" {PLACEHOLDER}'),
+        ("$GPUS", f'"$GPUS" {PLACEHOLDER}'),
+        ("{{ .Values.gpus }}", f'"{{{{ .Values.gpus }}}}" {PLACEHOLDER}'),  # a Helm template never rendered
+        ("${GPUS}x", '"${GPUS}x" is not a quantity'),  # a placeholder with more around it is just not a quantity
+        ("$1", '"$1" is not a quantity'),
+        ("$", '"$" is not a quantity'),
+        # too long to be a count at all: the length is refused first, as for any string
+        ("${" + "G" * 70 + "}", f'"${{GGGGGGGGGGGGGG…" (73 characters) {NOT_SENSIBLE}'),
+    ],
+    ids=repr,
+)
+def test_a_placeholder_never_substituted_says_so(value, message):
+    with pytest.raises(QuantityError) as caught:
+        gpu_count(value)
+    assert str(caught.value) == message
+
+
 # Every parse returns a count within the ceiling or refuses, and does so quickly whatever the input's size:
 # the deadline bounds each example's time (200 ms, against tens of seconds for "1e600000" before the bound).
 quick = settings(deadline=200, max_examples=300, database=None)

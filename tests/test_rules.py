@@ -232,6 +232,25 @@ def test_the_message_names_the_path_the_container_and_the_value():
     )
 
 
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [("${GPUS}", '"${GPUS}" is a placeholder that was never substituted; render the manifest first'),
+     ("$GPUS", '"$GPUS" is a placeholder that was never substituted; render the manifest first'),
+     ("{{ .Values.gpus }}", '"{{ .Values.gpus }}" is a placeholder that was never substituted; render the manifest '
+                            'first'),
+     ("${GPUS}x", '"${GPUS}x" is not a quantity')],
+    ids=["envsubst", "envsubst-bare", "helm", "not-only-a-placeholder"],
+)
+def test_a_placeholder_left_in_the_manifest_is_named_as_one(value, said):
+    """A manifest applied before envsubst or helm rendered it: the count is a placeholder, not a bad number."""
+    job = pytorch_job(pod(container()), pod(container("cuda", limits={GPU: value})))
+    answer = decide(job, "kubeflow.org", "PyTorchJob", "default", DEFAULT)
+    path = f"spec.pytorchReplicaSpecs.Worker.template.spec.containers[0].resources.limits[{GPU}]"
+    assert not answer.allowed
+    assert answer.message == f'1 GPU violation: {path}: container "cuda": {said}'
+    assert [v.rule for v in answer.violations] == ["invalid-quantity"]
+
+
 def test_warn_enforcement_admits_and_returns_every_violation_as_a_warning():
     policy = parse_policy("enforcement: warn")
     answer = decide(pod(container(requests={GPU: 1}), container("b", limits={GPU: "x"})), "", "Pod", "ns", policy)

@@ -174,8 +174,9 @@ _ROWS: tuple[Rule, ...] = (
     Rule("device-class-not-allowed", "dra", "deviceClassNotAllowed", "deny",
          "a device class outside `dra.allowedDeviceClasses` of the namespace", "the request's `deviceClassName`",
          _DRA, "native"),
-    Rule("allocation-mode-all", "dra", "allocationModeAll", "deny", "`allocationMode: All`",
-         "the request's `allocationMode`", _DRA, "native"),
+    Rule("allocation-mode-all", "dra", "allocationModeAll", "deny",
+         "`allocationMode: All`, unless the request has `adminAccess: true` (an admin-access allocation holds no "
+         "device)", "the request's `allocationMode`", _DRA, "native"),
     Rule("admin-access", "dra", "adminAccess", "deny", "`adminAccess: true` outside `dra.adminAccessNamespaces`",
          "the request's `adminAccess`", _DRA, "native"),
     Rule("blanket-device-toleration", "dra", "blanketDeviceToleration", "warn",
@@ -186,7 +187,8 @@ _ROWS: tuple[Rule, ...] = (
     Rule("undeclared-claim", "dra", "undeclaredClaim", "deny", "`resources.claims[].name` not in `spec.resourceClaims`",
          "the container's claim", _DRA, "native"),
     Rule("claim-source", "dra", "claimSource", "deny",
-         "a `spec.resourceClaims[]` entry with neither or both of its sources", "`spec.resourceClaims[]`", _DRA,
+         "a `spec.resourceClaims[]` entry with neither or both of its sources (one still under the pre-1.31 "
+         "`source:` is told to move it up)", "`spec.resourceClaims[]`", _DRA,
          "native"),
     Rule("unused-claim", "dra", "unusedClaim", "warn", "a declared claim no container uses", "`spec.resourceClaims[]`",
          _DRA, "native"),

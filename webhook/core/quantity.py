@@ -48,6 +48,10 @@ parse_quantity = _kubernetes_parse_quantity()
 
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
 _QUANTITY = re.compile(rf"[+-]?{_NUMBER}(?:[KMGTPE]i|[numkMGTPE]|[eE](?P<exponent>[+-]?\d+))?", re.ASCII)
+# A template's placeholder left in the manifest: envsubst's ${GPUS} (${GPUS:-1} too) and $GPUS, Helm's {{ ... }}.
+# RE2 reads it alike (webhook.native.snippets.PLACEHOLDER).
+PLACEHOLDER = r"\$\{[^}]*\}|\$[A-Za-z_][A-Za-z0-9_]*|\{\{.*\}\}"
+_PLACEHOLDER = re.compile(PLACEHOLDER, re.ASCII)
 
 # No cluster has a million devices of one kind on one pod; above this a count is a typo or an attack.
 CEILING = 10**6
@@ -92,6 +96,9 @@ def parse(value: object) -> Decimal:
         if len(value) > MAX_LENGTH:
             raise _not_sensible(value)
         match = _QUANTITY.fullmatch(value)
+        if not match and _PLACEHOLDER.fullmatch(value):
+            raise QuantityError(f"{quoted(value)} is a placeholder that was never substituted; "
+                                "render the manifest first")
         if not match:
             raise QuantityError(f"{quoted(value)} is not a quantity")
         exponent = match.group("exponent")

@@ -78,8 +78,11 @@ def device_class_not_allowed(ctx: Ctx) -> list[Finding]:
 def allocation_mode_all(ctx: Ctx) -> list[Finding]:
     message = lit("allocationMode: All takes every matching device on the node (and fails while any is in use); "
                   "ask for a count instead")
-    return [Finding("allocation-mode-all", (REQUESTS, DEVICES),
-                    f"d.q.?allocationMode.orValue('') == 'All' && !{_trusted(ctx)}",
+    # claims.check_allocation_mode: not with adminAccess (an admin-access allocation holds no device), nor where
+    # the platform's agents are trusted
+    where = (f"d.q.?allocationMode.orValue('') == 'All' && d.q.?adminAccess.orValue(false) != true && "
+             f"!{_trusted(ctx)}")
+    return [Finding("allocation-mode-all", (REQUESTS, DEVICES), where,
                     "d.path + '.allocationMode'", "d.stable + '.allocationMode'", lit("All"), message)]
 
 

@@ -964,12 +964,21 @@ def claim_source(ctx: Ctx) -> list[Finding]:
     claims = r.get("t.spec", "resourceClaims", "list", "[]")
     named = f"[{_truthy('resourceClaimName')}, {_truthy('resourceClaimTemplateName')}].filter(b, b)"
     name = "('name' in x ? x.name : null)"
+    # claims.moved_source: the keys the pre-1.31 source: names as non-empty strings; one of them is told to move up.
+    source = "('source' in x && type(x.source) == map ? x.source : {})"
+    moved = "['resourceClaimName', 'resourceClaimTemplateName'].filter(k, k in S && type(S[k]) == string && S[k] != '')"
     message = (f"'claim ' + {quoted('m')} + ' names ' + w + ' of resourceClaimName and resourceClaimTemplateName; "
                f"exactly one is required'")
+    moved_message = (f"'claim ' + {quoted('m')} + ' uses source:, the pre-1.31 form Kubernetes removed; move the "
+                     f"name up into the entry: ' + K[0] + ': ' + S[K[0]]")
     loops = (Each("t", "variables.templates", "t.dra"), Each("x", claims, "type(x) == map", "i"))
-    return [Finding("claim-source", loops, f"size({named}) != 1", "t.path + '.resourceClaims[' + string(i) + ']'",
-                    stable_item("t.stable + '.resourceClaims'", "i", "x", "name"), "w", message,
-                    (("w", f"size({named}) == 2 ? 'both' : 'neither'"), ("m", name)))]
+    path = "t.path + '.resourceClaims[' + string(i) + ']'"
+    stable = stable_item("t.stable + '.resourceClaims'", "i", "x", "name")
+    lets = (("n", f"size({named})"), ("w", "n == 2 ? 'both' : 'neither'"), ("S", source), ("K", moved), ("m", name))
+    return [
+        Finding("claim-source", loops, "n != 1 && !(n == 0 && size(K) == 1)", path, stable, "w", message, lets),
+        Finding("claim-source", loops, "n == 0 && size(K) == 1", path, stable, lit("source"), moved_message, lets),
+    ]
 
 
 @native("undeclared-claim", reads=('claims',))

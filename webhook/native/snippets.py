@@ -24,6 +24,8 @@ MAX_EXPONENT = quantity.MAX_EXPONENT
 # The apimachinery grammar as webhook.core.quantity holds strings to it before parsing (RE2 reads it alike).
 QUANTITY_GRAMMAR = r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
 EXPONENT = r"[eE][+-]?[0-9]+$"
+# A template's placeholder never substituted, as webhook.core.quantity tells it from other strings.
+PLACEHOLDER = "^(?:" + quantity.PLACEHOLDER + ")$"
 
 
 def _at_most(n: int) -> str:
@@ -207,6 +209,7 @@ def type_name(v: str) -> str:
 
 NOT_SENSIBLE = f" is not a sensible GPU count (at most {CEILING})"
 NOT_A_QUANTITY = " is not a quantity"
+PLACEHOLDER_LEFT = " is a placeholder that was never substituted; render the manifest first"
 NEGATIVE = " is negative (GPU counts are zero or more)"
 NOT_WHOLE = " is not a whole number (GPUs cannot be shared)"
 
@@ -223,7 +226,8 @@ def quantity_reason(v: str, typed: bool = False) -> str:
         return f"({matches(v, DIGITS)} || !quantity({v}).isGreaterThan({ceiling}) ? '' : {lit(NOT_SENSIBLE)})"
     string = (
         f"{matches(v, DIGITS)} ? '' : size({v}) > {MAX_LENGTH} ? {lit(NOT_SENSIBLE)} : "
-        f"!{matches(v, QUANTITY_GRAMMAR)} ? {lit(NOT_A_QUANTITY)} : "
+        f"!{matches(v, QUANTITY_GRAMMAR)} ? "
+        f"({matches(v, PLACEHOLDER)} ? {lit(PLACEHOLDER_LEFT)} : {lit(NOT_A_QUANTITY)}) : "
         f"{matches(v, EXPONENT)} && !{matches(v, SENSIBLE_EXPONENT)} ? {lit(NOT_SENSIBLE)} : "
         f"!isQuantity({v}) ? {lit(NOT_A_QUANTITY)} : "
         f"[quantity({v})].map(q, sign(q) < 0 ? {lit(NEGATIVE)} : q.isGreaterThan({ceiling}) ? {lit(NOT_SENSIBLE)} : "

@@ -68,8 +68,15 @@ def check_device_class_exists(
 
 
 def check_allocation_mode(request: Mapping[str, Any], path: FieldPath, policy: Policy) -> list[Violation]:
-    """D10: allocationMode All takes every matching device of a node, and fails if any is in use."""
-    if request.get("allocationMode") != "All" or not policy.checks("allocation-mode-all") or policy.trusted:
+    """D10: allocationMode All takes every matching device of a node, and fails if any is in use.
+
+    Not with ``adminAccess: true`` (a monitoring claim, such as DCGM exporter's): an admin-access allocation
+    ignores the ordinary claims on its devices and holds none of them (the API: "Allocation will fail if some
+    devices are already allocated, unless adminAccess is requested"), so it takes nothing from anyone and does not
+    fail while they are in use; who may ask for admin access is ``admin-access``'s to say."""
+    if request.get("allocationMode") != "All" or request.get("adminAccess") is True:
+        return []
+    if not policy.checks("allocation-mode-all") or policy.trusted:
         return []
     return [Violation(
         path.child("allocationMode"), "allocation-mode-all",
@@ -312,16 +319,40 @@ def resource_of(device_class: str, view: ClusterView | None) -> str:
     return view.resource_of_class(device_class) if view is not None else IMPLICIT_PREFIX + device_class
 
 
+CLAIM_SOURCES = ("resourceClaimName", "resourceClaimTemplateName")
+
+
+def moved_source(entry: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The (key, name) an entry still names under ``source:``, the form Kubernetes 1.31 removed (until 1.30
+    ``source: {resourceClaimName: x}``, since then ``resourceClaimName: x`` in the entry itself), when exactly one
+    of the two is a non-empty string there."""
+    source = entry.get("source")
+    if not isinstance(source, Mapping):
+        return None
+    named = [(k, source[k]) for k in CLAIM_SOURCES if isinstance(source.get(k), str) and source[k]]
+    return named[0] if len(named) == 1 else None
+
+
 def check_claim_sources(spec: Mapping[str, Any], path: FieldPath, policy: Policy) -> list[Violation]:
-    """D2: each spec.resourceClaims[] entry names exactly one of resourceClaimName, resourceClaimTemplateName."""
+    """D2: each spec.resourceClaims[] entry names exactly one of resourceClaimName, resourceClaimTemplateName
+    (one named only under the pre-1.31 ``source:`` is told to move up)."""
     if not policy.checks("claim-source"):
         return []
     out = []
     for i, entry in enumerate(as_list(spec.get("resourceClaims"))):
         if not isinstance(entry, Mapping):
             continue
-        named = [k for k in ("resourceClaimName", "resourceClaimTemplateName") if entry.get(k)]
-        if len(named) != 1:
+        named = [k for k in CLAIM_SOURCES if entry.get(k)]
+        moved = moved_source(entry) if not named else None
+        if moved is not None:
+            key, name = moved
+            out.append(Violation(
+                path.child("resourceClaims").item(i, "name", entry.get("name")), "claim-source",
+                f"claim {quoted(entry.get('name'))} uses source:, the pre-1.31 form Kubernetes removed; move the "
+                f"name up into the entry: {key}: {name}",
+                "source",
+            ))
+        elif len(named) != 1:
             what = "both" if named else "neither"
             out.append(Violation(
                 path.child("resourceClaims").item(i, "name", entry.get("name")), "claim-source",
