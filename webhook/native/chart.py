@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 
-from webhook.core.policy import parse_policy
+from webhook.core.kinds import BLOCK_KINDS, KNOWN_KINDS
+from webhook.core.policy import EXCLUDED_NAMESPACES, parse_policy
 from webhook.native import hybrid, kinds
 from webhook.native.generate import DRA_MINOR
 from webhook.native.target import GROUP, LIBRARIES, MAP, NEWEST, OLDEST, VAP, Target
@@ -53,6 +54,15 @@ def _by_minor(buckets: list[tuple[int, str]]) -> str:
     return "\n".join(line for line in lines if line)
 
 
+def registry_rules() -> list[dict[str, list[str]]]:
+    """The webhook rules (apiGroups, resources) of every custom kind in the registry of kinds, a rule per group: what
+    the chart's custom-resource webhook is sent by default, so no kind the registry knows passes unseen."""
+    by_group: dict[str, list[str]] = {}
+    for k in (*KNOWN_KINDS, *BLOCK_KINDS):
+        by_group.setdefault(k.group, []).append(k.resource)
+    return [{"apiGroups": [group], "resources": resources} for group, resources in by_group.items()]
+
+
 def helpers() -> str:
     flatten = LIBRARIES["lists"][0] + 1
     parts = [HEADER]
@@ -84,6 +94,8 @@ def helpers() -> str:
         "{{- end }}")))
     parts.append(_define("webhookChecks", ",".join(hybrid.webhook_checks())))
     parts.append(_define("knownKinds", json.dumps([f"{k.group}/{k.resource}" for k in kinds.KNOWN_KINDS])))
+    parts.append(_define("excludeNamespaces", json.dumps(list(EXCLUDED_NAMESPACES))))
+    parts.append(_define("registryResources", json.dumps(registry_rules())))
     parts.append(_define("validateCondition", _by_minor(_validate_buckets())))
     custom = hybrid.custom_condition([kinds.CustomKind("__", "__", ())], replicas=False).replace(
         "['__/__']", KINDS)

@@ -372,9 +372,34 @@ off. Off by default: the namespaces whose overlay turns it on.
 {{- printf "[%s]" (join ", " $items) }}
 {{- end }}
 
-{{/* Namespaces the webhooks never see: the system ones, the release's own, and webhook.excludeNamespaces. */}}
+{{/*
+Namespaces the webhooks never see: the policy's excludeNamespaces (the webhook's default, kube-system and
+kube-node-lease, when the policy names none), the release's own, and webhook.excludeNamespaces.
+*/}}
 {{- define "gpu-webhook.excludedNamespaces" -}}
-{{- toJson (concat (list "kube-system" "kube-node-lease" .Release.Namespace) .Values.webhook.excludeNamespaces | uniq) }}
+{{- $policy := .Values.policy | default dict }}
+{{- $excluded := include "gpu-webhook.native.excludeNamespaces" . | fromJsonArray }}
+{{- if hasKey $policy "excludeNamespaces" }}{{ $excluded = $policy.excludeNamespaces | default list }}{{ end }}
+{{- toJson (concat $excluded (list .Release.Namespace) .Values.webhook.excludeNamespaces | uniq) }}
+{{- end }}
+
+{{/*
+The custom resources the custom-resource webhook is sent: every custom kind of the webhook's registry of kinds,
+the policy's nativePolicies.customKinds, and webhook.customResources; as a JSON list of webhook rules.
+*/}}
+{{- define "gpu-webhook.customResourceRules" -}}
+{{- $rules := list }}
+{{- range (include "gpu-webhook.native.registryResources" . | fromJsonArray) }}
+{{- $rules = append $rules (dict "apiGroups" .apiGroups "apiVersions" (list "*") "resources" .resources "scope" "*") }}
+{{- end }}
+{{- $policy := .Values.policy | default dict }}
+{{- range (($policy.nativePolicies | default dict).customKinds | default list) }}
+{{- $rules = append $rules (dict "apiGroups" (list .group) "apiVersions" (list (.version | default "*")) "resources" (list .resource) "scope" "*") }}
+{{- end }}
+{{- range .Values.webhook.customResources }}
+{{- $rules = append $rules (dict "apiGroups" .apiGroups "apiVersions" .apiVersions "resources" .resources "scope" (.scope | default "*") "operations" .operations) }}
+{{- end }}
+{{- toJson $rules }}
 {{- end }}
 
 {{/*
@@ -499,6 +524,7 @@ policy.nativePolicies.customKinds (a kind whose template path has two wildcards 
 {{- $policy := .Values.policy | default dict }}
 {{- $flatten := include "gpu-webhook.native.flatten" . }}
 {{- range (($policy.nativePolicies | default dict).customKinds | default list) }}
+{{- if or .resources (not .templates) }}{{ continue }}{{ end }}
 {{- $deep := false }}
 {{- range .templates }}{{ if gt (len (regexFindAll "\\*" . -1)) 1 }}{{ $deep = true }}{{ end }}{{ end }}
 {{- if or $flatten (not $deep) }}

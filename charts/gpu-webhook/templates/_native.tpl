@@ -36,11 +36,19 @@ the webhook too. */}}
 {{- end }}
 
 {{- define "gpu-webhook.native.webhookChecks" -}}
-processCountMismatch,replicaAcceleratorMismatch
+uncheckedGpu,processCountMismatch,replicaAcceleratorMismatch
 {{- end }}
 
 {{- define "gpu-webhook.native.knownKinds" -}}
 ["kubeflow.org/pytorchjobs", "kubeflow.org/tfjobs", "kubeflow.org/mpijobs", "kubeflow.org/xgboostjobs", "kubeflow.org/paddlejobs", "ray.io/rayclusters", "ray.io/rayjobs", "ray.io/rayservices", "jobset.x-k8s.io/jobsets", "leaderworkerset.x-k8s.io/leaderworkersets"]
+{{- end }}
+
+{{- define "gpu-webhook.native.excludeNamespaces" -}}
+["kube-system", "kube-node-lease"]
+{{- end }}
+
+{{- define "gpu-webhook.native.registryResources" -}}
+[{"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs", "tfjobs", "mpijobs", "xgboostjobs", "paddlejobs", "workspacekinds"]}, {"apiGroups": ["ray.io"], "resources": ["rayclusters", "rayjobs", "rayservices"]}, {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"]}, {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"]}, {"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"]}, {"apiGroups": ["apps.nvidia.com"], "resources": ["nimservices"]}, {"apiGroups": ["production-stack.vllm.ai"], "resources": ["vllmruntimes"]}, {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"]}]
 {{- end }}
 
 {{- define "gpu-webhook.native.validateCondition" -}}
