@@ -1,0 +1,83 @@
+"""Day one through the generated admission policies on a real kube-apiserver (v1.37.2, no webhook registered):
+the default policy's objects, generated for what the apiserver serves, admit the platform's node agents (the GPU
+Operator's operands, the device plugin's DaemonSets, calico-node) with no warning, and refuse the tenants' objects
+the webhook refuses, wherever the kind is native. The corpus is tests/day_one.py; the webhook and ``check`` are
+held to it in the unit tier (tests/test_day_one.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.day_one import PLATFORM_NAMESPACES, TENANT, Case, corpus
+from tests.e2e.cluster import ControlPlane
+from tests.e2e.conftest import MATRIX_BEDS
+from tests.test_day_one import native_expected
+from webhook.cli.policies import discover
+from webhook.core.policy import load_policy
+from webhook.kube.client import Kube
+from webhook.native.generate import generate, to_yaml
+
+BEDS = [bed for bed in MATRIX_BEDS if bed.id == "1.37"]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300),
+              pytest.mark.parametrize("matrix_cluster", BEDS, ids=[b.id for b in BEDS], indirect=True)]
+
+CRDS = Path(__file__).resolve().parent / "native-crds.yaml"
+NATIVE_KINDS = ("Pod", "DaemonSet", "Deployment", "LeaderWorkerSet", "ResourceClaim", "ResourceClaimTemplate")
+
+
+def dry_run(cluster: ControlPlane, case: Case) -> tuple[bool, str]:
+    """(admitted, what the apiserver said: its refusal, or its warnings) for a server-side dry-run create."""
+    done = cluster.kubectl("create", "--dry-run=server", "-o", "name", "-n", case.namespace or "default", "-f", "-",
+                           stdin=json.dumps(case.obj))
+    return done.returncode == 0, done.stderr.strip()
+
+
+@pytest.fixture(scope="module")
+def native(matrix_cluster: ControlPlane):
+    cluster = matrix_cluster
+    cluster.kubectl("apply", "-f", str(CRDS), check=True)
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS), check=True)
+    for namespace in (*PLATFORM_NAMESPACES, TENANT):
+        cluster.kubectl("create", "namespace", namespace)
+    # The GPU Operator creates the nvidia RuntimeClass its operands and validator pods run with.
+    cluster.kubectl("apply", "-f", "-", check=True, stdin=json.dumps({
+        "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"}, "handler": "nvidia"}))
+    # The DCGM exporter's admin-access claim needs the namespace label the apiserver checks (DRAAdminAccess).
+    cluster.kubectl("label", "namespace", "gpu-operator", "resource.kubernetes.io/admin-access=true", check=True)
+    target = discover(Kube.connect(str(cluster.kubeconfig)))
+    generated = generate(load_policy(None), target)
+    cluster.kubectl("apply", "--server-side", "-f", "-", stdin=to_yaml(generated.objects), check=True)
+    probe = next(c for c in corpus() if c.name == "tenant/visible-devices-all")
+    deadline = time.monotonic() + 60
+    while dry_run(cluster, probe)[0]:
+        assert time.monotonic() < deadline, "the generated policies never took effect"
+        time.sleep(0.5)
+    return cluster, generated
+
+
+def test_the_apiserver_admits_the_platform_and_refuses_the_tenants_as_the_webhook_does(native):
+    cluster, generated = native
+    cases = [c for c in corpus() if c.kind in NATIVE_KINDS]
+    assert len(cases) >= 20
+    carried = set(generated.native)
+    wrong = []
+    for case in cases:
+        admitted, said = dry_run(cluster, case)
+        refused_by_us = "ValidatingAdmissionPolicy" in said
+        if admitted == native_expected(case, carried):
+            wrong.append(f"{case.name}: admitted={admitted}: {said[:300]}")
+        elif not case.expected and said:
+            wrong.append(f"{case.name}: admitted with words: {said[:300]}")
+        elif not admitted and not refused_by_us and case.namespace != TENANT:
+            wrong.append(f"{case.name}: refused by the apiserver itself: {said[:300]}")
+    print(f"{len(cases)} objects through {target_of(generated)}: {len(wrong)} differ")
+    assert wrong == []
+
+
+def target_of(generated) -> str:
+    return generated.target.describe()
