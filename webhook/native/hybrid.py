@@ -18,7 +18,7 @@ is on, those kinds go to the webhook too. The chart renders the same from its ge
 
 from __future__ import annotations
 
-from webhook.core.catalog import RULES
+from webhook.core.catalog import CROSS_REPLICA, RULES
 from webhook.core.policy import Policy, PolicySet
 from webhook.native import kinds, pods
 from webhook.native.celtext import lits
@@ -36,8 +36,10 @@ FOLLOWS_CLAIMS = ("has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0
 
 
 def webhook_checks() -> list[str]:
-    """The ``checks.*`` keys of the rules only the webhook carries (their defaults are warn or deny)."""
-    return [r.key for r in RULES.values() if r.engine == "webhook" and r.section == "checks" and r.key]
+    """The ``checks.*`` keys of the replica checks, which only the webhook carries (their defaults are warn or deny).
+    ``unchecked-gpu`` is the webhook's too, but about kinds the policies do not know, which go to the webhook
+    whole."""
+    return [r.key for r in RULES.values() if r.why == CROSS_REPLICA and r.section == "checks" and r.key]
 
 
 def keeps_all(policies: PolicySet) -> bool:
@@ -48,7 +50,7 @@ def keeps_all(policies: PolicySet) -> bool:
 def replica_checks_on(policies: PolicySet) -> bool:
     """A ``checks.*`` rule only the webhook carries (the replica checks) is on somewhere."""
     every: list[Policy] = [policies.default, *policies.by_namespace.values()]
-    webhook_only = [r.id for r in RULES.values() if r.engine == "webhook" and r.section == "checks"]
+    webhook_only = [r.id for r in RULES.values() if r.why == CROSS_REPLICA and r.section == "checks"]
     return any(p.checks(rule) for p in every for rule in webhook_only)
 
 

@@ -36,7 +36,7 @@ the webhook too. */}}
 {{- end }}
 
 {{- define "gpu-webhook.native.webhookChecks" -}}
-uncheckedGpu,processCountMismatch,replicaAcceleratorMismatch
+processCountMismatch,replicaAcceleratorMismatch
 {{- end }}
 
 {{- define "gpu-webhook.native.knownKinds" -}}
