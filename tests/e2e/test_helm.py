@@ -107,12 +107,14 @@ def get(cluster: ControlPlane, *args: str) -> dict:
 
 def webhook_configurations(cluster: ControlPlane, name: str) -> dict[str, dict]:
     """kind -> the first webhook of that configuration (mutate.gpu-webhook.io, validate.gpu-webhook.io); the
-    validating configuration also holds validate-dra.gpu-webhook.io, with the same client configuration."""
+    validating configuration also holds validate-dra.gpu-webhook.io and validate-custom.gpu-webhook.io (every
+    custom kind the webhook knows), with the same client configuration."""
     found = {}
     for kind in KINDS:
         webhooks = get(cluster, kind, name)["webhooks"]
         assert [w["name"] for w in webhooks] in (["mutate.gpu-webhook.io"],
-                                                 ["validate.gpu-webhook.io", "validate-dra.gpu-webhook.io"])
+                                                 ["validate.gpu-webhook.io", "validate-dra.gpu-webhook.io",
+                                                  "validate-custom.gpu-webhook.io"])
         assert all(w["clientConfig"].get("caBundle") == webhooks[0]["clientConfig"].get("caBundle") for w in webhooks)
         found[kind] = webhooks[0]
     return found
