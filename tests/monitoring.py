@@ -59,7 +59,7 @@ SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), 
 
 def webhook_metrics() -> frozenset[str]:
     """The sample names the webhook exports: each metric of webhook.telemetry.metrics with its type's suffixes."""
-    names = set()
+    names: set[str] = set()
     for value in vars(metrics).values():
         if isinstance(value, MetricWrapperBase):
             [family] = value.describe()
@@ -96,7 +96,10 @@ def rules_text(values: dict[str, Any], fullname: str = FULLNAME, namespace: str 
 
 
 def rule_groups(
-    values: dict[str, Any] | None = None, fullname: str = FULLNAME, namespace: str = NAMESPACE, every_group: bool = False
+    values: dict[str, Any] | None = None,
+    fullname: str = FULLNAME,
+    namespace: str = NAMESPACE,
+    every_group: bool = False,
 ) -> list[dict[str, Any]]:
     """The groups the chart renders for ``values`` (the chart's defaults when None); ``every_group`` keeps the
     groups of features that are off."""

@@ -72,8 +72,9 @@ def test_placeholders_are_replaced_from_the_values() -> None:
     custom = monitoring.rule_groups(merged(monitoring.chart_values(), EVERYTHING_ON))
     assert "__" not in yaml.safe_dump(custom)
     custom_alerts = monitoring.alerts(custom)
-    assert 'gpu_webhook_requests_total{job="gw", cluster="prod", decision="error"}' in (
-        custom_alerts["GpuWebhookInternalErrors"]["expr"]
+    assert (
+        'gpu_webhook_requests_total{job="gw", cluster="prod", decision="error"}'
+        in (custom_alerts["GpuWebhookInternalErrors"]["expr"])
     )
     assert custom_alerts["GpuWebhookSlowAdmission"]["expr"].rstrip().endswith("> 0.8 * 12")
     assert "> 6300" in custom_alerts["GpuWebhookAuditOverdue"]["expr"]  # 1h30m + 15 min
@@ -103,7 +104,8 @@ def test_every_alert_has_a_runbook_section() -> None:
 
 def unit_test_cases() -> list[dict[str, Any]]:
     return [
-        case for test in yaml.safe_load(UNIT_TESTS.read_text(encoding="utf-8"))["tests"]
+        case
+        for test in yaml.safe_load(UNIT_TESTS.read_text(encoding="utf-8"))["tests"]
         for case in test["alert_rule_test"]
     ]
 
@@ -163,9 +165,7 @@ def test_dashboard_shows_what_the_operators_need() -> None:
 
 
 def run_promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(promtool()), *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False
-    )
+    return subprocess.run([str(promtool()), *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
 
 
 def write_rules(directory: Path, groups: list[dict[str, Any]]) -> Path:
