@@ -10,6 +10,9 @@
 # discoveries it imports itself. The Prometheus server (cmd/prometheus) is not built: no test runs it yet, and it
 # would add about four minutes to a cold build.
 #
+# Times on this project's 2-core machine (2026-12-05, other builds running beside it): 197 s after the control-plane
+# step (Go's module and build caches shared with it), 648 s with both caches empty (load average about 11).
+#
 #   tests/e2e/build-prometheus.sh          # build what is missing; stdout is only the bin dir
 #
 # Output: ${GPU_WEBHOOK_CACHE:-$HOME/.cache/gpu-webhook}/prometheus/<version>/bin/promtool
