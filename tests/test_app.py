@@ -7,10 +7,11 @@ import json
 
 import pytest
 
-from tests.manifests import admission_review, seed_pod
+from tests.manifests import admission_review, container, pod, seed_pod
 from webhook.core.policy import load_policy
 from webhook.rules import admission
 from webhook.serving.app import create_app
+from webhook.telemetry import metrics
 
 POLICY = load_policy(None)
 
@@ -82,3 +83,32 @@ def test_bad_bodies_get_a_400_that_says_what_is_wrong(body, error, capsys):
     assert (answer.status_code, answer.get_json()["error"]) == (400, error)
     logged = [line for line in json_lines(capsys.readouterr().err) if line["event"] == "bad_request"]
     assert logged and logged[0]["reason"] == error and logged[0]["status"] == 400
+
+
+def test_each_violation_is_counted_under_its_rule_and_action():
+    """gpu_webhook_violations_total{endpoint,rule,action} feeds the dashboard's refusals by rule: one count per
+    violation the answer carries, with the rule id the decision log names."""
+    review = admission_review(pod(container(requests={"nvidia.com/gpu": 1})))
+    rules = [v.rule for v in admission.validate(review["request"], POLICY, None).violations]
+    assert rules, "the pod must break a rule for this test to mean anything"
+
+    def count(rule: str) -> float:
+        value = metrics.REGISTRY.get_sample_value(
+            "gpu_webhook_violations_total", {"endpoint": "validate", "rule": rule, "action": "deny"}
+        )
+        return value or 0.0
+
+    before = {rule: count(rule) for rule in rules}
+    assert client().post("/validate", json=review).get_json()["response"]["allowed"] is False
+    for rule in set(rules):
+        assert count(rule) == before[rule] + rules.count(rule)
+
+
+def test_reload_and_audit_run_counters_start_at_zero():
+    """A first failed reload must show as an increase from 0 (Prometheus' increase() needs two samples)."""
+    for what in ("policy", "certificate"):
+        for result in ("success", "failure"):
+            labels = {"what": what, "result": result}
+            assert metrics.REGISTRY.get_sample_value("gpu_webhook_reloads_total", labels) is not None
+    for result in ("success", "failure"):
+        assert metrics.REGISTRY.get_sample_value("gpu_webhook_audit_runs_total", {"result": result}) is not None

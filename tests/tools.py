@@ -62,6 +62,19 @@ def apiserver_bin(version: str) -> Path:
     return cache_root() / "control-plane" / f"apiserver-{version}" / "bin" / "kube-apiserver"
 
 
+def prometheus_bin() -> Path:
+    """The directory build-prometheus.sh fills for PROMETHEUS_VERSION (it may not exist yet)."""
+    return cache_root() / "prometheus" / versions().get("PROMETHEUS_VERSION", "?") / "bin"
+
+
+def promtool() -> Path:
+    """promtool, or skip (locally) / fail (CI) the test with the step that builds it."""
+    directory = prometheus_bin()
+    if missing_binaries(directory, ("promtool",)):
+        unavailable("promtool", f"{directory / 'promtool'} is not built", "prometheus")
+    return directory / "promtool"
+
+
 def missing_binaries(directory: Path, names: tuple[str, ...]) -> list[str]:
     return [name for name in names if not os.access(directory / name, os.X_OK)]
 

@@ -13,7 +13,7 @@ die() { log "ERROR: $*"; exit 1; }
 
 VERSIONS_FILE="${HERE}/versions.env"
 VERSION_KEYS=(KUBERNETES_VERSION ETCD_VERSION HELM_VERSION CONTAINERD_VERSION CNI_PLUGINS_VERSION CERT_MANAGER_VERSION
-  MATRIX_KUBERNETES_VERSIONS GOTOOLCHAIN)
+  MATRIX_KUBERNETES_VERSIONS GOTOOLCHAIN PROMETHEUS_VERSION)
 
 read_versions() { # KEY=value lines, parsed here (no `source`) the way tests/tools.py parses them; all exported
   local line key

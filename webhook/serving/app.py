@@ -133,6 +133,7 @@ def create_app(
         body = review.encode(parsed, answer)
         ms = (time.perf_counter() - started) * 1000
         metrics.safely(metrics.count_request, endpoint, _kind_label(parsed.request), answer.decision)
+        metrics.safely(metrics.count_violations, endpoint, [(v.rule, action) for v, action in answer.judged()])
         metrics.safely(metrics.observe_latency, endpoint, ms / 1000)
         _log_decision(endpoint, parsed.request, answer, ms)
         return _json(body)

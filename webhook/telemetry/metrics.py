@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -41,6 +41,11 @@ RELOADS = Counter(
     "gpu_webhook_reloads",
     "Reloads of the policy or the certificate after their files changed, by result.",
     ["what", "result"],
+)
+VIOLATIONS = Counter(
+    "gpu_webhook_violations",
+    "Violations found in answered admission requests, by endpoint, rule and action (deny or warn).",
+    ["endpoint", "rule", "action"],
 )
 
 # Cluster-aware checks: the node index each worker decides from. "max" over workers: the worst one shows.
@@ -105,6 +110,14 @@ AUDIT_REQUESTS = Gauge(
 )
 AUDIT_RUNS = Counter("gpu_webhook_audit_runs", "Audit runs by result (success or failure).", ["result"])
 
+# Counters whose first event matters start at 0: Prometheus' increase() needs two samples, so a series that
+# appeared at 1 (the first failed reload) would go unseen by the chart's alerts.
+for _what in ("policy", "certificate"):
+    for _result in ("success", "failure"):
+        RELOADS.labels(what=_what, result=_result)
+for _result in ("success", "failure"):
+    AUDIT_RUNS.labels(result=_result)
+
 
 def record_reload(what: str, ok: bool) -> None:
     RELOADS.labels(what=what, result="success" if ok else "failure").inc()
@@ -112,6 +125,12 @@ def record_reload(what: str, ok: bool) -> None:
 
 def count_request(endpoint: str, kind: str, decision: str) -> None:
     REQUESTS.labels(endpoint=endpoint, kind=kind, decision=decision).inc()
+
+
+def count_violations(endpoint: str, found: Iterable[tuple[str, str]]) -> None:
+    """One count per violation of an answered request: ``found`` holds its rule and the action taken on it."""
+    for rule, action in found:
+        VIOLATIONS.labels(endpoint=endpoint, rule=rule, action=action).inc()
 
 
 def observe_latency(endpoint: str, seconds: float) -> None:

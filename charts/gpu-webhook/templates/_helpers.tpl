@@ -607,3 +607,17 @@ retried by its controller. admissionPolicies.webhookFailurePolicy and .mutatingW
 {{- $hybrid.webhookFailurePolicy | default "Ignore" }}
 {{- end }}
 {{- end }}
+
+{{/*
+Whole seconds, rounded up, in a Go duration of the form values.schema.json allows for audit.interval (1h, 30m,
+1h30m, 90s, 1.5h, 500ms).
+*/}}
+{{- define "gpu-webhook.durationSeconds" -}}
+{{- $units := dict "h" 3600.0 "m" 60.0 "s" 1.0 "ms" 0.001 }}
+{{- $total := 0.0 }}
+{{- range regexFindAll "[0-9.]+(ms|h|m|s)" . -1 }}
+{{- $number := regexFind "^[0-9.]+" . | float64 }}
+{{- $total = addf $total (mulf $number (get $units (regexReplaceAll "^[0-9.]+" . ""))) }}
+{{- end }}
+{{- ceil $total | int }}
+{{- end }}
