@@ -21,6 +21,7 @@ from webhook.serving import certs
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 RELEASE, NAMESPACE = "day-one", "gpu-webhook-day-one"
+FULLNAME = f"{RELEASE}-gpu-webhook"  # the chart's fullname: the Service the certificate is for
 # The node labels the operands' node selectors ask for (GPU Feature Discovery sets them on a GPU node).
 NODE_LABELS = ("nvidia.com/gpu.deploy.driver=true", "nvidia.com/mps.capable=true")
 
@@ -54,7 +55,7 @@ def release(node_bed: NodeBed, webhook_image: str, tmp_path_factory):
     bed = node_bed
     tmp = tmp_path_factory.mktemp("day-one")
     bed.kubectl("create", "namespace", NAMESPACE, check=True)
-    bundle = certs.generate(certs.service_names(RELEASE, NAMESPACE))
+    bundle = certs.generate(certs.service_names(FULLNAME, NAMESPACE))
     secret = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
               "metadata": {"name": f"{RELEASE}-tls", "namespace": NAMESPACE},
               "data": {"tls.crt": base64.b64encode(bundle.cert_pem).decode(),
@@ -77,9 +78,15 @@ def release(node_bed: NodeBed, webhook_image: str, tmp_path_factory):
             "handler": "runc"}))
         for namespace in namespaces:
             bed.kubectl("create", "namespace", namespace)
+        # The service accounts the agents run as (their charts and manifests ship them).
+        for case in agents():
+            template = case.obj["spec"].get("template", {}).get("spec", {}) if case.kind != "Pod" else {}
+            if template.get("serviceAccountName"):
+                bed.kubectl("create", "serviceaccount", template["serviceAccountName"], "-n", case.namespace)
         refused = tenants()[0]
         until("the webhook refusing a tenant's privileged agent",
-              lambda: apply(bed, refused, dry_run=True)[0] != 0 or None, 60, interval=0.5)
+              lambda: "denied the request" in apply(bed, refused, dry_run=True)[1] or None, 60, interval=0.5,
+              diagnose=lambda: apply(bed, refused, dry_run=True)[1])
         yield bed
     finally:
         for case in agents():
@@ -87,6 +94,11 @@ def release(node_bed: NodeBed, webhook_image: str, tmp_path_factory):
                         "--ignore-not-found", "--wait=false")
         bed.kubectl("label", "node", node, *(label.split("=")[0] + "-" for label in NODE_LABELS))
         bed.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout=90s")
+        for case in agents():
+            template = case.obj["spec"].get("template", {}).get("spec", {}) if case.kind != "Pod" else {}
+            if case.namespace == "kube-system" and template.get("serviceAccountName"):
+                bed.kubectl("delete", "serviceaccount", template["serviceAccountName"], "-n", "kube-system",
+                            "--ignore-not-found")
         for namespace in (*namespaces, NAMESPACE):
             bed.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=false")
         bed.kubectl("delete", "runtimeclass", "nvidia", "--ignore-not-found")
