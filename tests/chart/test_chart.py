@@ -609,7 +609,9 @@ def test_service_monitor_scrapes_the_metrics_port_over_plain_http(helm: Helm, re
 def test_webhook_configurations(helm: Helm) -> None:
     docs = helm.template()
     hooks = webhooks(docs)
-    assert set(hooks) == {"mutate.gpu-webhook.io", "validate.gpu-webhook.io", "validate-dra.gpu-webhook.io"}
+    # validate-custom.gpu-webhook.io (every custom kind of the registry) is test_custom_values_reach_the_webhooks'.
+    assert set(hooks) == {"mutate.gpu-webhook.io", "validate.gpu-webhook.io", "validate-dra.gpu-webhook.io",
+                          "validate-custom.gpu-webhook.io"}
     mutate, validate = hooks["mutate.gpu-webhook.io"], hooks["validate.gpu-webhook.io"]
     dra = hooks["validate-dra.gpu-webhook.io"]
     for hook, path in ((mutate, "/mutate"), (validate, "/validate"), (dra, "/validate")):
@@ -1007,8 +1009,17 @@ ISOLATION_CASES = [
     ("runtimeClassName kata", pod_spec(BARE, runtimeClassName="kata"), {}, False, False),
     ("ordinary annotations", pod_spec(BARE), {"prometheus.io/scrape": "true", "example.com/cdi.k8s.io": "x"}, False,
      False),
-    ("a KAI fraction annotation alone (exempt from every rule)", pod_spec(BARE), {"gpu-fraction": "0.5"}, False,
-     False),
+    # A fractional scheduler's pod is a GPU pod to the rules (GpuUse.fractional): hostPID, privileged... speak of it.
+    ("a KAI fraction annotation", pod_spec(BARE), {"gpu-fraction": "0.5"}, True, False),
+    ("a Run:ai memory annotation with hostPID", pod_spec(BARE, hostPID=True), {"gpu-memory": "4000"}, True, False),
+    ("a GPU pod with hostPID", pod_spec(limits("nvidia.com/gpu"), hostPID=True), {}, True, True),
+    # cpuPodOnGpuNodes (on by default): a CPU pod that tolerates a GPU taint or selects the accelerator label.
+    ("a CPU pod tolerating nvidia.com/gpu", pod_spec(BARE, tolerations=[{"key": "nvidia.com/gpu",
+                                                                           "operator": "Exists"}]), {}, True, False),
+    ("a CPU pod selecting the accelerator label", pod_spec(BARE, nodeSelector={"accelerator": "nvidia-l4"}), {},
+     True, False),
+    ("the tolerations every pod gets", pod_spec(BARE, tolerations=[
+        {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}]), {}, False, False),
     ("a DRA claim (its devices count against the caps; mutation gives it the accelerator selector)",
      pod_spec({**BARE, "resources": {"claims": [{"name": "gpu"}]}}, resourceClaims=[{"name": "gpu"}]), {}, True,
      True),
