@@ -36,18 +36,21 @@ GLOB_TOKENS = r"\[!?\]?[^\]]*\]|(?s:.)"
 RE2_SPECIAL = "\\.+*?()|[]{}^$"
 BRACKET_SPECIAL = "\\[]^"
 # The webhook's rules that speak only of a template that uses a GPU (GpuUse.any, a GPU or vendor name): their
-# triggers are subsumed by the "uses a GPU" test. visible-devices-unread is here too: it warns about env sources
-# admission cannot read, and a CPU pod's envFrom alone is no reason to call the webhook.
+# triggers are subsumed by the "uses a GPU" test.
 GPU_ONLY = frozenset({
     "invalid-quantity", "requests-without-limits", "requests-differ", "per-container-limit", "per-pod-limit",
     "accelerator-not-allowed", "accelerator-conflict", "structure", "ephemeral-gpu", "pod-level-gpu",
-    "mixed-gpu-and-mig", "init-container-gpus", "visible-devices-unread", "zero-gpu-limit", "host-pid-gpu",
+    "mixed-gpu-and-mig", "init-container-gpus", "zero-gpu-limit", "host-pid-gpu",
     "shared-gpu-over-one", "fractional-gpu-request", "gpu-monitoring-resource", "node-name-with-gpus",
 })
 # The rules with a clause of their own, whose CEL reads the policy's node label and GPU taints.
 OWN_CLAUSE = frozenset({"cpu-pod-on-gpu-nodes"})
+# The rules whose triggers alone do not call the webhook: visible-devices-unread warns about env sources admission
+# cannot read (envFrom), and a CPU pod's envFrom is no reason to make it depend on the webhook; on a pod sent for
+# another reason (a GPU, the device variable) it still warns, and in hybrid mode the native policies carry it.
+UNSENT = frozenset({"visible-devices-unread"})
 # The rest: a rule the webhook applies to any pod, its triggers sent as the native policies write them.
-ANY_POD = tuple(r for r in pods.READS if r not in GPU_ONLY | OWN_CLAUSE)
+ANY_POD = tuple(r for r in pods.READS if r not in GPU_ONLY | OWN_CLAUSE | UNSENT)
 
 # Placeholders of the parameters (filled in by the chart's generated helpers, or by the functions below).
 GPU, HIDDEN, LABELS, TAINTS = "__GPU__", "__HIDDEN__", "__LABELS__", "__TAINTS__"
@@ -410,6 +413,6 @@ def template() -> str:
     return "\n".join(parts)
 
 
-__all__ = ["ANY_POD", "DRA_CONDITION", "GPU_ONLY", "OWN_CLAUSE", "POD_TEMPLATES", "any_pod_triggers", "cel_list",
+__all__ = ["ANY_POD", "DRA_CONDITION", "GPU_ONLY", "OWN_CLAUSE", "POD_TEMPLATES", "UNSENT", "any_pod_triggers", "cel_list",
            "cel_string", "checks_on", "expressions", "glob_regex", "gpu_patterns", "hidden_condition",
            "mutate_expression", "node_labels", "resource_test", "taint_keys", "template", "validate_expression"]
