@@ -36,7 +36,8 @@ POLICIES: dict[str, dict[str, Any]] = {
     "default": {},
     "corpus": yaml.safe_load(native_corpus.POLICY),
     "platform": {"platform": "gke", "resources": ["nvidia.com/gpu", "nvidia.com/mig-?g.*", "amd.com/gpu"],
-                 "isolation": {"hideGpus": "void"}, "namespaces": {native_corpus.LAB: {"isolation": {"hideGpus": "off"}}}},
+                 "isolation": {"hideGpus": "void"},
+                 "namespaces": {native_corpus.LAB: {"isolation": {"hideGpus": "off"}}}},
 }
 # The validating webhook's built-in kinds (the chart's rules), by API group.
 BUILTIN = {"": {"Pod", "PodTemplate", "ReplicationController"},
@@ -147,6 +148,16 @@ def evaluate_conditions(texts: Sequence[str], requests: Sequence[tuple[str, dict
     return [{by_name[d["policy"]]: d["evaluation"] for d in answer.decisions} for answer in done.answers]
 
 
+def sent(texts: Sequence[str] | None, answer: Mapping[str, str], where: object) -> bool:
+    """A webhook with these conditions is called (None: no condition); an evaluation error fails the test (under
+    failurePolicy Fail it would refuse the object)."""
+    if texts is None:
+        return True
+    errors = [t for t in texts if answer[t] == "error"]
+    assert not errors, (where, errors)
+    return all(answer[t] == "admit" for t in texts)
+
+
 def unsent(conditions: Mapping[str, Mapping[str, Mode]], documents: Mapping[str, Mapping[str, Any]] = POLICIES
            ) -> list[str]:
     """Every (policy, mode, case) where the rules speak and the mode's conditions keep the object from the webhook
@@ -169,17 +180,10 @@ def unsent(conditions: Mapping[str, Mapping[str, Mode]], documents: Mapping[str,
                 continue  # refused by the apiserver itself (decoding, validation) before any webhook
             rules, patched = said(name, namespace, obj, policies)
             for mode in by_mode.values():
-                def sent(hook: str) -> bool:
-                    texts = mode.conditions[hook]
-                    if texts is None:
-                        return True
-                    errors = [t for t in texts if answer[t] == "error"]
-                    assert not errors, (name, mode.name, hook, errors)
-                    return all(answer[t] == "admit" for t in texts)
                 left = rules - mode.native - webhooks.UNSENT
-                if left and not sent(hook_of(obj)):
+                if left and not sent(mode.conditions[hook_of(obj)], answer, (name, mode.name)):
                     failures.append(f"{policy_name}/{mode.name}/{name}: {sorted(left)} not sent to /validate")
-                if patched and not mode.native_mutation and not sent("mutate"):
+                if patched and not mode.native_mutation and not sent(mode.conditions["mutate"], answer, name):
                     failures.append(f"{policy_name}/{mode.name}/{name}: the patch not sent to /mutate")
     return failures
 

@@ -413,6 +413,6 @@ def template() -> str:
     return "\n".join(parts)
 
 
-__all__ = ["ANY_POD", "DRA_CONDITION", "GPU_ONLY", "OWN_CLAUSE", "POD_TEMPLATES", "UNSENT", "any_pod_triggers", "cel_list",
-           "cel_string", "checks_on", "expressions", "glob_regex", "gpu_patterns", "hidden_condition",
+__all__ = ["ANY_POD", "DRA_CONDITION", "GPU_ONLY", "OWN_CLAUSE", "POD_TEMPLATES", "UNSENT", "any_pod_triggers",
+           "cel_list", "cel_string", "checks_on", "expressions", "glob_regex", "gpu_patterns", "hidden_condition",
            "mutate_expression", "node_labels", "resource_test", "taint_keys", "template", "validate_expression"]
