@@ -345,105 +345,6 @@ drainSeconds + 20). A shorter period SIGKILLs the server while it still answers 
 {{- end }}
 
 {{/*
-Hybrid mode (admissionPolicies.enabled): the engines this cluster allows, from .Capabilities and the generated
-helpers of _native.tpl (the CEL of every hybrid condition comes from the generator, none is kept here).
-"gpu-webhook.replicaChecks" is true while a check only the webhook carries (the replica checks, which read
-PyTorchJobs and the Ray kinds only: RayClusters, RayJobs, RayServices) is not off in the policy or a namespace. A bare `off` in a values file is YAML
-false: it counts as off too.
-*/}}
-{{- define "gpu-webhook.isOff" -}}
-{{- if or (eq (toString .) "off") (eq (toString .) "false") }}true{{ end }}
-{{- end }}
-{{- define "gpu-webhook.replicaChecks" -}}
-{{- $policy := .Values.policy | default dict }}
-{{- $sections := list ($policy.checks | default dict) }}
-{{- range $ns, $overlay := ($policy.namespaces | default dict) }}
-{{- $sections = append $sections (($overlay | default dict).checks | default dict) }}
-{{- end }}
-{{- $on := false }}
-{{- range $key := splitList "," (include "gpu-webhook.native.webhookChecks" .) }}
-{{- $global := get (index $sections 0) $key }}
-{{- if or (not (hasKey (index $sections 0) $key)) (not (include "gpu-webhook.isOff" $global)) }}{{ $on = true }}{{ end }}
-{{- range $section := rest $sections }}
-{{- if and (hasKey $section $key) (not (include "gpu-webhook.isOff" (get $section $key))) }}{{ $on = true }}{{ end }}
-{{- end }}
-{{- end }}
-{{- if $on }}true{{ end }}
-{{- end }}
-
-{{/*
-The custom kinds the generated policies cover on this cluster, as a CEL list: the generator's known kinds and
-policy.nativePolicies.customKinds (a kind whose template path has two wildcards only where flatten exists).
-*/}}
-{{- define "gpu-webhook.nativeCustomKinds" -}}
-{{- $kinds := include "gpu-webhook.native.knownKinds" . | fromJsonArray }}
-{{- $policy := .Values.policy | default dict }}
-{{- $flatten := include "gpu-webhook.native.flatten" . }}
-{{- range (($policy.nativePolicies | default dict).customKinds | default list) }}
-{{- if or .resources (not .templates) }}{{ continue }}{{ end }}
-{{- $deep := false }}
-{{- range .templates }}{{ if gt (len (regexFindAll "\\*" . -1)) 1 }}{{ $deep = true }}{{ end }}{{ end }}
-{{- if or $flatten (not $deep) }}
-{{- $kinds = append $kinds (printf "%s/%s" .group .resource) }}
-{{- end }}
-{{- end }}
-{{- include "gpu-webhook.webhooks.celList" (uniq $kinds) }}
-{{- end }}
-
-{{/*
-The mutation in hybrid mode: "native" where a MutatingAdmissionPolicy is served (and the runtime class needs no
-cluster state), else "webhook".
-*/}}
-{{- define "gpu-webhook.mutationEngine" -}}
-{{- $policy := .Values.policy | default dict }}
-{{- $isolation := $policy.isolation | default dict }}
-{{- $runtimeClass := $isolation.runtimeClass }}
-{{- range $ns, $overlay := ($policy.namespaces | default dict) }}
-{{- if (($overlay | default dict).isolation | default dict).runtimeClass }}{{ $runtimeClass = true }}{{ end }}
-{{- end }}
-{{- if and (include "gpu-webhook.native.mutating" .) (not (and (include "gpu-webhook.clusterChecks" .) $runtimeClass)) -}}
-native
-{{- else -}}
-webhook
-{{- end }}
-{{- end }}
-
-{{/*
-The hybrid matchConditions of one webhook (hook: mutate, validate, dra, custom), or nothing: outside hybrid
-mode, and where the webhook must keep seeing every object its other conditions let through (cluster checks on).
-*/}}
-{{- define "gpu-webhook.hybridCondition" -}}
-{{- $root := .root }}
-{{- if $root.Values.admissionPolicies.enabled }}
-{{- if eq .hook "mutate" }}
-{{- if eq (include "gpu-webhook.mutationEngine" $root) "native" }}
-# Every mutation is in the MutatingAdmissionPolicy (requests from limits: the apiserver copies them).
-- name: left-to-mutating-admission-policy
-  expression: "false"
-{{- end }}
-{{- else if not (include "gpu-webhook.clusterChecks" $root) }}
-{{- if eq .hook "validate" }}
-# The generated policies hold the rest: the pods whose claims the webhook follows, and what this version's CEL
-# cannot carry.
-- name: left-to-the-webhook
-  expression: |-
-    {{- include "gpu-webhook.native.validateCondition" $root | trim | nindent 4 }}
-{{- else if and (eq .hook "dra") (include "gpu-webhook.native.claims" $root) }}
-# Claims' own rules are native; DeviceClasses only matter to the cluster-aware checks, which are off.
-- name: left-to-validating-admission-policies
-  expression: "false"
-{{- else if and (eq .hook "custom") (include "gpu-webhook.native.carriesAll" $root) }}
-# Kinds the generated policies know their pod templates of are theirs (the replica checks, while on, read
-# PyTorchJobs, RayClusters, RayJobs and RayServices). On a version whose CEL cannot carry every rule, every kind comes here.
-- name: kind-not-native
-  expression: |-
-    {{- include "gpu-webhook.native.customCondition" (dict "kinds" (include "gpu-webhook.nativeCustomKinds" $root) "replicas" (include "gpu-webhook.replicaChecks" $root)) | nindent 4 }}
-{{- end }}
-{{- end }}
-{{- end }}
-{{- end }}
-
-{{/*
 The webhooks' failurePolicy (call with (dict "root" $ "hook" "mutate"|"validate")). Outside hybrid mode:
 webhook.failurePolicy. In hybrid mode the validating webhooks default to Ignore: the native policies hold every
 rule CEL carries, so while the webhook is down only what it alone checks (the cluster-aware and replica checks)
@@ -458,7 +359,7 @@ retried by its controller. admissionPolicies.webhookFailurePolicy and .mutatingW
 {{- if not $hybrid.enabled }}
 {{- $root.Values.webhook.failurePolicy }}
 {{- else if eq .hook "mutate" }}
-{{- $hybrid.mutatingWebhookFailurePolicy | default (ternary "Ignore" "Fail" (eq (include "gpu-webhook.mutationEngine" $root) "native")) }}
+{{- $hybrid.mutatingWebhookFailurePolicy | default (ternary "Ignore" "Fail" (eq (include "gpu-webhook.native.mutationEngine" $root) "native")) }}
 {{- else }}
 {{- $hybrid.webhookFailurePolicy | default "Ignore" }}
 {{- end }}
