@@ -32,6 +32,7 @@ from kubernetes.config import incluster_config
 from tests.chart import sync_schema
 from tests.tools import control_plane_bin, missing_binaries, unavailable, versions
 from webhook.core.policy import DEFAULTS, PolicyError, parse_policy
+from webhook.native.chart import registry_rules
 from webhook.rules.admission import decide
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -677,7 +678,11 @@ def test_custom_values_reach_the_webhooks(helm: Helm) -> None:
     custom = hooks["validate-custom.gpu-webhook.io"]
     assert "matchConditions" not in custom, "custom resources hold pod templates anywhere"
     assert custom["clientConfig"]["service"]["path"] == "/validate"
-    assert custom["rules"] == [
+    # The registry's custom kinds first (every version, any scope), then webhook.customResources.
+    registry = [{"apiGroups": r["apiGroups"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+                 "resources": r["resources"], "scope": "*"} for r in registry_rules()]
+    assert custom["rules"][:len(registry)] == registry
+    assert custom["rules"][len(registry):] == [
         {
             "apiGroups": ["kubeflow.org"],
             "apiVersions": ["v1"],
