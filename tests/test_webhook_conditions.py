@@ -236,3 +236,11 @@ def test_no_hand_written_template_holds_cel_or_a_rule() -> None:
             if cel.search(line) or rule.search(line):
                 found.append(f"{path.name}:{n}: {line.strip()}")
     assert found == [], "\n".join(found)
+
+
+def test_the_generated_templates_are_fresh() -> None:
+    """_native.tpl, _webhooks.tpl and the values schema's policy section are what tests/chart/sync_schema.py writes
+    from the code today (run it after changing a rule, a trigger or a default)."""
+    from tests.chart import sync_schema
+
+    assert sync_schema.main(["--check"]) == 0
