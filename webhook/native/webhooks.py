@@ -3,7 +3,7 @@
 The chart's webhook configurations send the webhook only the objects a rule can speak about. What "can speak about"
 means is the rules' own business, so the CEL is written here, from the same registry of triggers the native
 policies' matchConditions come from (:data:`webhook.native.pods.READS`), and the chart renders it from generated
-helpers (``_webhooks.tpl``, written by ``tests/chart/sync_schema.py`` with :func:`webhook.native.chart.webhooks`).
+helpers (``_webhooks.tpl``, written by ``tests/chart/sync_schema.py`` with :func:`template`).
 What depends on values the chart reads at install time (the policy's GPU names, hideGpus per namespace, the node
 label and GPU taints, whether cpuPodOnGpuNodes is on) is a parameter: the chart fills in data, never CEL.
 
