@@ -24,6 +24,7 @@ import yaml
 
 from tests import day_one, native_corpus
 from tests.celeval import PLURALS, Request, evaluate
+from webhook.core.kinds import BLOCK_KINDS, KNOWN_KINDS
 from webhook.core.podspecs import group_of
 from webhook.core.policy import EXCLUDED_NAMESPACES, PolicySet, parse_policy
 from webhook.native import hybrid, pods, webhooks
@@ -131,6 +132,25 @@ def said(name: str, namespace: str, obj: Mapping[str, Any], policies: PolicySet)
     return rules, patched
 
 
+# The resource of every kind the webhooks are sent: celeval's, and the registry's custom kinds.
+RESOURCES = {**PLURALS, **{k.kind: k.resource for k in (*KNOWN_KINDS, *BLOCK_KINDS)}}
+
+
+class _Request(Request):
+    """celeval's request, for the registry's custom kinds too."""
+
+    def to_json(self) -> dict[str, Any]:
+        kind = str(self.obj["kind"])
+        if kind in PLURALS:
+            return super().to_json()
+        group, _, version = str(self.obj["apiVersion"]).rpartition("/")
+        return {"id": self.id, "operation": self.operation, "namespace": self.namespace,
+                "name": self.obj.get("metadata", {}).get("name", ""),
+                "kind": {"group": group, "version": version, "kind": kind},
+                "resource": {"group": group, "version": version, "resource": RESOURCES[kind]},
+                "object": self.obj, "oldObject": self.old}
+
+
 def _policy(name: str, expression: str) -> list[dict[str, Any]]:
     return [{"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
              "metadata": {"name": name},
@@ -144,7 +164,7 @@ def evaluate_conditions(texts: Sequence[str], requests: Sequence[tuple[str, dict
     (false) or error; an empty answer for an object the apiserver refuses before any admission webhook."""
     names = {text: f"c{n}" for n, text in enumerate(dict.fromkeys(texts))}
     objects = [o for text, name in names.items() for o in _policy(name, text)]
-    done = evaluate(objects, [Request(obj, namespace) for namespace, obj in requests])
+    done = evaluate(objects, [_Request(obj, namespace) for namespace, obj in requests])
     assert done.compile_errors == [], done.compile_errors
     by_name = {name: text for text, name in names.items()}
     return [{by_name[d["policy"]]: d["evaluation"] for d in answer.decisions} for answer in done.answers]
@@ -165,7 +185,7 @@ def unsent(conditions: Mapping[str, Mapping[str, Mode]], documents: Mapping[str,
     """Every (policy, mode, case) where the rules speak and the mode's conditions keep the object from the webhook
     (``conditions``: policy name -> mode name -> Mode)."""
     every = cases()
-    requests = [(ns, obj) for _, ns, obj in every if obj.get("kind") in PLURALS]
+    requests = [(ns, obj) for _, ns, obj in every if obj.get("kind") in RESOURCES]
     texts = [t for by_mode in conditions.values() for mode in by_mode.values()
              for hook in mode.conditions.values() for t in hook or ()]
     results = iter(evaluate_conditions(texts, requests))
