@@ -128,6 +128,7 @@ def _hybrid_defines() -> list[str]:
     runtime_class = "runtimeClass"
     return [
         _define("lacking", _by_minor(_lacking_buckets())),
+        _define("replicaKinds", ", ".join(hybrid.replica_kinds())),
         _define("replicaChecks", (
             "{{- /* \"true\" while a check only the webhook carries (hybrid.replica_checks_on) is on. */}}\n"
             '{{- include "gpu-webhook.webhooks.checksOn" (dict "root" . "keys" '

@@ -73,6 +73,10 @@ gpu-device-mount
 {{- end }}
 {{- end }}
 
+{{- define "gpu-webhook.native.replicaKinds" -}}
+kubeflow.org/pytorchjobs, ray.io/rayclusters, ray.io/rayjobs, ray.io/rayservices
+{{- end }}
+
 {{- define "gpu-webhook.native.replicaChecks" -}}
 {{- /* "true" while a check only the webhook carries (hybrid.replica_checks_on) is on. */}}
 {{- include "gpu-webhook.webhooks.checksOn" (dict "root" . "keys" (list "processCountMismatch" "replicaAcceleratorMismatch")) }}
