@@ -104,6 +104,17 @@ def cases() -> list[tuple[str, str, dict[str, Any]]]:
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]), {})),
         ("cpu-selects-accelerator", ns, native_corpus.as_pod("cpu-selects-accelerator", native_corpus.spec(
             bare, nodeSelector={"accelerator": "nvidia-l4"}), {})),
+        # CPU pods with what the rules about GPU pods read: none of them may speak.
+        ("cpu-accelerator-annotation", ns, native_corpus.as_pod("cpu-accelerator-annotation", native_corpus.spec(
+            bare, nodeSelector={"zone": "a"}), {"gpu-webhook/accelerator": "nvidia-a100"})),
+        ("cpu-node-name", ns, native_corpus.as_pod("cpu-node-name", native_corpus.spec(bare, nodeName="n1"), {})),
+        ("cpu-every-list", ns, native_corpus.as_pod("cpu-every-list", native_corpus.spec(
+            bare, initContainers=[native_corpus.ctr("init")], resources={"limits": {"cpu": "1"}}), {})),
+        ("cpu-host-pid", ns, native_corpus.as_pod("cpu-host-pid", native_corpus.spec(bare, hostPID=True), {})),
+        ("cpu-env-from", ns, native_corpus.as_pod("cpu-env-from", native_corpus.spec(native_corpus.ctr(
+            "main", envFrom=[{"configMapRef": {"name": "c"}}])), {})),
+        ("gpu-fraction-node-name", ns, native_corpus.as_pod("gpu-fraction-node-name", native_corpus.spec(
+            bare, nodeName="n1"), fraction)),
     ]
     return out
 
