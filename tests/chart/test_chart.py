@@ -683,7 +683,11 @@ def test_custom_values_reach_the_webhooks(helm: Helm) -> None:
     custom = hooks["validate-custom.gpu-webhook.io"]
     assert "matchConditions" not in custom, "custom resources hold pod templates anywhere"
     assert custom["clientConfig"]["service"]["path"] == "/validate"
-    assert custom["rules"][-2:] == [
+    # The registry's custom kinds first (every version, any scope), then webhook.customResources.
+    registry = [{"apiGroups": r["apiGroups"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+                 "resources": r["resources"], "scope": "*"} for r in registry_rules()]
+    assert custom["rules"][:len(registry)] == registry
+    assert custom["rules"][len(registry):] == [
         {
             "apiGroups": ["kubeflow.org"],
             "apiVersions": ["v1"],
@@ -1015,8 +1019,17 @@ ISOLATION_CASES = [
     ("runtimeClassName kata", pod_spec(BARE, runtimeClassName="kata"), {}, False, False),
     ("ordinary annotations", pod_spec(BARE), {"prometheus.io/scrape": "true", "example.com/cdi.k8s.io": "x"}, False,
      False),
-    ("a KAI fraction annotation alone (exempt from every rule)", pod_spec(BARE), {"gpu-fraction": "0.5"}, False,
-     False),
+    # A fractional scheduler's pod is a GPU pod to the rules (GpuUse.fractional): hostPID, privileged... speak of it.
+    ("a KAI fraction annotation", pod_spec(BARE), {"gpu-fraction": "0.5"}, True, False),
+    ("a Run:ai memory annotation with hostPID", pod_spec(BARE, hostPID=True), {"gpu-memory": "4000"}, True, False),
+    ("a GPU pod with hostPID", pod_spec(limits("nvidia.com/gpu"), hostPID=True), {}, True, True),
+    # cpuPodOnGpuNodes (on by default): a CPU pod that tolerates a GPU taint or selects the accelerator label.
+    ("a CPU pod tolerating nvidia.com/gpu", pod_spec(BARE, tolerations=[{"key": "nvidia.com/gpu",
+                                                                           "operator": "Exists"}]), {}, True, False),
+    ("a CPU pod selecting the accelerator label", pod_spec(BARE, nodeSelector={"accelerator": "nvidia-l4"}), {},
+     True, False),
+    ("the tolerations every pod gets", pod_spec(BARE, tolerations=[
+        {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}]), {}, False, False),
     ("a DRA claim (its devices count against the caps; mutation gives it the accelerator selector)",
      pod_spec({**BARE, "resources": {"claims": [{"name": "gpu"}]}}, resourceClaims=[{"name": "gpu"}]), {}, True,
      True),

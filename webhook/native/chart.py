@@ -23,6 +23,7 @@ admission policies); do not edit.
 
 # The placeholders the chart fills in: the custom kinds' CEL list.
 KINDS = "__KINDS__"
+MAX_WILDCARDS = hybrid.FLAT_WILDCARDS
 
 
 def _define(name: str, body: str) -> str:
@@ -106,7 +107,93 @@ def helpers() -> str:
         f"{{{{- if .replicas }}}}{replicas.replace(KINDS, '{{ .kinds }}')}\n"
         f"{{{{- else }}}}{custom.replace(KINDS, '{{ .kinds }}')}\n"
         "{{- end }}")))
+    parts.extend(_hybrid_defines())
     return "\n".join(parts)
+
+
+def _lacking_buckets() -> list[tuple[int, str]]:
+    out: list[tuple[int, str]] = []
+    for minor in range(OLDEST, NEWEST + 1):
+        text = ", ".join(hybrid.lacking(Target(minor, True, None)))
+        if not out or out[-1][1] != text:
+            out.append((minor, text))
+    return out
+
+
+def _hybrid_defines() -> list[str]:
+    """What hybrid.conditions decides, as helpers over the chart's values: the replica checks, the custom kinds the
+    policies carry, the mutation's engine and each webhook's hybrid matchConditions."""
+    q = json.dumps
+    names = hybrid.NAMES
+    runtime_class = "runtimeClass"
+    return [
+        _define("lacking", _by_minor(_lacking_buckets())),
+        _define("replicaKinds", ", ".join(hybrid.replica_kinds())),
+        _define("replicaChecks", (
+            "{{- /* \"true\" while a check only the webhook carries (hybrid.replica_checks_on) is on. */}}\n"
+            '{{- include "gpu-webhook.webhooks.checksOn" (dict "root" . "keys" '
+            f"(list {' '.join(q(k) for k in hybrid.webhook_checks())})) }}}}")),
+        _define("customKinds", (
+            "{{- /* The custom kinds the generated policies carry (hybrid.conditions), as a CEL list: the generator's\n"
+            "known kinds and policy.nativePolicies.customKinds with templates and no resource block (a template path\n"
+            f"with more than {MAX_WILDCARDS} wildcard only where flatten exists). */}}}}\n"
+            '{{- $kinds := include "gpu-webhook.native.knownKinds" . | fromJsonArray }}\n'
+            "{{- $policy := .Values.policy | default dict }}\n"
+            '{{- $flatten := include "gpu-webhook.native.flatten" . }}\n'
+            "{{- range (($policy.nativePolicies | default dict).customKinds | default list) }}\n"
+            "{{- if or .resources (not .templates) }}{{ continue }}{{ end }}\n"
+            "{{- $deep := false }}\n"
+            f'{{{{- range .templates }}}}{{{{ if gt (len (regexFindAll {q(chr(92) + "*")} . -1)) {MAX_WILDCARDS} }}}}'
+            "{{ $deep = true }}{{ end }}{{ end }}\n"
+            "{{- if or $flatten (not $deep) }}\n"
+            '{{- $kinds = append $kinds (printf "%s/%s" .group .resource) }}\n'
+            "{{- end }}\n"
+            "{{- end }}\n"
+            '{{- include "gpu-webhook.webhooks.celList" (uniq $kinds) }}')),
+        _define("mutationEngine", (
+            "{{- /* \"native\" where a MutatingAdmissionPolicy is served and the runtime class needs no cluster state\n"
+            "(hybrid.conditions), else \"webhook\". */}}\n"
+            "{{- $policy := .Values.policy | default dict }}\n"
+            f"{{{{- $runtimeClass := get ($policy.isolation | default dict) {q(runtime_class)} }}}}\n"
+            "{{- range $ns, $overlay := ($policy.namespaces | default dict) }}\n"
+            f"{{{{- if get (($overlay | default dict).isolation | default dict) {q(runtime_class)} }}}}"
+            "{{ $runtimeClass = true }}{{ end }}\n"
+            "{{- end }}\n"
+            '{{- if and (include "gpu-webhook.native.mutating" .) '
+            '(not (and (include "gpu-webhook.clusterChecks" .) $runtimeClass)) -}}\nnative\n{{- else -}}\nwebhook\n'
+            "{{- end }}")),
+        _define("hybridConditions", (
+            "{{- /* The hybrid matchConditions of one webhook (call with (dict \"root\" $ \"hook\" "
+            "mutate|validate|dra|custom)), as\nhybrid.conditions gives them: nothing outside hybrid mode, and nothing "
+            "but the mutation's while the cluster checks\nare on (the webhook keeps every object its own condition "
+            "lets through). */}}\n"
+            "{{- $root := .root }}\n"
+            "{{- if $root.Values.admissionPolicies.enabled }}\n"
+            '{{- if eq .hook "mutate" }}\n'
+            '{{- if eq (include "gpu-webhook.native.mutationEngine" $root) "native" }}\n'
+            "# Every mutation is in the MutatingAdmissionPolicy (requests from limits: the apiserver copies them).\n"
+            f"- name: {names['mutate']}\n  expression: {q(hybrid.NOTHING)}\n"
+            "{{- end }}\n"
+            '{{- else if not (include "gpu-webhook.clusterChecks" $root) }}\n'
+            '{{- if eq .hook "validate" }}\n'
+            "# The generated policies hold the rest: the pods whose claims the webhook follows, and what this "
+            "version's CEL\n# cannot carry.\n"
+            f"- name: {names['validate']}\n  expression: |-\n"
+            '    {{- include "gpu-webhook.native.validateCondition" $root | trim | nindent 4 }}\n'
+            '{{- else if and (eq .hook "dra") (include "gpu-webhook.native.claims" $root) }}\n'
+            "# Claims' own rules are native; DeviceClasses only matter to the cluster-aware checks, which are off.\n"
+            f"- name: {names['dra']}\n  expression: {q(hybrid.NOTHING)}\n"
+            '{{- else if and (eq .hook "custom") (include "gpu-webhook.native.carriesAll" $root) }}\n'
+            "# Kinds the generated policies know their pod templates of are theirs (the replica checks, while on, "
+            "read\n"
+            f"# {', '.join(hybrid.replica_kinds())}). On a version whose CEL cannot carry every rule, every kind "
+            "comes here.\n"
+            f"- name: {names['custom']}\n  expression: |-\n"
+            '    {{- include "gpu-webhook.native.customCondition" (dict "kinds" '
+            '(include "gpu-webhook.native.customKinds" $root) "replicas" '
+            '(include "gpu-webhook.native.replicaChecks" $root)) | nindent 4 }}\n'
+            "{{- end }}\n{{- end }}\n{{- end }}")),
+    ]
 
 
 __all__ = ["helpers"]

@@ -30,6 +30,13 @@ from webhook.rules.crossfield import REPLICA_KINDS
 
 Condition = tuple[str, str]  # (name, CEL)
 
+# The name of each webhook's hybrid condition, and the CEL of "nothing is left to it".
+NAMES = {"mutate": "left-to-mutating-admission-policy", "validate": "left-to-the-webhook",
+         "dra": "left-to-validating-admission-policies", "custom": "kind-not-native"}
+NOTHING = "false"
+# A custom kind's template path with more wildcards than this is walked only where flatten exists ("lists").
+FLAT_WILDCARDS = 1
+
 # The pods whose claims the webhook follows (gpu-limit-and-claim and the cluster's claim checks read the claims a
 # pod names, which CEL cannot read).
 FOLLOWS_CLAIMS = ("has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0")
@@ -93,22 +100,22 @@ def conditions(policies: PolicySet, target: Target) -> dict[str, list[Condition]
     every_kind, _ = settings(policies)
     # Carried whole: templates the target's CEL walks, and no resource block (those only the webhook reads).
     custom = [k for k in every_kind
-              if k.templates and not k.blocks and (kinds.wildcards(k) <= 1 or target.has("lists"))]
+              if k.templates and not k.blocks and (kinds.wildcards(k) <= FLAT_WILDCARDS or target.has("lists"))]
     runtime_class = any(p.runtime_class for p in [policies.default, *policies.by_namespace.values()])
     mutate_native = bool(target.mutating) and not (policies.default.cluster_enabled and runtime_class)
     out: dict[str, list[Condition] | None] = {
-        "mutate": [("left-to-mutating-admission-policy", "false")] if mutate_native else None,
+        "mutate": [(NAMES["mutate"], NOTHING)] if mutate_native else None,
         "validate": None, "dra": None, "custom": None,
     }
     if keeps_all(policies):
         return out
-    out["validate"] = [("left-to-the-webhook", validate_condition(policies, target))]
+    out["validate"] = [(NAMES["validate"], validate_condition(policies, target))]
     if target.minor >= DRA_MINOR:
-        out["dra"] = [("left-to-validating-admission-policies", "false")]
+        out["dra"] = [(NAMES["dra"], NOTHING)]
     if target.minor >= carries_all_from():
-        out["custom"] = [("kind-not-native", custom_condition(custom, replica_checks_on(policies)))]
+        out["custom"] = [(NAMES["custom"], custom_condition(custom, replica_checks_on(policies)))]
     return out
 
 
-__all__ = ["FOLLOWS_CLAIMS", "carries_all_from", "conditions", "custom_condition", "keeps_all", "lacking",
-           "replica_checks_on", "replica_kinds", "validate_condition", "webhook_checks"]
+__all__ = ["FLAT_WILDCARDS", "FOLLOWS_CLAIMS", "NAMES", "NOTHING", "carries_all_from", "conditions", "custom_condition",
+           "keeps_all", "lacking", "replica_checks_on", "replica_kinds", "validate_condition", "webhook_checks"]

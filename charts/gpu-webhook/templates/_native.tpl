@@ -65,3 +65,86 @@ processCountMismatch,replicaAcceleratorMismatch
 {{- else }}!((request.resource.group + '/' + request.resource.resource) in {{ .kinds }})
 {{- end }}
 {{- end }}
+
+{{- define "gpu-webhook.native.lacking" -}}
+{{- if semverCompare ">=1.35-0" .Capabilities.KubeVersion.Version }}
+{{- else }}
+gpu-device-mount
+{{- end }}
+{{- end }}
+
+{{- define "gpu-webhook.native.replicaKinds" -}}
+kubeflow.org/pytorchjobs, ray.io/rayclusters, ray.io/rayjobs, ray.io/rayservices
+{{- end }}
+
+{{- define "gpu-webhook.native.replicaChecks" -}}
+{{- /* "true" while a check only the webhook carries (hybrid.replica_checks_on) is on. */}}
+{{- include "gpu-webhook.webhooks.checksOn" (dict "root" . "keys" (list "processCountMismatch" "replicaAcceleratorMismatch")) }}
+{{- end }}
+
+{{- define "gpu-webhook.native.customKinds" -}}
+{{- /* The custom kinds the generated policies carry (hybrid.conditions), as a CEL list: the generator's
+known kinds and policy.nativePolicies.customKinds with templates and no resource block (a template path
+with more than 1 wildcard only where flatten exists). */}}
+{{- $kinds := include "gpu-webhook.native.knownKinds" . | fromJsonArray }}
+{{- $policy := .Values.policy | default dict }}
+{{- $flatten := include "gpu-webhook.native.flatten" . }}
+{{- range (($policy.nativePolicies | default dict).customKinds | default list) }}
+{{- if or .resources (not .templates) }}{{ continue }}{{ end }}
+{{- $deep := false }}
+{{- range .templates }}{{ if gt (len (regexFindAll "\\*" . -1)) 1 }}{{ $deep = true }}{{ end }}{{ end }}
+{{- if or $flatten (not $deep) }}
+{{- $kinds = append $kinds (printf "%s/%s" .group .resource) }}
+{{- end }}
+{{- end }}
+{{- include "gpu-webhook.webhooks.celList" (uniq $kinds) }}
+{{- end }}
+
+{{- define "gpu-webhook.native.mutationEngine" -}}
+{{- /* "native" where a MutatingAdmissionPolicy is served and the runtime class needs no cluster state
+(hybrid.conditions), else "webhook". */}}
+{{- $policy := .Values.policy | default dict }}
+{{- $runtimeClass := get ($policy.isolation | default dict) "runtimeClass" }}
+{{- range $ns, $overlay := ($policy.namespaces | default dict) }}
+{{- if get (($overlay | default dict).isolation | default dict) "runtimeClass" }}{{ $runtimeClass = true }}{{ end }}
+{{- end }}
+{{- if and (include "gpu-webhook.native.mutating" .) (not (and (include "gpu-webhook.clusterChecks" .) $runtimeClass)) -}}
+native
+{{- else -}}
+webhook
+{{- end }}
+{{- end }}
+
+{{- define "gpu-webhook.native.hybridConditions" -}}
+{{- /* The hybrid matchConditions of one webhook (call with (dict "root" $ "hook" mutate|validate|dra|custom)), as
+hybrid.conditions gives them: nothing outside hybrid mode, and nothing but the mutation's while the cluster checks
+are on (the webhook keeps every object its own condition lets through). */}}
+{{- $root := .root }}
+{{- if $root.Values.admissionPolicies.enabled }}
+{{- if eq .hook "mutate" }}
+{{- if eq (include "gpu-webhook.native.mutationEngine" $root) "native" }}
+# Every mutation is in the MutatingAdmissionPolicy (requests from limits: the apiserver copies them).
+- name: left-to-mutating-admission-policy
+  expression: "false"
+{{- end }}
+{{- else if not (include "gpu-webhook.clusterChecks" $root) }}
+{{- if eq .hook "validate" }}
+# The generated policies hold the rest: the pods whose claims the webhook follows, and what this version's CEL
+# cannot carry.
+- name: left-to-the-webhook
+  expression: |-
+    {{- include "gpu-webhook.native.validateCondition" $root | trim | nindent 4 }}
+{{- else if and (eq .hook "dra") (include "gpu-webhook.native.claims" $root) }}
+# Claims' own rules are native; DeviceClasses only matter to the cluster-aware checks, which are off.
+- name: left-to-validating-admission-policies
+  expression: "false"
+{{- else if and (eq .hook "custom") (include "gpu-webhook.native.carriesAll" $root) }}
+# Kinds the generated policies know their pod templates of are theirs (the replica checks, while on, read
+# kubeflow.org/pytorchjobs, ray.io/rayclusters, ray.io/rayjobs, ray.io/rayservices). On a version whose CEL cannot carry every rule, every kind comes here.
+- name: kind-not-native
+  expression: |-
+    {{- include "gpu-webhook.native.customCondition" (dict "kinds" (include "gpu-webhook.native.customKinds" $root) "replicas" (include "gpu-webhook.native.replicaChecks" $root)) | nindent 4 }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
