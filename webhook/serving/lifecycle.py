@@ -1,0 +1,141 @@
+"""A connection's lifecycle: its states, the events that move it, the action each move asks for, each state's deadline.
+
+Everything that decides where a connection goes next is here, and nothing else: no socket, no TLS, no parser
+(the shape of h11's state machine, which does no I/O either). ``webhook.serving.connections`` reports what
+happened as an :class:`Event`, gets the next :class:`State` and an :class:`Action` from :data:`TRANSITIONS`, and
+does the I/O. A timer means what the state it was started in says (:data:`DEADLINES`): it is started on entering
+a state with a deadline and stopped on leaving it, never restarted by a trickle of bytes.
+
+Requests on one connection are answered in order, one at a time; while one is decided, reading stops
+(:data:`READING_PAUSED`), so the next request of a pipelining client is read only as far as the bytes already
+received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable
+
+
+class State(enum.Enum):
+    NEW = "new"  # created by the listener, not yet admitted
+    HANDSHAKING = "handshaking"  # TLS: gathering the ClientHello, then the handshake
+    IDLE = "idle"  # waiting for a request: a new connection, or a kept-alive one between requests
+    READING = "reading"  # a request has begun and is not complete yet
+    DISPATCHED = "dispatched"  # a complete request is being decided; reading is paused
+    LAST_ANSWER = "last answer"  # as DISPATCHED, but the peer is done sending: its answer says close, then we do
+    CLOSED = "closed"
+
+
+class Event(enum.Enum):
+    ACCEPTED_TLS = "accepted on the TLS port"
+    ACCEPTED_PLAIN = "accepted on the plain-HTTP port"
+    TURNED_AWAY = "turned away at the connection cap or while draining"
+    HANDSHAKE_DONE = "handshake done"
+    HANDSHAKE_FAILED = "handshake failed"
+    REQUEST_BEGUN = "a request's first byte parsed"
+    REQUEST_COMPLETE = "a request's last byte parsed"
+    ANSWERED = "answered, kept alive, nothing more read"
+    ANSWERED_NEXT_BEGUN = "answered, kept alive, the next request begun"
+    ANSWERED_NEXT_QUEUED = "answered, kept alive, the next request complete"
+    ANSWERED_LAST = "answered with Connection: close"
+    PEER_DONE = "the peer is done sending (EOF or close_notify)"
+    DEADLINE = "the state's deadline passed"
+    REFUSED = "answered by the connection layer itself (400, 413, 431)"
+    CUT = "closed by us: evicted, drained, a failed write"
+    LOST = "the transport is gone"
+
+
+class Action(enum.Enum):
+    NONE = "none"
+    ABORT = "abort the transport"
+    DISPATCH = "decide the first complete request waiting"
+    CLOSE = "close: our close_notify if TLS is up, then the transport"
+    ANSWER_408_AND_CLOSE = "answer 408, then close"
+    RELEASE = "let go of the parser and the TLS state"
+
+
+S, E, A = State, Event, Action
+
+# What each event does in each state: (next state, action). A pair not listed leaves the state as it is and does
+# nothing: a timer cannot fire while a request is decided (there is none), and whatever a parser still reports
+# after the close, or a decision still finishing, is of no consequence.
+TRANSITIONS: dict[tuple[State, Event], tuple[State, Action]] = {
+    (S.NEW, E.ACCEPTED_TLS): (S.HANDSHAKING, A.NONE),
+    (S.NEW, E.ACCEPTED_PLAIN): (S.IDLE, A.NONE),
+    (S.NEW, E.TURNED_AWAY): (S.CLOSED, A.ABORT),
+
+    (S.HANDSHAKING, E.HANDSHAKE_DONE): (S.IDLE, A.NONE),
+    (S.HANDSHAKING, E.HANDSHAKE_FAILED): (S.CLOSED, A.CLOSE),  # the alert that says why is sent first
+    (S.HANDSHAKING, E.PEER_DONE): (S.CLOSED, A.CLOSE),
+    (S.HANDSHAKING, E.DEADLINE): (S.CLOSED, A.CLOSE),
+
+    (S.IDLE, E.REQUEST_BEGUN): (S.READING, A.NONE),
+    (S.IDLE, E.PEER_DONE): (S.CLOSED, A.CLOSE),
+    (S.IDLE, E.DEADLINE): (S.CLOSED, A.CLOSE),  # idle for longer than any client keeps a connection
+
+    (S.READING, E.REQUEST_COMPLETE): (S.DISPATCHED, A.DISPATCH),
+    (S.READING, E.PEER_DONE): (S.CLOSED, A.CLOSE),
+    (S.READING, E.DEADLINE): (S.CLOSED, A.ANSWER_408_AND_CLOSE),
+
+    # The next request is read while this one is decided, as far as the bytes already received go. It waits its
+    # turn; its own deadline starts when it becomes the one being read (ANSWERED_NEXT_BEGUN).
+    (S.DISPATCHED, E.REQUEST_BEGUN): (S.DISPATCHED, A.NONE),
+    (S.DISPATCHED, E.REQUEST_COMPLETE): (S.DISPATCHED, A.NONE),
+    (S.DISPATCHED, E.ANSWERED): (S.IDLE, A.NONE),
+    (S.DISPATCHED, E.ANSWERED_NEXT_BEGUN): (S.READING, A.NONE),
+    (S.DISPATCHED, E.ANSWERED_NEXT_QUEUED): (S.DISPATCHED, A.DISPATCH),
+    (S.DISPATCHED, E.ANSWERED_LAST): (S.CLOSED, A.CLOSE),
+    (S.DISPATCHED, E.PEER_DONE): (S.LAST_ANSWER, A.NONE),
+
+    (S.LAST_ANSWER, E.ANSWERED_LAST): (S.CLOSED, A.CLOSE),
+}
+for _state in (S.HANDSHAKING, S.IDLE, S.READING, S.DISPATCHED, S.LAST_ANSWER):
+    TRANSITIONS[(_state, E.REFUSED)] = (S.CLOSED, A.CLOSE)  # the refusal is written before the event
+    TRANSITIONS[(_state, E.CUT)] = (S.CLOSED, A.CLOSE)
+for _state in State:
+    TRANSITIONS[(_state, E.LOST)] = (S.CLOSED, A.RELEASE)
+del _state
+
+# The states with a deadline, by the ``Limits`` field that gives it. DEADLINE in HANDSHAKING and IDLE closes,
+# in READING answers 408 (TRANSITIONS).
+DEADLINES: dict[State, str] = {
+    S.HANDSHAKING: "handshake_timeout",  # from accept (the apiserver gives up on its own after 10 s)
+    S.IDLE: "idle_timeout",  # between requests: longer than the apiserver's 90 s
+    S.READING: "request_timeout",  # from a request's first byte to the end of its body
+}
+
+# The states in which the transport is not read: one request is decided at a time.
+READING_PAUSED = frozenset({S.DISPATCHED, S.LAST_ANSWER})
+
+# The states of a connection that has not sent a request to decide yet, or is reading one: at the connection
+# cap, the oldest of these that has never been answered is evicted.
+UNDECIDED = frozenset({S.HANDSHAKING, S.IDLE, S.READING})
+
+
+def step(state: State, event: Event) -> tuple[State, Action] | None:
+    """Where ``event`` takes a connection in ``state``, and what to do on the way; None when it changes nothing."""
+    return TRANSITIONS.get((state, event))
+
+
+class Deadline:
+    """One timer on the running loop: started for a state with a deadline, stopped when the state is left."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self) -> None:
+        self.handle: asyncio.TimerHandle | None = None
+
+    def start(self, seconds: float, expired: Callable[[], None]) -> None:
+        self.stop()
+        self.handle = asyncio.get_running_loop().call_later(seconds, self._fire, expired)
+
+    def _fire(self, expired: Callable[[], None]) -> None:
+        self.handle = None
+        expired()
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
