@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 
 class State(enum.Enum):
+    __hash__ = object.__hash__  # members are singletons: hashed by identity, in C (Enum's hashes its name in Python)
+
     NEW = "new"  # created by the listener, not yet admitted
     HANDSHAKING = "handshaking"  # TLS: gathering the ClientHello, then the handshake
     IDLE = "idle"  # waiting for a request: a new connection, or a kept-alive one between requests
@@ -29,6 +31,8 @@ class State(enum.Enum):
 
 
 class Event(enum.Enum):
+    __hash__ = object.__hash__
+
     ACCEPTED_TLS = "accepted on the TLS port"
     ACCEPTED_PLAIN = "accepted on the plain-HTTP port"
     TURNED_AWAY = "turned away at the connection cap or while draining"
