@@ -22,6 +22,7 @@ stops reading, so a pipelining client buffers nothing here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import ssl
 import time
@@ -162,7 +163,8 @@ class Connection(asyncio.Protocol):
         self.transport: Any = None  # asyncio's or uvloop's TCP transport (uvloop's is no asyncio.Transport)
         self.peer = ""
         self.buffer: TLSBuffer | None = TLSBuffer(front.tls) if front.tls is not None else None
-        self.reader: RequestReader | None = RequestReader(self.limits, self._begun, self._complete, self._send)
+        begun = functools.partial(self._on, Event.REQUEST_BEGUN)
+        self.reader: RequestReader | None = RequestReader(self.limits, begun, self._complete, self._send)
         self.waiting: deque[Request] = deque()  # complete requests behind the one being decided
         self.deadline = Deadline()
         self.served = 0  # requests answered
@@ -193,10 +195,7 @@ class Connection(asyncio.Protocol):
         following, action = step
         self.state = following
         if following is not prior:
-            self.deadline.stop()
-            seconds = self.front.deadlines.get(following)
-            if seconds is not None:
-                self.deadline.start(seconds, self._expired)
+            self.deadline.set(self.front.deadlines.get(following), self._expired)
             if following in READING_PAUSED:
                 if prior not in READING_PAUSED:
                     self.transport.pause_reading()
@@ -295,9 +294,9 @@ class Connection(asyncio.Protocol):
 
     def _flush(self) -> None:
         if self.buffer is not None:
-            out = self.buffer.outgoing_bytes()
-            if out:
-                self.transport.write(out)
+            outgoing = self.buffer.outgoing
+            if outgoing.pending:
+                self.transport.write(outgoing.read())
 
     def _send(self, data: bytes) -> None:
         if self.state is State.CLOSED:
@@ -326,9 +325,6 @@ class Connection(asyncio.Protocol):
             self._refuse(refusal)
 
     # ------------------------------------------------------------------ the reader's callbacks
-
-    def _begun(self) -> None:
-        self._on(Event.REQUEST_BEGUN)
 
     def _complete(self, request: Request) -> None:
         if self.state is State.CLOSED:

@@ -124,22 +124,26 @@ def step(state: State, event: Event) -> tuple[State, Action] | None:
 
 
 class Deadline:
-    """One timer on the running loop: started for a state with a deadline, stopped when the state is left."""
+    """One timer on the running loop: set for a state with a deadline, stopped when the state is left."""
 
     __slots__ = ("handle",)
 
     def __init__(self) -> None:
         self.handle: asyncio.TimerHandle | None = None
 
-    def start(self, seconds: float, expired: Callable[[], None]) -> None:
-        self.stop()
-        self.handle = asyncio.get_running_loop().call_later(seconds, self._fire, expired)
-
-    def _fire(self, expired: Callable[[], None]) -> None:
-        self.handle = None
-        expired()
+    def set(self, seconds: float | None, expired: Callable[[], None]) -> None:
+        """Stop the timer running, if any, and start one of ``seconds`` (None: none)."""
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        if seconds is not None:
+            self.handle = asyncio.get_running_loop().call_later(seconds, self._fire, expired)
 
     def stop(self) -> None:
         if self.handle is not None:
             self.handle.cancel()
             self.handle = None
+
+    def _fire(self, expired: Callable[[], None]) -> None:
+        self.handle = None
+        expired()

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 
 class HandshakeFailed(Exception):
-    """The handshake cannot complete: a protocol version, an unknown CA, not TLS at all. The alert is in
-    :meth:`TLSBuffer.outgoing_bytes`."""
+    """The handshake cannot complete: a protocol version, an unknown CA, not TLS at all. The alert, if OpenSSL
+    sends one, is in ``TLSBuffer.outgoing``."""
 
 
 class TLSBuffer:
@@ -25,7 +25,7 @@ class TLSBuffer:
     def __init__(self, context: Callable[[], ssl.SSLContext]):
         self.context = context
         self.incoming = ssl.MemoryBIO()
-        self.outgoing = ssl.MemoryBIO()
+        self.outgoing = ssl.MemoryBIO()  # what waits for the wire: handshake records, alerts, tickets, our records
         self.ssl: ssl.SSLObject | None = None  # None while the ClientHello is gathered
         self.hello = b""  # the ClientHello record as it trickles in, before OpenSSL sees any of it
 
@@ -87,7 +87,7 @@ class TLSBuffer:
         return b"".join(chunks) if len(chunks) > 1 else chunks[0] if chunks else b"", ended
 
     def encrypt(self, data: bytes) -> None:
-        """Queue ``data`` as records for :meth:`outgoing_bytes`. Raises ssl.SSLError or OSError when it cannot."""
+        """Queue ``data`` as records in ``outgoing``. Raises ssl.SSLError or OSError when it cannot."""
         assert self.ssl is not None
         self.ssl.write(data)
 
@@ -99,10 +99,6 @@ class TLSBuffer:
             self.ssl.unwrap()
         except (ssl.SSLError, OSError):
             pass
-
-    def outgoing_bytes(self) -> bytes:
-        """What is waiting for the wire: handshake records, alerts, tickets and key updates, our records."""
-        return self.outgoing.read() if self.outgoing.pending else b""
 
     def release(self) -> None:
         """Let go of the OpenSSL state (tens of KB) now, not whenever a collection finds it."""
