@@ -59,6 +59,11 @@ def test_the_transition_table_is_the_spec():
     assert len(SPEC) == len(lifecycle.TRANSITIONS)  # no row written twice
 
 
+def test_the_plain_names_are_the_members_of_the_same_name():
+    for member in (*State, *Event, *Action):
+        assert getattr(lifecycle, member.name) is member
+
+
 def test_a_deadline_runs_exactly_in_handshaking_idle_and_reading():
     assert lifecycle.DEADLINES == {S.HANDSHAKING: "handshake_timeout", S.IDLE: "idle_timeout",
                                    S.READING: "request_timeout"}

@@ -34,11 +34,36 @@ from typing import Any
 from webhook.serving import dispatch
 from webhook.serving.dispatch import WSGIApp
 from webhook.serving.lifecycle import (
+    ABORT,
+    ACCEPTED_PLAIN,
+    ACCEPTED_TLS,
+    ANSWER_408_AND_CLOSE,
+    ANSWERED,
+    ANSWERED_LAST,
+    ANSWERED_NEXT_BEGUN,
+    ANSWERED_NEXT_QUEUED,
+    CLOSE,
+    CLOSED,
+    CUT,
+    DEADLINE,
     DEADLINES,
+    DISPATCH,
+    DISPATCHED,
+    HANDSHAKE_DONE,
+    HANDSHAKE_FAILED,
+    HANDSHAKING,
+    LOST,
+    NEW,
+    NONE,
+    PEER_DONE,
     READING_PAUSED,
+    REFUSED,
+    RELEASE,
+    REQUEST_BEGUN,
+    REQUEST_COMPLETE,
     TRANSITIONS,
+    TURNED_AWAY,
     UNDECIDED,
-    Action,
     Deadline,
     Event,
     State,
@@ -158,11 +183,11 @@ class Connection(asyncio.Protocol):
     def __init__(self, front: Front):
         self.front = front
         self.limits = front.limits
-        self.state = State.NEW
+        self.state = NEW
         self.transport: Any = None  # asyncio's or uvloop's TCP transport (uvloop's is no asyncio.Transport)
         self.peer = ""
         self.buffer: TLSBuffer | None = TLSBuffer(front.tls) if front.tls is not None else None
-        begun = functools.partial(self._on, Event.REQUEST_BEGUN)
+        begun = functools.partial(self._on, REQUEST_BEGUN)
         self.reader: RequestReader | None = RequestReader(self.limits, begun, self._complete, self._send)
         self.waiting: list[Request] = []  # complete requests behind the one being decided (a deque weighs 600 B)
         self.deadline = Deadline()
@@ -176,7 +201,7 @@ class Connection(asyncio.Protocol):
     @property
     def handshaken(self) -> bool:
         """Past the TLS handshake (the plain port has none)."""
-        return self.state not in (State.NEW, State.HANDSHAKING)
+        return self.state not in (NEW, HANDSHAKING)
 
     @property
     def evictable(self) -> bool:
@@ -198,28 +223,29 @@ class Connection(asyncio.Protocol):
             if following in READING_PAUSED:
                 if prior not in READING_PAUSED:
                     self.transport.pause_reading()
-            elif prior in READING_PAUSED and following is not State.CLOSED:
+            elif prior in READING_PAUSED and following is not CLOSED:
                 self.transport.resume_reading()
-        if action is Action.NONE:
+        if action is NONE:
             return
-        if action is Action.DISPATCH:
+        if action is DISPATCH:
             self._dispatch()
-        elif action is Action.CLOSE:
+        elif action is CLOSE:
             self._shut(prior)
-        elif action is Action.ANSWER_408_AND_CLOSE:
+        elif action is ANSWER_408_AND_CLOSE:
             self._emit_refusal(LATE)
             self._shut(prior)
-        elif action is Action.ABORT:
+        elif action is ABORT:
             self.transport.abort()
-        elif action is Action.RELEASE:
+        elif action is RELEASE:
             self._release()
 
     def _expired(self) -> None:
-        self._on(Event.DEADLINE)
+        self.deadline.fired()
+        self._on(DEADLINE)
 
     def _shut(self, prior: State) -> None:
         """Close the transport: our close_notify first if TLS is up, then whatever is queued for the wire."""
-        if self.buffer is not None and prior is not State.HANDSHAKING:
+        if self.buffer is not None and prior is not HANDSHAKING:
             self.buffer.close_notify()
         self._flush()
         self.transport.close()
@@ -244,49 +270,49 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else ""
         if not self.front.admit(self):
-            self._on(Event.TURNED_AWAY)
+            self._on(TURNED_AWAY)
         elif self.buffer is None:  # the plain-HTTP operations port (probes, metrics)
-            self._on(Event.ACCEPTED_PLAIN)
+            self._on(ACCEPTED_PLAIN)
         else:
-            self._on(Event.ACCEPTED_TLS)
+            self._on(ACCEPTED_TLS)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._on(Event.LOST)
+        self._on(LOST)
 
     def close_quietly(self) -> None:
-        self._on(Event.CUT)
+        self._on(CUT)
         self.front.connections.pop(self, None)
 
     def data_received(self, data: bytes) -> None:
         state = self.state
-        if state is State.CLOSED:
+        if state is CLOSED:
             return
         buffer = self.buffer
         if buffer is None:
             self._parse(data)
             return
-        if state is State.HANDSHAKING:
+        if state is HANDSHAKING:
             try:
                 done = buffer.handshake(data)
             except HandshakeFailed as exc:
                 self._flush()  # the alert that says why: protocol version, unknown CA, not TLS at all
-                self._on(Event.HANDSHAKE_FAILED)
+                self._on(HANDSHAKE_FAILED)
                 logs.event("handshake_failed", logging.DEBUG, remote=self.peer, error=str(exc))
                 return
             self._flush()
             if not done:
                 return
-            self._on(Event.HANDSHAKE_DONE)
+            self._on(HANDSHAKE_DONE)
             data = b""
         plain, ended = buffer.decrypt(data)
         self._flush()  # TLS 1.3 tickets and key updates
         if plain:
             self._parse(plain)
         if ended:
-            self._on(Event.PEER_DONE)
+            self._on(PEER_DONE)
 
     def eof_received(self) -> bool | None:
-        self._on(Event.PEER_DONE)
+        self._on(PEER_DONE)
         return True
 
     # ------------------------------------------------------------------ bytes in and out
@@ -298,7 +324,7 @@ class Connection(asyncio.Protocol):
                 self.transport.write(outgoing.read())
 
     def _send(self, data: bytes) -> None:
-        if self.state is State.CLOSED:
+        if self.state is CLOSED:
             return
         self._emit(data)
 
@@ -310,7 +336,7 @@ class Connection(asyncio.Protocol):
         try:
             buffer.encrypt(data)
         except (ssl.SSLError, OSError):
-            self._on(Event.CUT)
+            self._on(CUT)
             return
         self._flush()
 
@@ -326,12 +352,12 @@ class Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ the reader's callbacks
 
     def _complete(self, request: Request) -> None:
-        if self.state is State.CLOSED:
+        if self.state is CLOSED:
             return  # a pipelined request parsed after the close
         self.waiting.append(request)
         if len(self.waiting) > MAX_PIPELINED:
             raise Refusal(400, "too many pipelined requests")
-        self._on(Event.REQUEST_COMPLETE)
+        self._on(REQUEST_COMPLETE)
 
     # ------------------------------------------------------------------ answering
 
@@ -354,23 +380,23 @@ class Connection(asyncio.Protocol):
 
     def _answer(self, request: Request, answer: dispatch.Answer) -> None:
         self.served += 1
-        keep = request.keep_alive and not self.front.closing and self.state is State.DISPATCHED
+        keep = request.keep_alive and not self.front.closing and self.state is DISPATCHED
         self._send(dispatch.encode(request.version, answer, keep))
         if not keep:
-            self._on(Event.ANSWERED_LAST)
+            self._on(ANSWERED_LAST)
         elif self.waiting:
-            self._on(Event.ANSWERED_NEXT_QUEUED)
+            self._on(ANSWERED_NEXT_QUEUED)
         elif self.reader is not None and self.reader.partial is not None:
-            self._on(Event.ANSWERED_NEXT_BEGUN)
+            self._on(ANSWERED_NEXT_BEGUN)
         else:
-            self._on(Event.ANSWERED)
+            self._on(ANSWERED)
 
     def _refuse(self, refusal: Refusal) -> None:
         """Answer a request the connection layer will not pass on, and close the connection."""
-        if self.state is State.CLOSED:
+        if self.state is CLOSED:
             return
         self._emit_refusal(refusal)
-        self._on(Event.REFUSED)
+        self._on(REFUSED)
 
     def _emit_refusal(self, refusal: Refusal) -> None:
         self.front.on_refusal(refusal.status, refusal.message, self.peer)
