@@ -67,62 +67,60 @@ NEW, HANDSHAKING, IDLE, READING, DISPATCHED, LAST_ANSWER, CLOSED = State
  ANSWERED_NEXT_BEGUN, ANSWERED_NEXT_QUEUED, ANSWERED_LAST, PEER_DONE, DEADLINE, REFUSED, CUT, LOST) = Event
 NONE, ABORT, DISPATCH, CLOSE, ANSWER_408_AND_CLOSE, RELEASE = Action
 
-S, E, A = State, Event, Action
-
 # What each event does in each state: (next state, action). A pair not listed leaves the state as it is and does
 # nothing: a timer cannot fire while a request is decided (there is none), and whatever a parser still reports
 # after the close, or a decision still finishing, is of no consequence.
 TRANSITIONS: dict[tuple[State, Event], tuple[State, Action]] = {
-    (S.NEW, E.ACCEPTED_TLS): (S.HANDSHAKING, A.NONE),
-    (S.NEW, E.ACCEPTED_PLAIN): (S.IDLE, A.NONE),
-    (S.NEW, E.TURNED_AWAY): (S.CLOSED, A.ABORT),
+    (NEW, ACCEPTED_TLS): (HANDSHAKING, NONE),
+    (NEW, ACCEPTED_PLAIN): (IDLE, NONE),
+    (NEW, TURNED_AWAY): (CLOSED, ABORT),
 
-    (S.HANDSHAKING, E.HANDSHAKE_DONE): (S.IDLE, A.NONE),
-    (S.HANDSHAKING, E.HANDSHAKE_FAILED): (S.CLOSED, A.CLOSE),  # the alert that says why is sent first
-    (S.HANDSHAKING, E.PEER_DONE): (S.CLOSED, A.CLOSE),
-    (S.HANDSHAKING, E.DEADLINE): (S.CLOSED, A.CLOSE),
+    (HANDSHAKING, HANDSHAKE_DONE): (IDLE, NONE),
+    (HANDSHAKING, HANDSHAKE_FAILED): (CLOSED, CLOSE),  # the alert that says why is sent first
+    (HANDSHAKING, PEER_DONE): (CLOSED, CLOSE),
+    (HANDSHAKING, DEADLINE): (CLOSED, CLOSE),
 
-    (S.IDLE, E.REQUEST_BEGUN): (S.READING, A.NONE),
-    (S.IDLE, E.PEER_DONE): (S.CLOSED, A.CLOSE),
-    (S.IDLE, E.DEADLINE): (S.CLOSED, A.CLOSE),  # idle for longer than any client keeps a connection
+    (IDLE, REQUEST_BEGUN): (READING, NONE),
+    (IDLE, PEER_DONE): (CLOSED, CLOSE),
+    (IDLE, DEADLINE): (CLOSED, CLOSE),  # idle for longer than any client keeps a connection
 
-    (S.READING, E.REQUEST_COMPLETE): (S.DISPATCHED, A.DISPATCH),
-    (S.READING, E.PEER_DONE): (S.CLOSED, A.CLOSE),
-    (S.READING, E.DEADLINE): (S.CLOSED, A.ANSWER_408_AND_CLOSE),
+    (READING, REQUEST_COMPLETE): (DISPATCHED, DISPATCH),
+    (READING, PEER_DONE): (CLOSED, CLOSE),
+    (READING, DEADLINE): (CLOSED, ANSWER_408_AND_CLOSE),
 
     # The next request is read while this one is decided, as far as the bytes already received go. It waits its
     # turn; its own deadline starts when it becomes the one being read (ANSWERED_NEXT_BEGUN).
-    (S.DISPATCHED, E.REQUEST_BEGUN): (S.DISPATCHED, A.NONE),
-    (S.DISPATCHED, E.REQUEST_COMPLETE): (S.DISPATCHED, A.NONE),
-    (S.DISPATCHED, E.ANSWERED): (S.IDLE, A.NONE),
-    (S.DISPATCHED, E.ANSWERED_NEXT_BEGUN): (S.READING, A.NONE),
-    (S.DISPATCHED, E.ANSWERED_NEXT_QUEUED): (S.DISPATCHED, A.DISPATCH),
-    (S.DISPATCHED, E.ANSWERED_LAST): (S.CLOSED, A.CLOSE),
-    (S.DISPATCHED, E.PEER_DONE): (S.LAST_ANSWER, A.NONE),
+    (DISPATCHED, REQUEST_BEGUN): (DISPATCHED, NONE),
+    (DISPATCHED, REQUEST_COMPLETE): (DISPATCHED, NONE),
+    (DISPATCHED, ANSWERED): (IDLE, NONE),
+    (DISPATCHED, ANSWERED_NEXT_BEGUN): (READING, NONE),
+    (DISPATCHED, ANSWERED_NEXT_QUEUED): (DISPATCHED, DISPATCH),
+    (DISPATCHED, ANSWERED_LAST): (CLOSED, CLOSE),
+    (DISPATCHED, PEER_DONE): (LAST_ANSWER, NONE),
 
-    (S.LAST_ANSWER, E.ANSWERED_LAST): (S.CLOSED, A.CLOSE),
+    (LAST_ANSWER, ANSWERED_LAST): (CLOSED, CLOSE),
 }
-for _state in (S.HANDSHAKING, S.IDLE, S.READING, S.DISPATCHED, S.LAST_ANSWER):
-    TRANSITIONS[(_state, E.REFUSED)] = (S.CLOSED, A.CLOSE)  # the refusal is written before the event
-    TRANSITIONS[(_state, E.CUT)] = (S.CLOSED, A.CLOSE)
+for _state in (HANDSHAKING, IDLE, READING, DISPATCHED, LAST_ANSWER):
+    TRANSITIONS[(_state, REFUSED)] = (CLOSED, CLOSE)  # the refusal is written before the event
+    TRANSITIONS[(_state, CUT)] = (CLOSED, CLOSE)
 for _state in State:
-    TRANSITIONS[(_state, E.LOST)] = (S.CLOSED, A.RELEASE)
+    TRANSITIONS[(_state, LOST)] = (CLOSED, RELEASE)
 del _state
 
 # The states with a deadline, by the ``Limits`` field that gives it. DEADLINE in HANDSHAKING and IDLE closes,
 # in READING answers 408 (TRANSITIONS).
 DEADLINES: dict[State, str] = {
-    S.HANDSHAKING: "handshake_timeout",  # from accept (the apiserver gives up on its own after 10 s)
-    S.IDLE: "idle_timeout",  # between requests: longer than the apiserver's 90 s
-    S.READING: "request_timeout",  # from a request's first byte to the end of its body
+    HANDSHAKING: "handshake_timeout",  # from accept (the apiserver gives up on its own after 10 s)
+    IDLE: "idle_timeout",  # between requests: longer than the apiserver's 90 s
+    READING: "request_timeout",  # from a request's first byte to the end of its body
 }
 
 # The states in which the transport is not read: one request is decided at a time.
-READING_PAUSED = frozenset({S.DISPATCHED, S.LAST_ANSWER})
+READING_PAUSED = frozenset({DISPATCHED, LAST_ANSWER})
 
 # The states of a connection that has not sent a request to decide yet, or is reading one: at the connection
 # cap, the oldest of these that has never been answered is evicted.
-UNDECIDED = frozenset({S.HANDSHAKING, S.IDLE, S.READING})
+UNDECIDED = frozenset({HANDSHAKING, IDLE, READING})
 
 
 def step(state: State, event: Event) -> tuple[State, Action] | None:
