@@ -1,4 +1,4 @@
-"""The connection layer: TLS, HTTP/1.1 framing, deadlines and the body cap, on one asyncio loop per worker.
+"""The connection layer of one worker: its limits, what its connections share, and each connection on the loop.
 
 A connection is a small protocol object and its TLS state, never a thread: a client that trickles its
 handshake, its headers or its body holds nothing anybody else needs, and is cut at its deadline. Only a
@@ -12,30 +12,67 @@ reset by a trickle):
 - an idle kept-alive connection: ``idle_timeout`` between requests, longer than the apiserver's 90 s
   (it does not retry a POST written on a connection the server has just closed).
 
-HTTP parsing is httptools (llhttp, the parser of Node.js). Requests on one connection are answered in
-order; while one is handled the connection stops reading, so a pipelining client buffers nothing here.
+A :class:`Connection` puts four parts together and does the I/O they ask for: ``webhook.serving.lifecycle`` (its
+state, what each event does, each state's deadline), ``webhook.serving.tlsbuffer`` (TLS over memory BIOs),
+``webhook.serving.reader`` (httptools, the header and body caps) and ``webhook.serving.dispatch`` (the WSGI call
+and the answer's bytes). Requests on one connection are answered in order; while one is decided the connection
+stops reading, so a pipelining client buffers nothing here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
-import json
+import functools
 import logging
 import ssl
-import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Any
 
-import httptools
-
+from webhook.serving import dispatch
+from webhook.serving.dispatch import WSGIApp
+from webhook.serving.lifecycle import (
+    ABORT,
+    ACCEPTED_PLAIN,
+    ACCEPTED_TLS,
+    ANSWER_408_AND_CLOSE,
+    ANSWERED,
+    ANSWERED_LAST,
+    ANSWERED_NEXT_BEGUN,
+    ANSWERED_NEXT_QUEUED,
+    CLOSE,
+    CLOSED,
+    CUT,
+    DEADLINE,
+    DEADLINES,
+    DISPATCH,
+    DISPATCHED,
+    HANDSHAKE_DONE,
+    HANDSHAKE_FAILED,
+    HANDSHAKING,
+    LOST,
+    NEW,
+    NONE,
+    PEER_DONE,
+    READING_PAUSED,
+    REFUSED,
+    RELEASE,
+    REQUEST_BEGUN,
+    REQUEST_COMPLETE,
+    TRANSITIONS,
+    TURNED_AWAY,
+    UNDECIDED,
+    Deadline,
+    Event,
+    State,
+)
+from webhook.serving.reader import Refusal, Request, RequestReader
+from webhook.serving.tlsbuffer import HandshakeFailed, TLSBuffer
 from webhook.telemetry import logs
 
-WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+__all__ = ["HANDSHAKE_SETTLE", "Connection", "Front", "Limits", "WSGIApp"]
 
 
 @dataclass(frozen=True)
@@ -58,34 +95,14 @@ class Limits:
     max_connections: int = 1024
 
 
-def _reason(status: int) -> bytes:
-    try:
-        return HTTPStatus(status).phrase.encode()
-    except ValueError:
-        return b""
-
-
-class _Refusal(Exception):
-    """A request answered by the connection layer itself (400, 408, 413, 431), then the connection closes."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-@dataclass
-class _Request:
-    method: str
-    target: bytes
-    headers: list[tuple[str, str]]
-    body: bytes
-    keep_alive: bool
-    version: str
-
-
 # How long a drain waits for connections still in their TLS handshake before closing them.
 HANDSHAKE_SETTLE = 1.0
+
+# More complete requests than this waiting behind the one being decided is a client to refuse (400).
+MAX_PIPELINED = 16
+
+# The 408 of a request still incomplete at its deadline.
+LATE = Refusal(408, "the request did not arrive in time")
 
 
 class Front:
@@ -105,7 +122,9 @@ class Front:
         self.pool = pool
         self.limits = limits
         self.server_port = str(server_port)
+        self.scheme = "https" if tls is not None else "http"
         self.on_refusal = on_refusal
+        self.deadlines = {state: getattr(limits, field) for state, field in DEADLINES.items()}
         self.connections: dict[Connection, None] = {}  # an ordered set: oldest first
         self.closing = False
         self.evicted = 0
@@ -115,7 +134,7 @@ class Front:
         if self.closing:
             return False
         if len(self.connections) >= self.limits.max_connections:
-            victim = next((c for c in self.connections if not c.served and not c.busy), None)
+            victim = next((c for c in self.connections if c.evictable), None)
             if victim is None:
                 return False
             self.evicted += 1
@@ -153,395 +172,232 @@ class Front:
 
 
 class Connection(asyncio.Protocol):
-    """One client connection: TLS, parsing, the limits, and complete requests handed to the app in order.
+    """One client connection: its state (``webhook.serving.lifecycle``) and the I/O each move asks for.
 
-    TLS runs over memory buffers (``SSLContext.wrap_bio``) rather than the loop's TLS transport: each
-    connection takes the certificate loaded last when it is accepted, a failed handshake still sends
-    its alert (a TLS 1.1 client learns why it is refused), and the handshake deadline is ours.
+    Every change of state goes through :meth:`_on`, which looks the event up in ``lifecycle.TRANSITIONS``; the
+    deadline running is the one of the state entered, so a timer means what the state says.
     """
+
+    __slots__ = ("front", "limits", "state", "transport", "peer", "buffer", "reader", "waiting", "deadline", "served")
 
     def __init__(self, front: Front):
         self.front = front
         self.limits = front.limits
+        self.state = NEW
         self.transport: Any = None  # asyncio's or uvloop's TCP transport (uvloop's is no asyncio.Transport)
         self.peer = ""
-        self.incoming = ssl.MemoryBIO()
-        self.outgoing = ssl.MemoryBIO()
-        self.tls: ssl.SSLObject | None = None
-        self.hello = b""  # the ClientHello record as it trickles in, before OpenSSL sees any of it
-        self.handshaken = False
-        self.served = 0
-        self.parser = httptools.HttpRequestParser(self)
-        self.timer: asyncio.TimerHandle | None = None
-        self.busy = False
-        self.closed = False
-        self.queue: list[_Request] = []
-        self.peer_done = False
-        self._reset()
+        self.buffer: TLSBuffer | None = TLSBuffer(front.tls) if front.tls is not None else None
+        begun = functools.partial(self._on, REQUEST_BEGUN)
+        self.reader: RequestReader | None = RequestReader(self.limits, begun, self._complete, self._send)
+        self.waiting: list[Request] = []  # complete requests behind the one being decided (a deque weighs 600 B)
+        self.deadline = Deadline()
+        self.served = 0  # requests answered
 
-    # ------------------------------------------------------------------ lifecycle
+    @property
+    def tls(self) -> ssl.SSLObject | None:
+        """The OpenSSL session: None on the plain port, while the ClientHello is gathered, and once released."""
+        return self.buffer.ssl if self.buffer is not None else None
+
+    @property
+    def handshaken(self) -> bool:
+        """Past the TLS handshake (the plain port has none)."""
+        return self.state not in (NEW, HANDSHAKING)
+
+    @property
+    def evictable(self) -> bool:
+        """Never answered, and not deciding a request: at the cap, the oldest such connection makes room."""
+        return not self.served and self.state in UNDECIDED
+
+    # ------------------------------------------------------------------ the state machine
+
+    def _on(self, event: Event) -> None:
+        """Move on ``event`` as ``lifecycle.TRANSITIONS`` says: the state, its deadline and reading, then the action."""
+        prior = self.state
+        step = TRANSITIONS.get((prior, event))
+        if step is None:
+            return
+        following, action = step
+        self.state = following
+        if following is not prior:
+            self.deadline.set(self.front.deadlines.get(following), self._expired)
+            if following in READING_PAUSED:
+                if prior not in READING_PAUSED:
+                    self.transport.pause_reading()
+            elif prior in READING_PAUSED and following is not CLOSED:
+                self.transport.resume_reading()
+        if action is NONE:
+            return
+        if action is DISPATCH:
+            self._dispatch()
+        elif action is CLOSE:
+            self._shut(prior)
+        elif action is ANSWER_408_AND_CLOSE:
+            self._emit_refusal(LATE)
+            self._shut(prior)
+        elif action is ABORT:
+            self.transport.abort()
+        elif action is RELEASE:
+            self._release()
+
+    def _expired(self) -> None:
+        self.deadline.fired()
+        self._on(DEADLINE)
+
+    def _shut(self, prior: State) -> None:
+        """Close the transport: our close_notify first if TLS is up, then whatever is queued for the wire."""
+        if self.buffer is not None and prior is not HANDSHAKING:
+            self.buffer.close_notify()
+        self._flush()
+        self.transport.close()
+        self.front.connections.pop(self, None)
+
+    def _release(self) -> None:
+        self.deadline.stop()
+        self.front.connections.pop(self, None)
+        # The parser holds the reader's callbacks (a cycle through an object the collector cannot see into), and
+        # the TLS state is tens of KB: let go of both now, not whenever a collection finds them.
+        if self.reader is not None:
+            self.reader.release()
+            self.reader = None
+        if self.buffer is not None:
+            self.buffer.release()
+        self.waiting.clear()
+
+    # ------------------------------------------------------------------ asyncio's callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else ""
         if not self.front.admit(self):
-            self.transport.abort()
-            self.closed = True
-            return
-        if self.front.tls is None:  # the plain-HTTP operations port (probes, metrics)
-            self.handshaken = True
-            self._arm(self.limits.idle_timeout)
-            return
-        self._arm(self.limits.handshake_timeout)
+            self._on(TURNED_AWAY)
+        elif self.buffer is None:  # the plain-HTTP operations port (probes, metrics)
+            self._on(ACCEPTED_PLAIN)
+        else:
+            self._on(ACCEPTED_TLS)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._disarm()
-        self.front.connections.pop(self, None)
-        # The parser holds our callbacks (a cycle through an object the collector cannot see into), and
-        # the TLS state is tens of KB: let go of both now, not whenever a collection finds them.
-        self.parser = None  # type: ignore[assignment]
-        self.tls = None
-        self.queue.clear()
+        self._on(LOST)
 
     def close_quietly(self) -> None:
-        self._close()
-
-    def _close(self) -> None:
-        if not self.closed and self.transport is not None:
-            self.closed = True
-            self._disarm()
-            if self.handshaken and self.tls is not None:
-                try:
-                    self.tls.unwrap()  # queues our close_notify; the peer's is not awaited
-                except (ssl.SSLError, OSError):
-                    pass
-            self._flush()
-            self.transport.close()
+        self._on(CUT)
         self.front.connections.pop(self, None)
 
-    def _arm(self, seconds: float) -> None:
-        self._disarm()
-        if self.closed:
-            return  # a pipelined request parsed after the close must not keep the connection alive
-        loop = asyncio.get_running_loop()
-        self.timer = loop.call_later(seconds, self._expired)
-
-    def _disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def _expired(self) -> None:
-        self.timer = None
-        if not self.handshaken:
-            self._close()  # a handshake still unfinished after handshake_timeout
-        elif self.in_request and not self.busy:
-            self._refuse(_Refusal(408, "the request did not arrive in time"))
-        elif not self.busy:
-            self._close()  # idle for longer than any client keeps a connection
-
-    # ------------------------------------------------------------------ TLS
-
-    def _flush(self) -> None:
-        if self.outgoing.pending and self.transport is not None:
-            self.transport.write(self.outgoing.read())
-
     def data_received(self, data: bytes) -> None:
-        if self.closed:
+        state = self.state
+        if state is CLOSED:
             return
-        if self.front.tls is None:
+        buffer = self.buffer
+        if buffer is None:
             self._parse(data)
             return
-        if self.tls is None:
-            data = self._gather_hello(data)
-            if self.tls is None:
-                return
-        self.incoming.write(data)
-        if not self.handshaken:
+        if state is HANDSHAKING:
             try:
-                self.tls.do_handshake()
-            except ssl.SSLWantReadError:
-                self._flush()
-                return
-            except (ssl.SSLError, OSError) as exc:
+                done = buffer.handshake(data)
+            except HandshakeFailed as exc:
                 self._flush()  # the alert that says why: protocol version, unknown CA, not TLS at all
-                self.closed = True
-                self.front.connections.pop(self, None)
-                self._disarm()
-                self.transport.close()
+                self._on(HANDSHAKE_FAILED)
                 logs.event("handshake_failed", logging.DEBUG, remote=self.peer, error=str(exc))
                 return
-            self.handshaken = True
             self._flush()
-            self._arm(self.limits.idle_timeout)
-        chunks = []
-        ended = False  # the peer's close_notify (read gives b"") or a broken record
-        while True:
-            try:
-                chunk = self.tls.read(65536)
-            except ssl.SSLWantReadError:
-                break
-            except (ssl.SSLError, OSError):
-                ended = True
-                break
-            if not chunk:
-                ended = True
-                break
-            chunks.append(chunk)
+            if not done:
+                return
+            self._on(HANDSHAKE_DONE)
+            data = b""
+        plain, ended = buffer.decrypt(data)
         self._flush()  # TLS 1.3 tickets and key updates
-        if chunks:
-            self._parse(b"".join(chunks) if len(chunks) > 1 else chunks[0])
+        if plain:
+            self._parse(plain)
         if ended:
-            self._close_after_answers()
-
-    def _gather_hello(self, data: bytes) -> bytes:
-        """Hold the first TLS record until it is whole, then start TLS with the certificate in force.
-
-        OpenSSL allocates its record buffers (about 36 KB) at the first byte it reads; a client trickling
-        its ClientHello a byte a second would hold them for the whole handshake timeout. Gathered here,
-        the record costs what it weighs (a few hundred bytes). Anything but a handshake record goes to
-        OpenSSL at once, which answers it with the right alert (plain HTTP on this port, say).
-        """
-        self.hello += data
-        if len(self.hello) >= 5 and self.hello[0] == 0x16:  # TLS record header: type, version, length
-            length = int.from_bytes(self.hello[3:5], "big")
-            if len(self.hello) < 5 + length and length <= 16384:
-                return b""
-        elif len(self.hello) < 5 and self.hello[:1] in (b"", b"\x16"):
-            return b""
-        context = self.front.tls
-        assert context is not None  # only the TLS port gathers a ClientHello
-        self.tls = context().wrap_bio(self.incoming, self.outgoing, server_side=True)
-        data, self.hello = self.hello, b""
-        return data
+            self._on(PEER_DONE)
 
     def eof_received(self) -> bool | None:
-        self._close_after_answers()
+        self._on(PEER_DONE)
         return True
 
-    def _close_after_answers(self) -> None:
-        """The peer is done sending: answer what is queued, then close."""
-        if not self.busy and not self.queue:
-            self._close()
-        else:
-            self.peer_done = True
+    # ------------------------------------------------------------------ bytes in and out
+
+    def _flush(self) -> None:
+        if self.buffer is not None:
+            outgoing = self.buffer.outgoing
+            if outgoing.pending:
+                self.transport.write(outgoing.read())
 
     def _send(self, data: bytes) -> None:
-        if self.closed:
+        if self.state is CLOSED:
             return
-        if self.tls is None:
+        self._emit(data)
+
+    def _emit(self, data: bytes) -> None:
+        buffer = self.buffer
+        if buffer is None:
             self.transport.write(data)
             return
         try:
-            self.tls.write(data)
+            buffer.encrypt(data)
         except (ssl.SSLError, OSError):
-            self._close()
+            self._on(CUT)
             return
         self._flush()
 
-    # ------------------------------------------------------------------ parsing
-
-    def _reset(self) -> None:
-        self.in_request = False
-        self.url = b""
-        self.headers: list[tuple[str, str]] = []
-        self.header_bytes = 0
-        self.body = io.BytesIO()
-        self.body_size = 0
-
     def _parse(self, data: bytes) -> None:
-        if self.parser is None:
+        reader = self.reader
+        if reader is None:
             return
         try:
-            self.parser.feed_data(data)
-        except _Refusal as refusal:
+            reader.feed(data)
+        except Refusal as refusal:
             self._refuse(refusal)
-        except httptools.HttpParserCallbackError as exc:
-            # httptools wraps what a callback raised; our callbacks raise only refusals.
-            cause = exc.__context__
-            self._refuse(cause if isinstance(cause, _Refusal) else _Refusal(400, "malformed HTTP request"))
-        except httptools.HttpParserUpgrade:
-            self._refuse(_Refusal(400, "protocol upgrades are not served"))
-        except httptools.HttpParserError as exc:
-            self._refuse(_Refusal(400, f"malformed HTTP request: {exc}"))
 
-    def on_message_begin(self) -> None:
-        self._reset()
-        self.in_request = True
-        if not self.busy:
-            self._arm(self.limits.request_timeout)
+    # ------------------------------------------------------------------ the reader's callbacks
 
-    def on_url(self, url: bytes) -> None:
-        self.url += url
-        self._count(len(url))
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if len(name) + len(value) + 2 > self.limits.max_header_field:
-            raise _Refusal(431, f"a request header line over {self.limits.max_header_field} bytes")
-        self._count(len(name) + len(value) + 4)
-        if len(self.headers) >= self.limits.max_headers:
-            raise _Refusal(431, f"more than {self.limits.max_headers} request headers")
-        self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
-
-    def _count(self, n: int) -> None:
-        self.header_bytes += n
-        if self.header_bytes > self.limits.max_header_bytes:
-            raise _Refusal(431, f"request line and headers over {self.limits.max_header_bytes} bytes")
-
-    def on_headers_complete(self) -> None:
-        length = None
-        expect = False
-        for name, value in self.headers:
-            lowered = name.lower()
-            if lowered == "content-length":
-                length = int(value) if value.strip().isdigit() else None
-            elif lowered == "expect" and value.lower() == "100-continue":
-                expect = True
-        if length is not None and length > self.limits.max_body:
-            raise _Refusal(413, f"the body is over {self.limits.max_body} bytes")
-        if expect:
-            self._send(b"HTTP/1.1 100 Continue\r\n\r\n")
-
-    def on_body(self, body: bytes) -> None:
-        self.body_size += len(body)
-        if self.body_size > self.limits.max_body:  # chunked: no length to refuse up front
-            raise _Refusal(413, f"the body is over {self.limits.max_body} bytes")
-        self.body.write(body)
-
-    def on_message_complete(self) -> None:
-        request = _Request(
-            method=self.parser.get_method().decode("latin-1"),
-            target=self.url,
-            headers=self.headers,
-            body=self.body.getvalue(),
-            keep_alive=bool(self.parser.should_keep_alive()),
-            version=self.parser.get_http_version(),
-        )
-        self._reset()
-        self.queue.append(request)
-        if len(self.queue) > 16:
-            raise _Refusal(400, "too many pipelined requests")
-        if not self.busy:
-            self._next()
+    def _complete(self, request: Request) -> None:
+        if self.state is CLOSED:
+            return  # a pipelined request parsed after the close
+        self.waiting.append(request)
+        if len(self.waiting) > MAX_PIPELINED:
+            raise Refusal(400, "too many pipelined requests")
+        self._on(REQUEST_COMPLETE)
 
     # ------------------------------------------------------------------ answering
 
-    def _next(self) -> None:
-        if self.closed or not self.queue:
-            return
-        request = self.queue.pop(0)
-        self.busy = True
-        self._disarm()
-        self.transport.pause_reading()
-        environ = self._environ(request)
+    def _dispatch(self) -> None:
+        request = self.waiting.pop(0)
+        front = self.front
+        environ = dispatch.environ(request, front.server_port, front.scheme, self.peer)
         if len(request.body) <= self.limits.inline_body:
             # The common case (a pod is a few KiB): decided right here, no thread hop. Its cost is bounded
             # by its size, so the loop is held for about a millisecond at most.
-            self._finish(request, call_wsgi(self.front.app, environ))
+            self._answer(request, dispatch.call_wsgi(front.app, environ))
         else:
             asyncio.get_running_loop().create_task(self._offload(request, environ))
 
-    async def _offload(self, request: _Request, environ: dict[str, Any]) -> None:
+    async def _offload(self, request: Request, environ: dict[str, Any]) -> None:
         """A large body is decided on the pool, so the loop goes on serving everybody else meanwhile."""
-        loop = asyncio.get_running_loop()
-        try:
-            answer = await asyncio.wait_for(
-                loop.run_in_executor(self.front.pool, call_wsgi, self.front.app, environ),
-                self.limits.handler_timeout,
-            )
-        except TimeoutError:
-            logs.event("handler_timeout", logging.ERROR, path=environ["PATH_INFO"], seconds=self.limits.handler_timeout)
-            answer = 500, [("Content-Type", "application/json")], b'{"error":"handler timed out"}'
-        except Exception:  # call_wsgi turns app errors into 500s; this is a bug of ours
-            logs.event("connection_failed", logging.ERROR, exc_info=True)
-            answer = 500, [("Content-Type", "application/json")], b'{"error":"internal error"}'
-        self._finish(request, answer)
+        front = self.front
+        self._answer(request, await dispatch.decide_on_pool(front.app, front.pool, environ,
+                                                            self.limits.handler_timeout))
 
-    def _finish(self, request: _Request, answer: tuple[int, list[tuple[str, str]], bytes]) -> None:
-        status, headers, body = answer
+    def _answer(self, request: Request, answer: dispatch.Answer) -> None:
         self.served += 1
-        keep = request.keep_alive and not self.front.closing and not self.peer_done
-        self._write(request.version, status, headers, body, keep)
-        self.busy = False
+        keep = request.keep_alive and not self.front.closing and self.state is DISPATCHED
+        self._send(dispatch.encode(request.version, answer, keep))
         if not keep:
-            self._close()
-            return
-        if self.queue:
-            self._next()
-            return
-        if not self.closed:
-            self.transport.resume_reading()
-            self._arm(self.limits.request_timeout if self.in_request else self.limits.idle_timeout)
+            self._on(ANSWERED_LAST)
+        elif self.waiting:
+            self._on(ANSWERED_NEXT_QUEUED)
+        elif self.reader is not None and self.reader.partial is not None:
+            self._on(ANSWERED_NEXT_BEGUN)
+        else:
+            self._on(ANSWERED)
 
-    def _write(self, version: str, status: int, headers: list[tuple[str, str]], body: bytes, keep: bool) -> None:
-        lines = [f"HTTP/{version if version in ('1.0', '1.1') else '1.1'} {status} ".encode() + _reason(status)]
-        for name, value in headers:
-            lowered = name.lower()
-            if lowered not in ("content-length", "connection", "transfer-encoding"):
-                lines.append(f"{name}: {value}".encode("latin-1"))
-        lines.append(b"Content-Length: %d" % len(body))
-        lines.append(b"Connection: keep-alive" if keep else b"Connection: close")
-        self._send(b"\r\n".join(lines) + b"\r\n\r\n" + body)
-
-    def _refuse(self, refusal: _Refusal) -> None:
+    def _refuse(self, refusal: Refusal) -> None:
         """Answer a request the connection layer will not pass on, and close the connection."""
+        if self.state is CLOSED:
+            return
+        self._emit_refusal(refusal)
+        self._on(REFUSED)
+
+    def _emit_refusal(self, refusal: Refusal) -> None:
         self.front.on_refusal(refusal.status, refusal.message, self.peer)
-        body = json.dumps({"error": refusal.message, "code": refusal.status}, separators=(",", ":")).encode()
-        self._write("1.1", refusal.status, [("Content-Type", "application/json")], body, keep=False)
-        self._close()
-
-    def _environ(self, request: _Request) -> dict[str, Any]:
-        path, _, query = request.target.partition(b"?")
-        environ: dict[str, Any] = {
-            "REQUEST_METHOD": request.method,
-            "SCRIPT_NAME": "",
-            "PATH_INFO": path.decode("latin-1"),
-            "QUERY_STRING": query.decode("latin-1"),
-            "SERVER_NAME": "gpu-webhook",
-            "SERVER_PORT": self.front.server_port,
-            "SERVER_PROTOCOL": f"HTTP/{request.version}",
-            "REMOTE_ADDR": self.peer.rsplit(":", 1)[0],
-            "CONTENT_LENGTH": str(len(request.body)),
-            "wsgi.version": (1, 0),
-            "wsgi.url_scheme": "https" if self.front.tls is not None else "http",
-            "wsgi.input": io.BytesIO(request.body),
-            "wsgi.errors": sys.stderr,
-            "wsgi.multithread": True,
-            "wsgi.multiprocess": True,
-            "wsgi.run_once": False,
-        }
-        for name, value in request.headers:
-            key = name.upper().replace("-", "_")
-            if key in ("CONTENT_LENGTH", "TRANSFER_ENCODING"):
-                continue
-            if key == "CONTENT_TYPE":
-                environ["CONTENT_TYPE"] = value
-                continue
-            key = "HTTP_" + key
-            environ[key] = f"{environ[key]},{value}" if key in environ else value
-        return environ
-
-
-def call_wsgi(app: WSGIApp, environ: dict[str, Any]) -> tuple[int, list[tuple[str, str]], bytes]:
-    """Run a WSGI app to completion: (status, headers, body). An app that raises is a 500."""
-    started: list[Any] = []
-
-    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
-        started[:] = [status, headers]
-        return lambda data: None  # the legacy write() callable; Flask never uses it
-
-    try:
-        result = app(environ, start_response)
-        try:
-            body = b"".join(result)
-        finally:
-            close = getattr(result, "close", None)
-            if close is not None:
-                close()
-    except Exception:
-        logs.event("application_failed", logging.ERROR, exc_info=True, path=environ.get("PATH_INFO"))
-        return 500, [("Content-Type", "application/json")], b'{"error":"internal error"}'
-    status_line, headers = started
-    return int(status_line.split(" ", 1)[0]), headers, body
+        self._emit(dispatch.encode_refusal(refusal))
