@@ -21,13 +21,24 @@ def pytest_collection_modifyitems(items):
             item.add_marker(name)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """A fast test runs in-process: starting a process from it (or from a fixture it sets up) fails it."""
+def _in_process(item):
+    """A fast test runs in-process: starting a process from it (or from a fixture it sets up) fails it. Its
+    teardown is not held to that: when the fast test is the session's last, pytest tears the session's fixtures
+    down there too (the node bed's, which starts nsenter)."""
     if item.get_closest_marker("fast") is None:
         return (yield)
     with no_processes(item.nodeid):
         return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from _in_process(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from _in_process(item))
 
 
 @pytest.fixture(scope="module")
