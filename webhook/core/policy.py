@@ -77,7 +77,7 @@ DEFAULTS: dict[str, Any] = {
     "excludeNamespaces": list(EXCLUDED_NAMESPACES),
     # For `gpu-webhook admission-policies` (webhook.native reads them): custom kinds with pod templates, and the
     # namespaces the generated policies leave alone beyond excludeNamespaces.
-    "nativePolicies": {"customKinds": [], "excludeNamespaces": []},
+    "nativePolicies": {"customKinds": [], "excludeNamespaces": [], "params": "live"},
     "namespaces": {},
 }
 _DRA_LISTS = ("gpuClasses", "allowedDeviceClasses", "adminAccessNamespaces")
@@ -178,6 +178,8 @@ _NATIVE_POLICIES = {
             },
         },
         "excludeNamespaces": {"type": "array", "items": {"type": "string", "pattern": f"^{_DNS_LABEL}$"}},
+        # live: the generated policies read GPUPolicy/default through params; inline: its values written into them
+        "params": {"enum": ["live", "inline"]},
     },
 }
 

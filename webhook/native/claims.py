@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from webhook.core.policy import Policy
 from webhook.native.celtext import boolean, globs_regex, lit, matches, record
+from webhook.native import params
 from webhook.native.findings import Each, Finding
 from webhook.native.snippets import Ctx, guarded, quoted, stable_item
 
@@ -55,7 +56,7 @@ def _policies(ctx: Ctx) -> list[Policy]:
 def _trusted(ctx: Ctx) -> str:
     """Whether the claim's namespace is trusted (``isolation.trusted``, ``isolation.platformNamespaces``): the
     platform's node agents there may take every device and watch devices in use."""
-    return ctx.ns(lambda p: boolean(p.trusted))
+    return ctx.ns(lambda p: boolean(p.trusted), live="variables.trusted_namespace")
 
 
 def _class() -> str:
@@ -69,9 +70,9 @@ def device_class_not_allowed(ctx: Ctx) -> list[Finding]:
         return matches("n", globs_regex(policy.allowed_device_classes))
     if all(allowed(p) == "true" for p in _policies(ctx)):
         return []
-    listed = ctx.ns(lambda p: lit(", ".join(p.allowed_device_classes)))
+    listed = ctx.compiled(lambda p: lit(", ".join(p.allowed_device_classes)))
     message = f"'device class ' + {quoted('n')} + ' is not allowed here (allowed: ' + {listed} + ')'"
-    return [Finding("device-class-not-allowed", (REQUESTS, DEVICES), f"n != null && !{ctx.ns(allowed)}",
+    return [Finding("device-class-not-allowed", (REQUESTS, DEVICES), f"n != null && !{ctx.compiled(allowed)}",
                     "d.path + '.deviceClassName'", "d.stable + '.deviceClassName'", "n", message, (("n", _class()),))]
 
 
@@ -130,12 +131,12 @@ def _count_cap(ctx: Ctx, rule: str) -> list[Finding]:
     def cap_text(policy: Policy) -> str:
         cap, which = _cap(policy)
         return str(cap) if cap and which == rule else "0"
-    if all(cap_text(p) == "0" for p in _policies(ctx)):
+    if not ctx.any(lambda p: cap_text(p) != "0"):
         return []
     classes = ctx.policy.gpu_classes
     if not classes:
         return []
-    cap = ctx.ns(cap_text)
+    cap = ctx.ns(cap_text, live=_live_cap(rule))
     scope = "per container" if rule == "per-container-limit" else "per pod"
     count = "(d.q.?count.orValue(0) > 0 ? d.q.count : 1)"
     message = f"string(c) + ' devices of class ' + n + ' are over the limit of ' + string({cap}) + ' {scope}'"
@@ -143,6 +144,15 @@ def _count_cap(ctx: Ctx, rule: str) -> list[Finding]:
              f"{cap} != 0 && c > {cap}")
     return [Finding(rule, (REQUESTS, DEVICES), where, "d.path + '.count'", "d.stable + '.count'", "string(c)", message,
                     (("n", _class()), ("c", count)))]
+
+
+def _live_cap(rule: str) -> str:
+    """``_cap`` read live: the smaller non-zero cap when it is ``rule``'s, else 0."""
+    container, pod = params.of("perContainer"), params.of("perPod")
+    smaller = f"({container} != 0 && ({pod} == 0 || {container} <= {pod}))"
+    if rule == "per-container-limit":
+        return f"({smaller} ? {container} : 0)"
+    return f"({smaller} ? 0 : {pod})"
 
 
 def per_container_limit(ctx: Ctx) -> list[Finding]:

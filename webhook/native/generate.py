@@ -25,6 +25,7 @@ violation the old object had too is not held against it.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,8 +35,8 @@ import yaml
 
 from webhook import __version__
 from webhook.core.policy import PolicySet
-from webhook.native import claims, kinds, mutations, pods
-from webhook.native.celtext import layout, lit
+from webhook.native import claims, kinds, mutations, params, pods
+from webhook.native.celtext import boolean, layout, lit
 from webhook.native.findings import SEPARATOR, Dialect, Finding, exists, found, joined, keys, variable
 from webhook.native.rules import BUILDERS, native_rules, setting, webhook_rules
 from webhook.native.snippets import Ctx, Shape
@@ -45,12 +46,20 @@ NAME = "gpu-webhook"
 RULES_ANNOTATION = "gpu-webhook.io/rules"
 TARGET_ANNOTATION = "gpu-webhook.io/kubernetes"
 VERSION_ANNOTATION = "gpu-webhook.io/generator-version"  # the gpu-webhook release that generated the object
+# Live: the digest of the policy's keys compiled into the CEL (webhook.native.params.compiled_digest).
+COMPILED_ANNOTATION = "gpu-webhook.io/compiled-keys"
+# How a policy is generated: the values written in (INLINE); read through params (LIVE); the seed's hard rules,
+# without params (SEED).
+INLINE, LIVE, SEED = "inline", "live", "seed"
 LABELS = {"app.kubernetes.io/name": "gpu-webhook", "app.kubernetes.io/component": "admission-policies"}
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 OPERATIONS = ["CREATE", "UPDATE"]
 # The message a denial falls back to when the list does not fit in 5 KiB (or any messageExpression fails).
 FALLBACK = "GPU violations; gpu-webhook check lists them all"
 MESSAGE_BYTES = 5000
+# The most an object may hold as JSON: a client-side kubectl apply, or a GitOps tool's default sync, stores the whole
+# object in an annotation of at most 256 KiB; half of it leaves room for what those tools add.
+MAX_BYTES = 128 * 1000
 
 
 @dataclass
@@ -80,8 +89,14 @@ CLAIMS = Family("claims-", True, "requests", "ResourceClaims and ResourceClaimTe
 DRA_MINOR = 34
 
 
-def _ctx(policies: PolicySet, target: Target, typed: bool) -> Ctx:
-    return Ctx(policies, Shape(typed), target.has("two-variable comprehensions"), target.has("lists"))
+def _ctx(policies: PolicySet, target: Target, typed: bool, live: bool = False) -> Ctx:
+    return Ctx(policies, Shape(typed), target.has("two-variable comprehensions"), target.has("lists"), live)
+
+
+def live(policies: PolicySet) -> bool:
+    """``nativePolicies.params``: live (the default) reads GPUPolicy/default through params; inline writes the
+    policy's values into the CEL."""
+    return (policies.document.get("nativePolicies") or {}).get("params", "live") == "live"
 
 
 def _findings(ctx: Ctx, family: Family, rule: str) -> list[Finding]:
@@ -93,8 +108,7 @@ def _findings(ctx: Ctx, family: Family, rule: str) -> list[Finding]:
 
 
 def _gate(ctx: Ctx, rule: str, action: str) -> str:
-    from webhook.native.celtext import boolean
-    return ctx.ns(lambda p: boolean(setting(p, rule) == action))
+    return ctx.ns(lambda p: boolean(setting(p, rule) == action), live=params.gate(rule, action))
 
 
 @dataclass
@@ -106,11 +120,12 @@ class RuleCel:
     keys: str  # the old object's keys (for old_keys)
 
 
-def _rules(ctx: Ctx, family: Family, action: str, target: Target) -> list[RuleCel]:
+def _rules(ctx: Ctx, family: Family, action: str, target: Target, only: Sequence[str] | None = None,
+           skip: Sequence[str] = ()) -> list[RuleCel]:
     out = []
     dialect = Dialect(two_variable=ctx.two_variable)
     for rule in native_rules():
-        if target.lacks(BUILDERS[rule.id].needs):
+        if target.lacks(BUILDERS[rule.id].needs) or rule.id in skip or (only is not None and rule.id not in only):
             continue
         gate = _gate(ctx, rule.id, action)
         if gate == "false":
@@ -173,15 +188,72 @@ def _template_variables(ctx: Ctx, family: Family, custom_kinds: Sequence[kinds.C
     return out
 
 
-def _validating_policy(name: str, policies: PolicySet, family: Family, action: str, target: Target,
-                       custom_kinds: Sequence[kinds.CustomKind], exclude: Sequence[str]
-                       ) -> tuple[dict[str, Any], list[str]] | None:
-    ctx = _ctx(policies, target, family.typed)
-    rules = _rules(ctx, family, action, target)
+def _validating_policies(name: str, policies: PolicySet, family: Family, action: str, target: Target,
+                         custom_kinds: Sequence[kinds.CustomKind], exclude: Sequence[str], mode: str = INLINE
+                         ) -> list[tuple[dict[str, Any], list[str]]]:
+    """The policies of ``family`` holding the rules that are ``action`` somewhere. ``mode``: INLINE, every rule with
+    the policy's values written in; LIVE, every rule but the seed's, reading the values through params; SEED, the
+    seed's rules alone, without params. The rules go into as few policies as keep each within :data:`MAX_BYTES`,
+    in the catalog's order: ``name``, then ``name-2``, ``name-3``."""
+    ctx = _ctx(policies, target, family.typed, live=mode == LIVE)
+    rules = _rules(ctx, family, action, target, only=params.SEED if mode == SEED else None,
+                   skip=params.SEED if mode == LIVE else ())
     if not rules:
-        return None
+        return []
+
+    def build(part: list[RuleCel]) -> dict[str, Any]:
+        return _validating_policy(name, policies, family, action, ctx, target, custom_kinds, exclude, mode, part)
+
+    def halves(part: list[RuleCel]) -> list[dict[str, Any]]:
+        """``part`` in one policy, or cut in two where the rules' own CEL is half of it, until each fits."""
+        policy = build(part)
+        if len(part) == 1 or size(_laid_out(policy)) <= MAX_BYTES:
+            return [policy]
+        total, running, cut = sum(weights[id(r)] for r in part), 0, 1
+        for i, r in enumerate(part[:-1], 1):
+            running += weights[id(r)]
+            cut = i
+            if running * 2 >= total:
+                break
+        return halves(part[:cut]) + halves(part[cut:])
+
+    weights = {id(r): len(r.test) + len(r.found) + len(r.keys) for r in rules}
+    whole = build(rules)
+    if len(rules) == 1 or size(_laid_out(whole)) <= MAX_BYTES:
+        packed = [whole]
+    else:
+        # Bytes per character of a rule's CEL and the bytes every policy of the family holds, from the whole
+        # family and its first rule alone; then rules in order while the estimate fits.
+        first = size(_laid_out(build(rules[:1])))
+        scale = (size(_laid_out(whole)) - first) / max(1, sum(weights.values()) - weights[id(rules[0])])
+        base = first - weights[id(rules[0])] * scale
+        bins: list[list[RuleCel]] = [[]]
+        for r in rules:
+            if bins[-1] and base + (sum(weights[id(x)] for x in bins[-1]) + weights[id(r)]) * scale > MAX_BYTES:
+                bins.append([])
+            bins[-1].append(r)
+        packed = [policy for part in bins for policy in halves(part)]
+
+    out = []
+    for i, policy in enumerate(packed):
+        if i:
+            policy["metadata"]["name"] = f"{name}-{i + 1}"
+        out.append((policy, policy["metadata"]["annotations"][RULES_ANNOTATION].split(",")))
+    return out
+
+
+def size(obj: Mapping[str, Any]) -> int:
+    """An object's size as JSON, as kubectl's last-applied annotation stores it."""
+    return len(json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def _validating_policy(name: str, policies: PolicySet, family: Family, action: str, ctx: Ctx, target: Target,
+                       custom_kinds: Sequence[kinds.CustomKind], exclude: Sequence[str], mode: str,
+                       rules: list[RuleCel]) -> dict[str, Any]:
     texts = [t for r in rules for t in (r.test, r.found, r.keys)]
     variables = [("update", "request.operation == 'UPDATE'"), *_template_variables(ctx, family, custom_kinds, texts)]
+    if mode == LIVE:
+        variables[1:1] = params.variables([e for _, e in variables] + texts, policies.default.platform)
     # Each rule's violations in the old object, as keys between separators: read only on UPDATE, when the object
     # has such a violation (it is excused when the old object had it too).
     for r in rules:
@@ -214,6 +286,8 @@ def _validating_policy(name: str, policies: PolicySet, family: Family, action: s
         "failurePolicy": "Fail" if action == "deny" else "Ignore",
         "matchConstraints": _match_constraints(family, custom_kinds, exclude),
     }
+    if mode == LIVE:
+        spec["paramKind"] = dict(params.PARAM_KIND)
     if family is BUILTIN:
         spec["matchConditions"] = [{"name": "may-concern-gpus",
                                     "expression": pods.matters(ctx, [r.rule for r in rules])}]
@@ -222,10 +296,10 @@ def _validating_policy(name: str, policies: PolicySet, family: Family, action: s
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
-        "metadata": _metadata(name, [r.rule for r in rules], target),
+        "metadata": _metadata(name, [r.rule for r in rules], target, policies),
         "spec": spec,
     }
-    return policy, [r.rule for r in rules]
+    return policy
 
 
 def _rule(group: str, version: str, resources: list[str], operations: list[str]) -> dict[str, Any]:
@@ -256,24 +330,29 @@ def _match_constraints(family: Family, custom_kinds: Sequence[kinds.CustomKind],
     return out
 
 
-def _metadata(name: str, rules: Sequence[str], target: Target) -> dict[str, Any]:
-    return {"name": name, "labels": dict(LABELS),
-            "annotations": {RULES_ANNOTATION: ",".join(rules), TARGET_ANNOTATION: target.version,
-                            VERSION_ANNOTATION: __version__}}
+def _metadata(name: str, rules: Sequence[str], target: Target, policies: PolicySet) -> dict[str, Any]:
+    annotations = {RULES_ANNOTATION: ",".join(rules), TARGET_ANNOTATION: target.version,
+                   VERSION_ANNOTATION: __version__}
+    if live(policies):
+        annotations[COMPILED_ANNOTATION] = params.compiled_digest(policies.document)
+    return {"name": name, "labels": dict(LABELS), "annotations": annotations}
 
 
 def _bindings(policy: str, rules: Sequence[str], policies: PolicySet, deny: bool,
-              target: Target) -> list[dict[str, Any]]:
-    """``[Deny]`` (or ``[Warn]``) where ``enforcement`` says so; a warn policy warns everywhere."""
+              target: Target, mode: str = INLINE) -> list[dict[str, Any]]:
+    """``[Deny]`` (or ``[Warn]``) where ``enforcement`` says so; a warn policy warns everywhere. Live, the policy
+    reads ``enforcement`` itself: one binding, naming GPUPolicy/default."""
     def binding(name: str, actions: list[str], selector: dict[str, Any] | None) -> dict[str, Any]:
         spec: dict[str, Any] = {"policyName": policy, "validationActions": actions}
+        if mode == LIVE:
+            spec["paramRef"] = dict(params.PARAM_REF)
         if selector is not None:
             spec["matchResources"] = {"namespaceSelector": selector}
         return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
-                "metadata": _metadata(name, rules, target), "spec": spec}
+                "metadata": _metadata(name, rules, target, policies), "spec": spec}
 
-    if not deny:
-        return [binding(policy, ["Warn"], None)]
+    if not deny or mode == LIVE:
+        return [binding(policy, ["Deny"] if deny else ["Warn"], None)]
     default = policies.default.enforcement
     others = sorted(ns for ns, p in policies.by_namespace.items() if p.enforcement != default)
     action = {"deny": ["Deny"], "warn": ["Warn"]}
@@ -291,7 +370,7 @@ def _bindings(policy: str, rules: Sequence[str], policies: PolicySet, deny: bool
 def _mutating_policy(policies: PolicySet, exclude: Sequence[str], target: Target) -> list[dict[str, Any]]:
     if not target.mutating:
         return []
-    ctx = _ctx(policies, target, typed=True)
+    ctx = _ctx(policies, target, typed=True, live=live(policies))
     patches = [(name, build(ctx)) for name, build in mutations.MUTATIONS.items()]
     patches = [(name, text) for name, text in patches if text is not None]
     if not patches:
@@ -304,25 +383,32 @@ def _mutating_policy(policies: PolicySet, exclude: Sequence[str], target: Target
         constraints["namespaceSelector"] = _excluded(exclude)
     names = [name for name, _ in patches]
     api = f"admissionregistration.k8s.io/{target.mutating}"
+    variables = mutations.variables(ctx)
+    if ctx.live:
+        texts = [e for _, e in variables] + [text for _, text in patches] + [mutations.matters(ctx)]
+        variables = params.variables(texts, policies.default.platform) + variables
     policy = {
         "apiVersion": api,
         "kind": "MutatingAdmissionPolicy",
-        "metadata": _metadata(NAME, names, target),
+        "metadata": _metadata(NAME, names, target, policies),
         "spec": {
             # /mutate never denies: a mutation that cannot evaluate leaves the pod as it is.
             "failurePolicy": "Ignore",
             "reinvocationPolicy": "Never",
             "matchConstraints": constraints,
             "matchConditions": [{"name": "may-concern-gpus", "expression": mutations.matters(ctx)}],
-            "variables": [{"name": n, "expression": e} for n, e in mutations.variables(ctx)],
+            "variables": [{"name": n, "expression": e} for n, e in variables],
             # One expression: every mutation of a policy evaluates its variables afresh, and these add disjoint
             # fields (nodeSelector, tolerations, env, runtimeClassName) of the same pod.
             "mutations": [{"patchType": "JSONPatch",
                            "jsonPatch": {"expression": " +\n".join(f"({text})" for _, text in patches)}}],
         },
     }
-    binding = {"apiVersion": api, "kind": "MutatingAdmissionPolicyBinding", "metadata": _metadata(NAME, names, target),
-               "spec": {"policyName": NAME}}
+    binding = {"apiVersion": api, "kind": "MutatingAdmissionPolicyBinding",
+               "metadata": _metadata(NAME, names, target, policies), "spec": {"policyName": NAME}}
+    if ctx.live:
+        policy["spec"] = {"paramKind": dict(params.PARAM_KIND), **policy["spec"]}
+        binding["spec"]["paramRef"] = dict(params.PARAM_REF)
     return [policy, binding]
 
 
@@ -346,18 +432,20 @@ def generate(policies: PolicySet, target: Target = DEFAULT) -> Generated:
     families = [BUILTIN, CUSTOM] + ([CLAIMS] if target.minor >= DRA_MINOR else [])
     objects: list[dict[str, Any]] = []
     native: list[str] = []
+    # Live: the seed's policies (no params), then the ones that read GPUPolicy/default.
+    modes = [(SEED, "seed-"), (LIVE, "")] if live(policies) else [(INLINE, "")]
     for family in families:
         if family is CUSTOM and not custom_kinds:
             continue
-        for action in ("deny", "warn"):
-            name = f"{NAME}-{family.suffix}{action}"
-            built = _validating_policy(name, policies, family, action, target, custom_kinds, exclude)
-            if built is None:
-                continue
-            policy, rules = built
-            objects.append(policy)
-            objects.extend(_bindings(name, rules, policies, action == "deny", target))
-            native.extend(r for r in rules if r not in native)
+        for mode, prefix in modes:
+            for action in ("deny", "warn"):
+                name = f"{NAME}-{family.suffix}{prefix}{action}"
+                for policy, rules in _validating_policies(name, policies, family, action, target, custom_kinds,
+                                                          exclude, mode):
+                    objects.append(policy)
+                    objects.extend(_bindings(policy["metadata"]["name"], rules, policies, action == "deny", target,
+                                             mode))
+                    native.extend(r for r in rules if r not in native)
     objects.extend(_mutating_policy(policies, exclude, target))
     return Generated(_laid_out(objects), target, _left_to_webhook(policies, target, all_kinds, custom_kinds), native)
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from webhook.core.policy import Policy
 from webhook.core.resources import FRACTION_ANNOTATIONS, VISIBLE_DEVICES
+from webhook.native import params
 from webhook.native.celtext import boolean, lit, lits, matches
 from webhook.native.snippets import SCHEDULER, Ctx, holds_name, is_gpu, is_zero
 
@@ -71,28 +72,31 @@ def variables(ctx: Ctx) -> list[tuple[str, str]]:
     return [("used", names), ("gpu", gpu), ("fractional", fractional), ("trusted", _trusted(ctx))]
 
 
+# The pod's service account.
+ACCOUNT = ("(object.spec.?serviceAccountName.orValue('') != '' ? object.spec.serviceAccountName : "
+           "object.spec.?serviceAccount.orValue('') != '' ? object.spec.serviceAccount : 'default')")
+
+
 def _trusted(ctx: Ctx) -> str:
     def text(policy: Policy) -> str:
         if policy.trusted:
             return "true"
         if policy.trusted_accounts:
-            account = ("(object.spec.?serviceAccountName.orValue('') != '' ? object.spec.serviceAccountName : "
-                       "object.spec.?serviceAccount.orValue('') != '' ? object.spec.serviceAccount : 'default')")
-            return f"({account} in {lits(sorted(policy.trusted_accounts))})"
+            return f"({ACCOUNT} in {lits(sorted(policy.trusted_accounts))})"
         return "false"
-    return ctx.ns(text)
+    return ctx.ns(text, live=params.trusted_pod(ACCOUNT))
 
 
 def accelerator(ctx: Ctx) -> str | None:
     """``mutate.inject_accelerator``: the annotation's accelerator, else the default, if allowed; never over an
     existing key or a required node affinity on the label."""
-    if not any(p.default for p in _policies(ctx)) and not ctx.policy.annotation:
+    if not ctx.any(lambda p: p.default) and not ctx.policy.annotation:
         return None
     label, annotation = ctx.policy.node_label, ctx.policy.annotation
-    default = ctx.ns(lambda p: lit(p.default))
+    default = ctx.ns(lambda p: lit(p.default), live=params.of("default"))
     asked = f"object.metadata.?annotations[?{lit(annotation)}].orValue('')"
     asked = f"({asked} != '' ? {asked} : {default})"
-    allowed = ctx.ns(lambda p: lits(p.allowed))
+    allowed = ctx.ns(lambda p: lits(p.allowed), live=params.of("allowed"))
     terms = ("object.spec.?affinity.?nodeAffinity.?requiredDuringSchedulingIgnoredDuringExecution.?nodeSelectorTerms"
              ".orValue([])")
     by_affinity = f"{terms}.exists(term, term.?matchExpressions.orValue([]).exists(x, x.key == {lit(label)}))"
@@ -115,9 +119,9 @@ def _tolerated_by(taint: str, x: str) -> str:
 def tolerations(ctx: Ctx) -> str | None:
     """``mutate.add_tolerations``: one toleration per ``gpuTaints`` entry, else per GPU resource used, unless
     already tolerated."""
-    if not any(p.tolerations for p in _policies(ctx)):
+    if not ctx.any(lambda p: p.tolerations):
         return None
-    on = ctx.ns(lambda p: boolean(p.tolerations))
+    on = ctx.ns(lambda p: boolean(p.tolerations), live=params.of("tolerations"))
     taints = ctx.policy.gpu_taints
     if taints:
         records = []
@@ -150,9 +154,10 @@ def _holds(ctx: Ctx, c: str) -> str:
 def hide_gpus(ctx: Ctx) -> str | None:
     """``mutate.hide_gpus``: NVIDIA_VISIBLE_DEVICES=void (or none) on every container and init container that
     holds no GPU, unless it names the variable itself; never in a fractional scheduler's or a trusted pod."""
-    if all(p.hide_gpus not in ("void", "none") for p in _policies(ctx)):
+    if not ctx.any(lambda p: p.hide_gpus in ("void", "none")):
         return None
-    value = ctx.ns(lambda p: lit(p.hide_gpus if p.hide_gpus in ("void", "none") else ""))
+    value = ctx.ns(lambda p: lit(p.hide_gpus if p.hide_gpus in ("void", "none") else ""),
+                   live=f"({params.of('hideGpus')} in ['void', 'none'] ? {params.of('hideGpus')} : '')")
     variable = f"{{'name': {lit(VISIBLE_DEVICES)}, 'value': {value}}}"
     parts = []
     for name in LISTS:
@@ -167,9 +172,9 @@ def hide_gpus(ctx: Ctx) -> str | None:
 def runtime_class(ctx: Ctx) -> str | None:
     """``mutate.inject_runtime_class`` without the cluster view: isolation.runtimeClass on GPU pods (a counted
     GPU, no fractional scheduler) that name none."""
-    if not any(p.runtime_class for p in _policies(ctx)) or ctx.policy.cluster_enabled:
+    if not ctx.any(lambda p: p.runtime_class) or ctx.policy.cluster_enabled:
         return None
-    name = ctx.ns(lambda p: lit(p.runtime_class))
+    name = ctx.ns(lambda p: lit(p.runtime_class), live=params.of("runtimeClass"))
     return (f"{name} != '' && !has(object.spec.runtimeClassName) && variables.gpu && "
             f"!variables.fractional ? [JSONPatch{{op: 'add', path: '/spec/runtimeClassName', value: {name}}}] : []")
 
@@ -191,13 +196,17 @@ def matters(ctx: Ctx) -> str:
     extended resource in a container or init container (every GPU name has a domain) to which a mutation can apply:
     a default accelerator, tolerations or a runtimeClass in its namespace, or the accelerator annotation. The rest
     skip it."""
-    hidden = ctx.ns(lambda p: boolean(p.hide_gpus in ("void", "none")))
+    hidden = ctx.ns(lambda p: boolean(p.hide_gpus in ("void", "none")),
+                    live=f"{params.expression('hideGpus')} in ['void', 'none']")
     extended = " || ".join(f"c.?resources.?{s}.orValue({{}}).exists(k, k.contains('/'))"
                            for s in ("limits", "requests"))
     gpu = (f"[object.spec.?containers.orValue([]), object.spec.?initContainers.orValue([])]"
            f".exists(L, L.exists(c, {extended}))")
     runtime = not ctx.policy.cluster_enabled
-    adds = ctx.ns(lambda p: boolean(bool(p.default) or p.tolerations or (runtime and bool(p.runtime_class))))
+    live = f"{params.expression('default')} != '' || {params.expression('tolerations')}" + (
+        f" || {params.expression('runtimeClass')} != ''" if runtime else "")
+    adds = ctx.ns(lambda p: boolean(bool(p.default) or p.tolerations or (runtime and bool(p.runtime_class))),
+                  live=f"({live})")
     asked = f"{lit(ctx.policy.annotation)} in object.metadata.?annotations.orValue({{}})"
     wanted = {"true": "", "false": f"{asked} && "}.get(adds, f"({adds} || {asked}) && ")
     return f"{wanted}{gpu}" if hidden == "false" else f"{hidden} || {wanted}{gpu}"

@@ -43,6 +43,7 @@ from webhook.core.resources import (
 )
 from webhook.native.celtext import boolean, lit, lits, matches, record
 from webhook.native.findings import SEPARATOR, Each, Finding
+from webhook.native import params
 from webhook.native.snippets import (
     DIGITS,
     MONITORING,
@@ -277,7 +278,7 @@ def _trusted(r: Reads, spec: str) -> str:
         if policy.trusted_accounts:
             return f"({_account(r, spec)} in {lits(sorted(policy.trusted_accounts))})"
         return "false"
-    return r.ctx.ns(text)
+    return r.ctx.ns(text, live=params.trusted_pod(_account(r, spec)))
 
 
 def template_facts(ctx: Ctx, spec: str, meta: str) -> dict[str, str]:
@@ -319,7 +320,8 @@ def _policies(ctx: Ctx) -> list[Policy]:
 
 
 def _cap(ctx: Ctx, attribute: str) -> str:
-    return ctx.ns(lambda p: str(getattr(p, attribute)))
+    return ctx.ns(lambda p: str(getattr(p, attribute)),
+                  live=params.of({"per_container": "perContainer", "per_pod": "perPod"}[attribute]))
 
 
 def _per_name(r: Reads, rule: str, sections: tuple[str, ...], names: str, where: str, message: str, value: str,
@@ -414,7 +416,7 @@ def requests_differ(ctx: Ctx) -> list[Finding]:
 
 @native("per-container-limit", reads=('count',))
 def per_container_limit(ctx: Ctx) -> list[Finding]:
-    if not any(p.per_container for p in _policies(ctx)):
+    if not ctx.any(lambda p: p.per_container):
         return []
     r = Reads(ctx)
     cap = _cap(ctx, "per_container")
@@ -453,7 +455,7 @@ def _total(name: str) -> str:
 
 @native("per-pod-limit", reads=("pod-over-cap",))
 def per_pod_limit(ctx: Ctx) -> list[Finding]:
-    if not any(p.per_pod for p in _policies(ctx)):
+    if not ctx.any(lambda p: p.per_pod):
         return []
     cap = _cap(ctx, "per_pod")
     # Each name once: at the first container (app containers, then init containers) that counts it; the pod's
@@ -498,11 +500,11 @@ def _selector_path(ctx: Ctx, base: str = "t.path") -> str:
 
 @native("accelerator-not-allowed", reads=("annotation", "selector-not-allowed"))
 def accelerator_not_allowed(ctx: Ctx) -> list[Finding]:
-    if not any(p.allowed for p in _policies(ctx)):
+    if not ctx.any(lambda p: p.allowed):
         return []
     r = Reads(ctx)
-    allowed = ctx.ns(lambda p: lits(p.allowed))
-    listed = ctx.ns(lambda p: lit(", ".join(p.allowed)))
+    allowed = ctx.ns(lambda p: lits(p.allowed), live=params.of("allowed"))
+    listed = ctx.ns(lambda p: lit(", ".join(p.allowed)), live=f"{params.of('allowed')}.join(', ')")
     message = f"'accelerator ' + {quoted('a')} + ' is not allowed here (allowed: ' + {listed} + ')'"
     where = f"a != null && size({allowed}) > 0 && !(a in {allowed})"
     loops = (Each("t", "variables.templates", "t.uses"),)
@@ -664,7 +666,8 @@ def cpu_pod_on_gpu_nodes(ctx: Ctx) -> list[Finding]:
 
 def _hidden(ctx: Ctx) -> str:
     """``isolation.hides_gpus``: hideGpus applies in this namespace and the pod is no fractional scheduler's."""
-    return f"({ctx.ns(lambda p: boolean(p.hide_gpus != 'off'))} && !t.fractional)"
+    hides = ctx.ns(lambda p: boolean(p.hide_gpus != 'off'), live=f"{params.of('hideGpus')} != 'off'")
+    return f"({hides} && !t.fractional)"
 
 
 # Where an env source takes its variables from, in the order isolation._source looks.
@@ -1055,13 +1058,13 @@ def _triggers(ctx: Ctx) -> dict[str, Trigger]:
     taints = sorted({t.key for t in ctx.policy.gpu_taints})
     toleration = "has(x.key) && (x.key.contains('/')" + (f" || x.key in {lits(taints)}" if taints else "") + ")"
     cdi = " || ".join([f"k.startsWith({lit(p)})" for p in CDI_PREFIXES] + [f"k == {lit(k)}" for k in CDI_KEYS])
-    cap = ctx.ns(lambda p: str(p.per_container))
-    over_cap = f" || ({cap} != 0 && int(v) > {cap})" if any(p.per_container for p in _policies(ctx)) else ""
+    cap = ctx.ns(lambda p: str(p.per_container), live=params.expression("perContainer"))
+    over_cap = f" || ({cap} != 0 && int(v) > {cap})" if ctx.any(lambda p: p.per_container) else ""
     gpu_named = " || ".join(f"(has(c.resources.{s}) && c.resources.{s}.exists(k, {is_gpu(ctx, 'k')}))"
                             for s in ("limits", "requests"))
     annotation, label = lit(ctx.policy.annotation), lit(ctx.policy.node_label)
-    allowed = ctx.ns(lambda p: lits(p.allowed))
-    per_pod = _cap(ctx, "per_pod")
+    allowed = ctx.ns(lambda p: lits(p.allowed), live=params.expression("allowed"))
+    per_pod = ctx.ns(lambda p: str(p.per_pod), live=params.expression("perPod"))
     limits = "c.resources.limits"
     plain_sum = (f"has(c.resources) && has({limits}) ? ([0] + {limits}.filter(k, {is_gpu(ctx, 'k')} && "
                  f"{matches(limits + '[k]', DIGITS)}).map(k, int({limits}[k]))).sum() : 0")

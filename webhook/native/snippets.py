@@ -88,6 +88,9 @@ class Ctx:
     shape: Shape = Shape(typed=False)
     two_variable: bool = True
     lists: bool = True
+    # nativePolicies.params live: the values of webhook.native.params.LIVE are read from GPUPolicy/default through
+    # params at each admission, not written from ``policies``
+    live: bool = False
 
     def v(self, name: str) -> str:
         return f"variables.{name}"
@@ -96,8 +99,22 @@ class Ctx:
     def policy(self) -> Policy:
         return self.policies.default
 
-    def ns(self, text) -> str:  # type: ignore[no-untyped-def]
+    def ns(self, text, live: str | None = None) -> str:  # type: ignore[no-untyped-def]
+        """``text(policy)`` of the policy in force in the request's namespace, as literals; live, the CEL ``live``
+        that reads it through params."""
+        if self.live:
+            if live is None:
+                raise ValueError("a value read per namespace needs its live CEL (webhook.native.params)")
+            return live
         return by_namespace(self.policies, text)
+
+    def compiled(self, text) -> str:  # type: ignore[no-untyped-def]
+        """``text(policy)`` as literals in both modes: a key of ``webhook.native.params.COMPILED``."""
+        return by_namespace(self.policies, text)
+
+    def any(self, test) -> bool:  # type: ignore[no-untyped-def]
+        """Whether ``test(policy)`` holds in some namespace; live, always (an edit may make it so)."""
+        return self.live or any(test(p) for p in (self.policies.default, *self.policies.by_namespace.values()))
 
 
 # --- the vendor registry and the policy's GPU names ----------------------------------------------------------
