@@ -36,10 +36,18 @@ namespaces:
 """
 
 
+def inline(text: str) -> str:
+    """``text`` with ``nativePolicies.params: inline``: the tests here read the policy's values written into the CEL;
+    the policies that read them live are ``tests/test_native_params.py``'s."""
+    document = yaml.safe_load(text) or {}
+    document.setdefault("nativePolicies", {}).setdefault("params", "inline")
+    return yaml.safe_dump(document)
+
+
 def objects(text: str = POLICY, version: str = "1.37", *api_versions: str) -> list[dict]:
     """The generated objects, each expression on one line as the builders wrote it (``celtext.one_line``): the tests
     here read what the CEL says; how it is laid out is ``tests/test_native_layout.py``'s."""
-    return one_lined(generate(parse_policy(text), for_version(version, api_versions)).objects)
+    return one_lined(generate(parse_policy(inline(text)), for_version(version, api_versions)).objects)
 
 
 def one_lined(value):  # type: ignore[no-untyped-def]

@@ -41,7 +41,10 @@ POLICIES = parse_policy(POLICY)
 
 
 def validating(target: Target, policies: PolicySet = POLICIES) -> list[dict[str, Any]]:
-    return [o for o in generate(policies, target).objects if o["kind"].startswith("Validating")]
+    """The validating policies and their bindings, with GPUPolicy/default when they read it."""
+    generated = generate(policies, target)
+    param = [generated.policy_object] if generated.policy_object else []
+    return [o for o in generated.objects if o["kind"].startswith("Validating")] + param
 
 
 def compatibility(target: Target) -> str:

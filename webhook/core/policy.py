@@ -471,6 +471,8 @@ class PolicySet:
     document: Mapping[str, Any]
     # excludeNamespaces: no engine looks at objects there
     excluded: frozenset[str] = frozenset(EXCLUDED_NAMESPACES)
+    # the document as written, before defaults: what a GPUPolicy's spec holds
+    written: Mapping[str, Any] = field(default_factory=dict)
 
     def excludes(self, namespace: str | None) -> bool:
         """Whether objects of ``namespace`` are left alone by every engine (``excludeNamespaces``)."""
@@ -744,7 +746,7 @@ def build_policy(document: object, source: str = "policy", *, schema_checked: bo
     }
     excluded = frozenset(merged["excludeNamespaces"])
     return PolicySet(default=default, by_namespace=by_namespace, document={**merged, "namespaces": overlays},
-                     excluded=excluded)
+                     excluded=excluded, written=copy.deepcopy(dict(document)))
 
 
 def _at(mark: Any, first_line: int) -> str:

@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
 from webhook import __version__
+from webhook.core import gpupolicy
 from webhook.core.policy import PolicySet
-from webhook.native import claims, kinds, mutations, params, pods
+from webhook.native import celtext, claims, kinds, mutations, params, pods
 from webhook.native.celtext import boolean, layout, lit
 from webhook.native.findings import SEPARATOR, Dialect, Finding, exists, found, joined, keys, variable
 from webhook.native.rules import BUILDERS, native_rules, setting, webhook_rules
@@ -70,6 +71,8 @@ class Generated:
     target: Target = DEFAULT
     webhook_only: list[tuple[str, str]] = field(default_factory=list)
     native: list[str] = field(default_factory=list)
+    # live: GPUPolicy/default holding the policy as written, which the objects read through params
+    policy_object: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -193,8 +196,8 @@ def _validating_policies(name: str, policies: PolicySet, family: Family, action:
                          ) -> list[tuple[dict[str, Any], list[str]]]:
     """The policies of ``family`` holding the rules that are ``action`` somewhere. ``mode``: INLINE, every rule with
     the policy's values written in; LIVE, every rule but the seed's, reading the values through params; SEED, the
-    seed's rules alone, without params. The rules go into as few policies as keep each within :data:`MAX_BYTES`,
-    in the catalog's order: ``name``, then ``name-2``, ``name-3``."""
+    seed's rules alone, without params. Live and seed, the rules go into as few policies as keep each within
+    :data:`MAX_BYTES`, in the catalog's order: ``name``, then ``name-2``, ``name-3``."""
     ctx = _ctx(policies, target, family.typed, live=mode == LIVE)
     rules = _rules(ctx, family, action, target, only=params.SEED if mode == SEED else None,
                    skip=params.SEED if mode == LIVE else ())
@@ -207,7 +210,7 @@ def _validating_policies(name: str, policies: PolicySet, family: Family, action:
     def halves(part: list[RuleCel]) -> list[dict[str, Any]]:
         """``part`` in one policy, or cut in two where the rules' own CEL is half of it, until each fits."""
         policy = build(part)
-        if len(part) == 1 or size(_laid_out(policy)) <= MAX_BYTES:
+        if len(part) == 1 or _laid_out_size(policy) <= MAX_BYTES:
             return [policy]
         total, running, cut = sum(weights[id(r)] for r in part), 0, 1
         for i, r in enumerate(part[:-1], 1):
@@ -219,13 +222,14 @@ def _validating_policies(name: str, policies: PolicySet, family: Family, action:
 
     weights = {id(r): len(r.test) + len(r.found) + len(r.keys) for r in rules}
     whole = build(rules)
-    if len(rules) == 1 or size(_laid_out(whole)) <= MAX_BYTES:
+    # Inline keeps the policies as they always were: one per family and action.
+    if mode == INLINE or len(rules) == 1 or _laid_out_size(whole) <= MAX_BYTES:
         packed = [whole]
     else:
         # Bytes per character of a rule's CEL and the bytes every policy of the family holds, from the whole
         # family and its first rule alone; then rules in order while the estimate fits.
-        first = size(_laid_out(build(rules[:1])))
-        scale = (size(_laid_out(whole)) - first) / max(1, sum(weights.values()) - weights[id(rules[0])])
+        first = _laid_out_size(build(rules[:1]))
+        scale = (_laid_out_size(whole) - first) / max(1, sum(weights.values()) - weights[id(rules[0])])
         base = first - weights[id(rules[0])] * scale
         bins: list[list[RuleCel]] = [[]]
         for r in rules:
@@ -245,6 +249,11 @@ def _validating_policies(name: str, policies: PolicySet, family: Family, action:
 def size(obj: Mapping[str, Any]) -> int:
     """An object's size as JSON, as kubectl's last-applied annotation stores it."""
     return len(json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def _laid_out_size(policy: Mapping[str, Any]) -> int:
+    """``policy``'s size once its CEL is laid out on short lines, as it is written out."""
+    return size(_laid_out(policy, celtext.layout))
 
 
 def _validating_policy(name: str, policies: PolicySet, family: Family, action: str, ctx: Ctx, target: Target,
@@ -447,19 +456,27 @@ def generate(policies: PolicySet, target: Target = DEFAULT) -> Generated:
                                              mode))
                     native.extend(r for r in rules if r not in native)
     objects.extend(_mutating_policy(policies, exclude, target))
-    return Generated(_laid_out(objects), target, _left_to_webhook(policies, target, all_kinds, custom_kinds), native)
+    return Generated(_laid_out(objects), target, _left_to_webhook(policies, target, all_kinds, custom_kinds), native,
+                     policy_object(policies) if live(policies) else None)
+
+
+def policy_object(policies: PolicySet) -> dict[str, Any]:
+    """GPUPolicy/default with the policy as written for its spec."""
+    return {"apiVersion": gpupolicy.API_VERSION, "kind": gpupolicy.KIND,
+            "metadata": {"name": gpupolicy.NAME, "labels": dict(LABELS)}, "spec": dict(policies.written)}
 
 
 # The fields of the objects that hold CEL.
 CEL_FIELDS = ("expression", "messageExpression")
 
 
-def _laid_out(value: Any) -> Any:
+def _laid_out(value: Any, lay: Callable[[str], str] | None = None) -> Any:
     """Every CEL field of ``value`` (objects, lists, maps) laid out on short lines (``celtext.layout``)."""
+    lay = lay or layout
     if isinstance(value, list):
-        return [_laid_out(v) for v in value]
+        return [_laid_out(v, lay) for v in value]
     if isinstance(value, dict):
-        return {k: layout(v) if k in CEL_FIELDS and isinstance(v, str) else _laid_out(v) for k, v in value.items()}
+        return {k: lay(v) if k in CEL_FIELDS and isinstance(v, str) else _laid_out(v, lay) for k, v in value.items()}
     return value
 
 

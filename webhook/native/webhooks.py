@@ -152,7 +152,10 @@ def taint_keys(policies: PolicySet) -> list[str]:
 
 
 def checks_on(policies: PolicySet, rules: Iterable[str]) -> bool:
-    """One of ``rules`` is on in the policy or a namespace."""
+    """One of ``rules`` is on in the policy or a namespace; always, when the policy is read live
+    (``nativePolicies.params``, not inline): an edit may turn one on without the chart."""
+    if (policies.document.get("nativePolicies") or {}).get("params", "live") != "inline":
+        return True
     every = [policies.default, *policies.by_namespace.values()]
     return any(p.checks(rule) for p in every for rule in rules)
 
@@ -350,7 +353,7 @@ def template() -> str:
         "{{- $policy := .root.Values.policy | default dict }}\n"
         "{{- $global := $policy.checks | default dict }}\n"
         f"{{{{- $defaultOff := {_helm_list(default_off)} }}}}\n"
-        "{{- $on := false }}\n"
+        "{{- $on := ne ((($policy.nativePolicies | default dict).params) | default \"live\") \"inline\" }}\n"
         "{{- range $key := .keys }}\n"
         "{{- if hasKey $global $key }}{{ if not (include \"gpu-webhook.webhooks.isOff\" (get $global $key)) }}"
         "{{ $on = true }}{{ end }}\n"

@@ -96,7 +96,7 @@ policy or a namespace (webhooks.checks_on). */}}
 {{- $policy := .root.Values.policy | default dict }}
 {{- $global := $policy.checks | default dict }}
 {{- $defaultOff := list }}
-{{- $on := false }}
+{{- $on := ne ((($policy.nativePolicies | default dict).params) | default "live") "inline" }}
 {{- range $key := .keys }}
 {{- if hasKey $global $key }}{{ if not (include "gpu-webhook.webhooks.isOff" (get $global $key)) }}{{ $on = true }}{{ end }}
 {{- else if not (has $key $defaultOff) }}{{ $on = true }}{{ end }}
