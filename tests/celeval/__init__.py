@@ -43,6 +43,8 @@ class Request:
     operation: str = "CREATE"
     old: Mapping[str, Any] | None = None
     id: str = ""
+    # The param informer's trouble for this request: True or "unsynced", "unknown" (tests/celeval/main.go).
+    params_unavailable: bool | str = False
 
     def to_json(self) -> dict[str, Any]:
         api = str(self.obj["apiVersion"])
@@ -52,7 +54,7 @@ class Request:
                 "name": self.obj.get("metadata", {}).get("name", ""),
                 "kind": {"group": group, "version": version, "kind": kind},
                 "resource": {"group": group, "version": version, "resource": PLURALS[kind]},
-                "object": self.obj, "oldObject": self.old}
+                "object": self.obj, "oldObject": self.old, "paramsUnavailable": self.params_unavailable}
 
 
 @dataclass
@@ -74,10 +76,12 @@ class Evaluation:
 
 
 def evaluate(objects: Sequence[Mapping[str, Any]], requests: Sequence[Request], compatibility: str = "",
-             timeout: float = 120) -> Evaluation:
+             timeout: float = 120, param_kinds: Sequence[Mapping[str, str]] = ()) -> Evaluation:
     """Every request through the policies, as an apiserver whose new expressions get the CEL environment of
-    ``compatibility`` (its minor minus one; the library's default when empty) would admit it."""
-    document = {"compatibility": compatibility, "objects": list(objects),
+    ``compatibility`` (its minor minus one; the library's default when empty) would admit it. ``objects`` may
+    hold params (any object outside admissionregistration.k8s.io); ``param_kinds`` declares the scope of a param
+    kind without objects ({"apiVersion", "kind", "scope": "Namespaced" or "Cluster"})."""
+    document = {"compatibility": compatibility, "objects": list(objects), "paramKinds": list(param_kinds),
                 "requests": [dict(r.to_json(), id=r.id or str(n)) for n, r in enumerate(requests)]}
     done = subprocess.run([str(binary())], input=json.dumps(document), capture_output=True, text=True,
                           timeout=timeout, check=False)

@@ -8,18 +8,38 @@
 //	 "requests": [{"id": "...", "operation": "CREATE", "namespace": "ns", "name": "x",
 //	               "kind": {"group": "", "version": "v1", "kind": "Pod"},
 //	               "resource": {"group": "", "version": "v1", "resource": "pods"},
-//	               "object": {...}, "oldObject": {...} or null}]}
+//	               "object": {...}, "oldObject": {...} or null,
+//	               "paramsUnavailable": true | "unsynced" | "unknown"}],   // optional, overrides the top-level one
+//	 "paramKinds": [{"apiVersion": "example.com/v1", "kind": "Limits", "scope": "Namespaced" | "Cluster"}],
+//	 "paramsUnavailable": true | "unsynced" | "unknown"}               // optional, every request
 //
 // and writes one JSON document: each expression that does not compile in that environment, and per request
 // what the apiserver's admission would do with it: the MutatingAdmissionPolicies first (reinvocation aside), then
 // the ValidatingAdmissionPolicies on the mutated object, each through its bindings (resource rules, operations,
 // and a namespaceSelector read against the namespace's kubernetes.io/metadata.name label), with the messages,
 // warnings and CEL cost the apiserver would have.
+//
+// Params, as the apiserver's dispatchers collect them (k8s.io/apiserver generic.CollectParams): the objects of
+// "objects" outside admissionregistration.k8s.io are the cluster's other objects; those whose apiVersion and kind
+// are a policy's paramKind are its params (cluster-scoped when they have no metadata.namespace). A param kind's
+// scope is read from its objects; "paramKinds" declares it for a kind without objects (default Namespaced, as a
+// CRD's). A binding's paramRef picks by name (one object) or selector (each match, each evaluated); with no
+// namespace, a namespaced kind is looked up in the request's namespace (a cluster-scoped request: a configuration
+// error). A policy without paramKind ignores its binding's paramRef; a binding without paramRef evaluates with
+// params null. No param found: parameterNotFoundAction Deny is a configuration error, otherwise the binding is
+// skipped, shown as a decision with evaluation "skipped" (validating bindings; a skipped mutating binding just
+// does not mutate). Configuration errors go through the policy's failurePolicy as the dispatchers do: Fail refuses
+// with the apiserver's message (whatever the binding's validationActions), Ignore admits; either way a validating
+// one shows as a decision with evaluation "error", a mutating one in "errors". "paramsUnavailable" stands for the
+// param informer's troubles: true or "unsynced", the kind not yet synced (an error of each binding with a
+// paramRef); "unknown", the kind has no resource (an error of the policy itself). Each validating decision made
+// with a param names it in "param" ("namespace/name" or "name").
 package main
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -46,6 +66,7 @@ import (
 	"k8s.io/apiserver/pkg/admission/plugin/webhook/matchconditions"
 	celconfig "k8s.io/apiserver/pkg/apis/cel"
 	"k8s.io/apiserver/pkg/cel/environment"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 )
 
@@ -54,6 +75,35 @@ type input struct {
 	Repeat        int                      `json:"repeat"` // admit each request this many times, for its time
 	Objects       []map[string]interface{} `json:"objects"`
 	Requests      []request                `json:"requests"`
+	ParamKinds    []paramKindScope         `json:"paramKinds"`        // the scope of a param kind without objects
+	Unavailable   unavailable              `json:"paramsUnavailable"` // the param informers' trouble, every request
+}
+
+type paramKindScope struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Scope      string `json:"scope"` // Namespaced or Cluster
+}
+
+// unavailable: "" (params as the objects say), "unsynced" (the param kind's informer has not synced) or "unknown"
+// (the param kind has no resource); JSON true is "unsynced".
+type unavailable string
+
+func (u *unavailable) UnmarshalJSON(data []byte) error {
+	var flag bool
+	if json.Unmarshal(data, &flag) == nil {
+		*u = ""
+		if flag {
+			*u = "unsynced"
+		}
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(data, &s); err != nil || (s != "" && s != "unsynced" && s != "unknown") {
+		return fmt.Errorf(`paramsUnavailable: true, false, "unsynced" or "unknown", not %s`, data)
+	}
+	*u = unavailable(s)
+	return nil
 }
 
 type request struct {
@@ -65,6 +115,8 @@ type request struct {
 	Resource  metav1.GroupVersionResource `json:"resource"`
 	Object    map[string]interface{}      `json:"object"`
 	OldObject map[string]interface{}      `json:"oldObject"`
+	// Unavailable: the param informers' trouble for this request (overrides the top-level one when set).
+	Unavailable unavailable `json:"paramsUnavailable"`
 }
 
 type compileError struct {
@@ -76,8 +128,9 @@ type compileError struct {
 type decision struct {
 	Policy     string `json:"policy"`
 	Binding    string `json:"binding"`
-	Evaluation string `json:"evaluation"` // admit, deny, error
+	Evaluation string `json:"evaluation"` // admit, deny, error; skipped: no param found (parameterNotFoundAction Allow)
 	Message    string `json:"message,omitempty"`
+	Param      string `json:"param,omitempty"` // the param evaluated with: "namespace/name", or "name" (cluster-scoped)
 }
 
 type result struct {
@@ -134,6 +187,10 @@ func run(in io.Reader, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := set.scopeParams(doc.ParamKinds); err != nil {
+		return err
+	}
+	set.unavailable = doc.Unavailable
 	res := output{Compatibility: fmt.Sprintf("%d.%d", compat.Major(), compat.Minor()), CompileErrors: set.errors,
 		Results: []result{}}
 	for _, r := range doc.Requests {
@@ -176,6 +233,142 @@ type policySet struct {
 	maps        []mapolicy
 	mapBindings []*admissionregistrationv1.MutatingAdmissionPolicyBinding
 	errors      []compileError
+	params      map[string][]param // the objects of each kind (kindKey) outside admissionregistration.k8s.io
+	clusterKind map[string]bool    // the param kinds that are cluster-scoped
+	unavailable unavailable
+}
+
+// param: an object a binding's paramRef may pick, in the two forms the apiserver's dispatchers pass to CEL.
+type param struct {
+	namespace, name string
+	labels          labels.Set
+	// informer: as the param informer serves it (a built-in kind typed and without apiVersion/kind, as the
+	// mutating dispatcher passes it); typed: with apiVersion and kind, as the validating dispatcher wraps it.
+	informer, typed runtime.Object
+}
+
+func (p param) key() string {
+	if p.namespace == "" {
+		return p.name
+	}
+	return p.namespace + "/" + p.name
+}
+
+func kindKey(apiVersion, kind string) string { return apiVersion + ", Kind=" + kind }
+
+func newParam(obj map[string]interface{}, apiVersion, kind string) (param, error) {
+	u := &unstructured.Unstructured{Object: obj}
+	p := param{namespace: u.GetNamespace(), name: u.GetName(), labels: labels.Set(u.GetLabels()), informer: u, typed: u}
+	gv, err := schema.ParseGroupVersion(apiVersion)
+	if err != nil {
+		return p, err
+	}
+	if typed, err := clientgoscheme.Scheme.New(gv.WithKind(kind)); err == nil {
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj, typed); err != nil {
+			return p, err
+		}
+		typed.GetObjectKind().SetGroupVersionKind(schema.GroupVersionKind{})
+		wrapped, err := runtime.DefaultUnstructuredConverter.ToUnstructured(typed)
+		if err != nil {
+			return p, err
+		}
+		wrapped["apiVersion"], wrapped["kind"] = apiVersion, kind
+		p.informer, p.typed = typed, &unstructured.Unstructured{Object: wrapped}
+	}
+	return p, nil
+}
+
+// scopeParams: each param kind's scope, from its objects (all namespaced or all not) or as declared.
+func (s *policySet) scopeParams(declared []paramKindScope) error {
+	s.clusterKind = map[string]bool{}
+	for _, d := range declared {
+		if d.Scope != "Namespaced" && d.Scope != "Cluster" {
+			return fmt.Errorf("paramKinds: %s %s: scope Namespaced or Cluster, not %q", d.APIVersion, d.Kind, d.Scope)
+		}
+		s.clusterKind[kindKey(d.APIVersion, d.Kind)] = d.Scope == "Cluster"
+	}
+	for key, objects := range s.params {
+		namespaced := 0
+		for _, p := range objects {
+			if p.namespace != "" {
+				namespaced++
+			}
+		}
+		cluster := namespaced == 0
+		if namespaced != 0 && namespaced != len(objects) {
+			return fmt.Errorf("objects of %s: some namespaced and some not", key)
+		}
+		if declared, ok := s.clusterKind[key]; ok && declared != cluster {
+			return fmt.Errorf("paramKinds: %s: the scope declared is not its objects'", key)
+		}
+		s.clusterKind[key] = cluster
+	}
+	return nil
+}
+
+// collectParams: the params of one binding of a policy, as generic.CollectParams finds them: a nil param when
+// the policy has no paramKind or the binding no paramRef; none when none is found and the binding allows that.
+func (s *policySet) collectParams(kind *admissionregistrationv1.ParamKind, ref *admissionregistrationv1.ParamRef,
+	namespace string, trouble unavailable) ([]param, error) {
+	if kind == nil || ref == nil {
+		return []param{{}}, nil
+	}
+	key := kindKey(kind.APIVersion, kind.Kind)
+	cluster := s.clusterKind[key]
+	in := ""
+	if !cluster {
+		in = namespace
+		if ref.Namespace != "" {
+			in = ref.Namespace
+		} else if in == "" {
+			return nil, errors.New("cannot use namespaced paramRef in policy binding that matches cluster-scoped resources")
+		}
+	}
+	if trouble == "unsynced" {
+		return nil, fmt.Errorf("paramKind kind `%v` not yet synced to use for admission", kind.String())
+	}
+	var found []param
+	switch {
+	case ref.Namespace != "" && cluster:
+		return nil, errors.New("paramRef.namespace must not be provided for a cluster-scoped `paramKind`")
+	case ref.Name != "":
+		if ref.Selector != nil {
+			return nil, errors.New("paramRef.name and paramRef.selector are mutually exclusive")
+		}
+		for _, p := range s.params[key] {
+			if p.namespace == in && p.name == ref.Name {
+				found = []param{p}
+			}
+		}
+	case ref.Selector != nil:
+		selector, err := metav1.LabelSelectorAsSelector(ref.Selector)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range s.params[key] {
+			if p.namespace == in && selector.Matches(p.labels) {
+				found = append(found, p)
+			}
+		}
+		sort.Slice(found, func(i, j int) bool { return found[i].key() < found[j].key() })
+	default:
+		return nil, errors.New("one of name or selector must be provided")
+	}
+	if len(found) == 0 && ref.ParameterNotFoundAction != nil &&
+		*ref.ParameterNotFoundAction == admissionregistrationv1.DenyAction {
+		return nil, errors.New("no params found for policy binding with `Deny` parameterNotFoundAction")
+	}
+	return found, nil
+}
+
+// unknownParamKind: the configuration error of a policy whose paramKind has no resource.
+func unknownParamKind(kind *admissionregistrationv1.ParamKind) error {
+	gv, _ := schema.ParseGroupVersion(kind.APIVersion)
+	return fmt.Errorf("failed to find resource referenced by paramKind: '%v'", gv.WithKind(kind.Kind))
+}
+
+func fails(policy *admissionregistrationv1.FailurePolicyType) bool {
+	return policy == nil || *policy != admissionregistrationv1.Ignore
 }
 
 func convert(obj map[string]interface{}, into interface{}) error {
@@ -188,12 +381,18 @@ func convert(obj map[string]interface{}, into interface{}) error {
 }
 
 func load(objects []map[string]interface{}, envs *environment.EnvSet) (*policySet, error) {
-	set := &policySet{errors: []compileError{}}
+	set := &policySet{errors: []compileError{}, params: map[string][]param{}}
 	for _, obj := range objects {
 		kind, _ := obj["kind"].(string)
 		apiVersion, _ := obj["apiVersion"].(string)
 		if !strings.HasPrefix(apiVersion, "admissionregistration.k8s.io/") {
-			return nil, fmt.Errorf("%s %s: not an admissionregistration.k8s.io object", apiVersion, kind)
+			// Another object of the cluster: a param, if a policy's paramKind names its kind.
+			p, err := newParam(obj, apiVersion, kind)
+			if err != nil || apiVersion == "" || kind == "" || p.name == "" {
+				return nil, fmt.Errorf("%s %s %q: not an object a param can be (%v)", apiVersion, kind, p.name, err)
+			}
+			set.params[kindKey(apiVersion, kind)] = append(set.params[kindKey(apiVersion, kind)], p)
+			continue
 		}
 		// v1beta1 MutatingAdmissionPolicies carry the same fields as v1: read both into the v1 types.
 		switch kind {
@@ -457,53 +656,109 @@ func (s *policySet) admit(r request) result {
 		Resource: r.Resource.Resource}
 	obj := r.Object
 	ns := namespaceObject(r)
-	// Mutating policies first, in order, each through each of its bindings.
-	for _, m := range s.maps {
+	trouble := s.unavailable
+	if r.Unavailable != "" {
+		trouble = r.Unavailable
+	}
+	// Mutating policies first, in order: as the generic dispatcher, the params of every matching binding are
+	// collected (their configuration errors noted) before the invocations (policy, binding, param) run.
+	type invocation struct {
+		m       *mapolicy
+		binding *admissionregistrationv1.MutatingAdmissionPolicyBinding
+		param   runtime.Object
+	}
+	var invocations []invocation
+	var refusals []string // the errors under failurePolicy Fail, in the dispatcher's order
+	configError := func(m *mapolicy, binding string, err error) {
+		var message string
+		if binding == "" {
+			message = fmt.Sprintf("policy %q denied request: failed to configure policy: %v", m.policy.Name, err)
+		} else {
+			message = fmt.Sprintf("policy '%s' with binding '%s' denied request: failed to configure binding: %v",
+				m.policy.Name, binding, err)
+		}
+		res.Errors = append(res.Errors, fmt.Sprintf("%s: %s", m.policy.Name, message))
+		if fails(m.policy.Spec.FailurePolicy) {
+			refusals = append(refusals, message)
+		}
+	}
+	for i := range s.maps {
+		m := &s.maps[i]
 		if !resourcesMatch(m.policy.Spec.MatchConstraints, r, obj) {
+			continue
+		}
+		bound := false
+		for _, b := range s.mapBindings {
+			bound = bound || b.Spec.PolicyName == m.policy.Name
+		}
+		if bound && m.policy.Spec.ParamKind != nil && trouble == "unknown" {
+			configError(m, "", unknownParamKind(m.policy.Spec.ParamKind))
 			continue
 		}
 		for _, b := range s.mapBindings {
 			if b.Spec.PolicyName != m.policy.Name || !resourcesMatch(b.Spec.MatchResources, r, obj) {
 				continue
 			}
-			va := attributes(r, obj, r.OldObject)
-			if m.matcher != nil {
-				matched := m.matcher.Match(ctx, va, nil, nil)
-				if matched.Error != nil {
-					res.Errors = append(res.Errors, fmt.Sprintf("%s: matchConditions: %v", m.policy.Name, matched.Error))
-					continue
-				}
-				if !matched.Matches {
-					continue
-				}
+			params, err := s.collectParams(m.policy.Spec.ParamKind, b.Spec.ParamRef, r.Namespace, trouble)
+			if err != nil {
+				configError(m, b.Name, err)
+				continue
 			}
-			// As the apiserver's dispatcher does: one composition context per policy evaluation.
-			evalCtx := m.compiler.CreateContext(ctx)
-			for _, p := range m.patchers {
-				patched, err := p.Patch(evalCtx, patch.Request{MatchedResource: gvr, VersionedAttributes: va,
-					ObjectInterfaces: objectInterfaces, Namespace: ns}, celconfig.RuntimeCELCostBudget)
-				if err != nil {
-					res.Errors = append(res.Errors, fmt.Sprintf("%s: %v", m.policy.Name, err))
-					if m.policy.Spec.FailurePolicy == nil || *m.policy.Spec.FailurePolicy == admissionregistrationv1.Fail {
-						res.Allowed = false
-						res.Message = fmt.Sprintf("policy '%s' with binding '%s' denied request: %v", m.policy.Name,
-							b.Name, err)
-						return res
-					}
-					continue
-				}
-				u, ok := patched.(*unstructured.Unstructured)
-				if !ok {
-					res.Errors = append(res.Errors, fmt.Sprintf("%s: patched object of type %T", m.policy.Name, patched))
-					continue
-				}
-				obj = u.Object
-				va = attributes(r, obj, r.OldObject)
-				res.Mutated = obj
+			for _, p := range params {
+				invocations = append(invocations, invocation{m, b, p.informer})
 			}
 		}
 	}
+	for _, inv := range invocations {
+		m, b := inv.m, inv.binding
+		va := attributes(r, obj, r.OldObject)
+		if m.matcher != nil {
+			matched := m.matcher.Match(ctx, va, inv.param, nil)
+			if matched.Error != nil {
+				res.Errors = append(res.Errors, fmt.Sprintf("%s: matchConditions: %v", m.policy.Name, matched.Error))
+				continue
+			}
+			if !matched.Matches {
+				continue
+			}
+		}
+		// As the apiserver's dispatcher does: one composition context per policy evaluation.
+		evalCtx := m.compiler.CreateContext(ctx)
+		for _, p := range m.patchers {
+			patched, err := p.Patch(evalCtx, patch.Request{MatchedResource: gvr, VersionedAttributes: va,
+				ObjectInterfaces: objectInterfaces, Namespace: ns,
+				OptionalVariables: plugincel.OptionalVariableBindings{VersionedParams: inv.param}},
+				celconfig.RuntimeCELCostBudget)
+			if err != nil {
+				res.Errors = append(res.Errors, fmt.Sprintf("%s: %v", m.policy.Name, err))
+				if fails(m.policy.Spec.FailurePolicy) {
+					refusals = append(refusals, fmt.Sprintf("policy '%s' with binding '%s' denied request: %v",
+						m.policy.Name, b.Name, err))
+					res.Allowed, res.Message = false, refusals[0]
+					return res
+				}
+				continue
+			}
+			u, ok := patched.(*unstructured.Unstructured)
+			if !ok {
+				res.Errors = append(res.Errors, fmt.Sprintf("%s: patched object of type %T", m.policy.Name, patched))
+				continue
+			}
+			obj = u.Object
+			va = attributes(r, obj, r.OldObject)
+			res.Mutated = obj
+		}
+	}
+	if len(refusals) > 0 {
+		res.Allowed, res.Message = false, refusals[0]
+		return res
+	}
 	// Then the validating policies on the (mutated) object.
+	refuse := func(message string) {
+		if res.Allowed {
+			res.Allowed, res.Message = false, message
+		}
+	}
 	for _, v := range s.vaps {
 		if !resourcesMatch(v.policy.Spec.MatchConstraints, r, obj) {
 			continue
@@ -515,35 +770,59 @@ func (s *policySet) admit(r request) result {
 			}
 		}
 		sort.Strings(names)
+		if len(names) > 0 && v.policy.Spec.ParamKind != nil && trouble == "unknown" {
+			message := fmt.Sprintf("failed to configure policy: %v", unknownParamKind(v.policy.Spec.ParamKind))
+			res.Decisions = append(res.Decisions, decision{Policy: v.policy.Name, Evaluation: "error", Message: message})
+			if fails(v.policy.Spec.FailurePolicy) {
+				refuse(fmt.Sprintf("ValidatingAdmissionPolicy '%s' denied request: %s", v.policy.Name, message))
+			}
+			continue
+		}
 		for _, name := range names {
 			b := s.vapBinding(name)
 			if !resourcesMatch(b.Spec.MatchResources, r, obj) {
 				continue
 			}
-			va := attributes(r, obj, r.OldObject)
-			got := v.validator.Validate(ctx, gvr, va, nil, ns, celconfig.RuntimeCELCostBudget, nil)
-			if len(got.Decisions) > 0 && !timing { // matchConditions let it through
-				res.Cost[v.policy.Name] += v.cost(ctx, gvr, va, ns)
-			}
-			for _, d := range got.Decisions {
-				dec := decision{Policy: v.policy.Name, Binding: b.Name, Evaluation: string(d.Evaluation),
-					Message: d.Message}
-				res.Decisions = append(res.Decisions, dec)
-				if d.Action == validating.ActionAdmit {
-					continue
+			params, err := s.collectParams(v.policy.Spec.ParamKind, b.Spec.ParamRef, r.Namespace, trouble)
+			if err != nil {
+				// A configuration error denies through failurePolicy alone, whatever the validationActions.
+				message := fmt.Sprintf("failed to configure binding: %v", err)
+				res.Decisions = append(res.Decisions, decision{Policy: v.policy.Name, Binding: b.Name,
+					Evaluation: "error", Message: message})
+				if fails(v.policy.Spec.FailurePolicy) {
+					refuse(fmt.Sprintf("ValidatingAdmissionPolicy '%s' with binding '%s' denied request: %s",
+						v.policy.Name, b.Name, message))
 				}
-				for _, action := range b.Spec.ValidationActions {
-					switch action {
-					case admissionregistrationv1.Deny:
-						if res.Allowed {
-							res.Allowed = false
-							res.Message = fmt.Sprintf("ValidatingAdmissionPolicy '%s' with binding '%s' denied request: %s",
-								v.policy.Name, b.Name, d.Message)
+				continue
+			}
+			if len(params) == 0 {
+				res.Decisions = append(res.Decisions, decision{Policy: v.policy.Name, Binding: b.Name,
+					Evaluation: "skipped", Message: "no params found; parameterNotFoundAction Allow"})
+				continue
+			}
+			va := attributes(r, obj, r.OldObject)
+			for _, p := range params {
+				got := v.validator.Validate(ctx, gvr, va, p.typed, ns, celconfig.RuntimeCELCostBudget, nil)
+				if len(got.Decisions) > 0 && !timing { // matchConditions let it through
+					res.Cost[v.policy.Name] += v.cost(ctx, gvr, va, ns, p.typed)
+				}
+				for _, d := range got.Decisions {
+					dec := decision{Policy: v.policy.Name, Binding: b.Name, Evaluation: string(d.Evaluation),
+						Message: d.Message, Param: p.key()}
+					res.Decisions = append(res.Decisions, dec)
+					if d.Action == validating.ActionAdmit {
+						continue
+					}
+					for _, action := range b.Spec.ValidationActions {
+						switch action {
+						case admissionregistrationv1.Deny:
+							refuse(fmt.Sprintf("ValidatingAdmissionPolicy '%s' with binding '%s' denied request: %s",
+								v.policy.Name, b.Name, d.Message))
+						case admissionregistrationv1.Warn:
+							res.Warnings = append(res.Warnings, fmt.Sprintf(
+								"Validation failed for ValidatingAdmissionPolicy '%s' with binding '%s': %s",
+								v.policy.Name, b.Name, d.Message))
 						}
-					case admissionregistrationv1.Warn:
-						res.Warnings = append(res.Warnings, fmt.Sprintf(
-							"Validation failed for ValidatingAdmissionPolicy '%s' with binding '%s': %s",
-							v.policy.Name, b.Name, d.Message))
 					}
 				}
 			}
@@ -691,15 +970,16 @@ func (s *policySet) vapBinding(name string) *admissionregistrationv1.ValidatingA
 // cost: the CEL cost of the policy's validations and then its messages, each in a fresh activation as the
 // apiserver's validator evaluates them (the validator itself does not report it). Zero when matchConditions skip.
 func (v vap) cost(ctx context.Context, gvr schema.GroupVersionResource, va *admission.VersionedAttributes,
-	ns *corev1.Namespace) int64 {
+	ns *corev1.Namespace, param runtime.Object) int64 {
 	request := plugincel.CreateAdmissionRequest(va.Attributes, metav1.GroupVersionResource(gvr),
 		metav1.GroupVersionKind(va.VersionedKind))
 	budget := int64(celconfig.RuntimeCELCostBudget)
-	_, left, err := v.validations.ForInput(ctx, va, request, plugincel.OptionalVariableBindings{}, ns, budget)
+	bindings := plugincel.OptionalVariableBindings{VersionedParams: param}
+	_, left, err := v.validations.ForInput(ctx, va, request, bindings, ns, budget)
 	if err != nil {
 		return -1
 	}
-	_, rest, err := v.messages.ForInput(ctx, va, request, plugincel.OptionalVariableBindings{}, ns, left)
+	_, rest, err := v.messages.ForInput(ctx, va, request, bindings, ns, left)
 	if err != nil {
 		return -1
 	}
