@@ -105,7 +105,15 @@ def of(name: str) -> str:
 
 
 def expression(name: str) -> str:
-    return value(LIVE[name])
+    """Value ``name`` typed as its default is (``params`` is dynamic, and some targets' type checks refuse a dynamic
+    branch beside a string one)."""
+    text = value(LIVE[name])
+    default = _default(LIVE[name])
+    if isinstance(default, str):
+        return f"string({text})"
+    if isinstance(default, int) and not isinstance(default, bool):
+        return f"int({text})"
+    return text
 
 
 def variables(texts: list[str], platform: str) -> list[tuple[str, str]]:
