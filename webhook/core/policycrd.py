@@ -143,8 +143,8 @@ def _rules(node: Mapping[str, Any], place: tuple[str, ...]) -> list[dict[str, An
         return [{"rule": "has(self.templates) || (has(self.resources) && has(self.kind))", "message": CUSTOM_KIND}]
     if place == ("resources", "*"):
         return [{"rule": "self.contains('/')", "messageExpression": f"\"'\" + self + \"' {NO_DOMAIN}\""}]
-    if place == ("accelerator",) or place == ("namespaces", "*", "accelerator"):
-        return [copy.deepcopy(_ACCELERATOR_RULE)] if place == ("accelerator",) else []
+    if place == ("accelerator",):
+        return [copy.deepcopy(_ACCELERATOR_RULE)]
     if place == ("namespaces",):
         return [{
             "rule": f"self.all(n, n.matches('{_NAMESPACE_PATTERN}') && size(n) <= 63)",
@@ -178,7 +178,9 @@ def as_spec(document: Mapping[str, Any]) -> dict[str, Any]:
     def quote(scope: Any, sections: Mapping[str, list[str]]) -> None:
         for section, keys in sections.items():
             values = scope.get(section) if isinstance(scope, dict) else None
-            for key in keys if isinstance(values, dict) else ():
+            if not isinstance(values, dict):
+                continue
+            for key in keys:
                 if values.get(key) is False:
                     values[key] = "off"
 
