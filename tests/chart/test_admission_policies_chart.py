@@ -26,7 +26,8 @@ def enabled(*flags: str, **more: Any) -> list[str]:
 
 
 def hooks(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [d for d in docs if "helm.sh/hook" in (d["metadata"].get("annotations") or {})]
+    """The admission-policies hooks (GPUPolicy/default is a hook too: test_gpupolicy_chart.py)."""
+    return [d for d in docs if "helm.sh/hook" in (d["metadata"].get("annotations") or {}) and d["kind"] != "GPUPolicy"]
 
 
 def conditions(docs: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -130,7 +131,10 @@ def test_hook_jobs_service_accounts_and_rbac(helm: Helm) -> None:
         assert binding["roleRef"]["name"] == kinds["ClusterRole"]["metadata"]["name"]
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
                                         "namespace": test_chart.NAMESPACE}]
-        (rule,) = kinds["ClusterRole"]["rules"]
+        rule, *rest = kinds["ClusterRole"]["rules"]
+        # the apply Job may also get GPUPolicies: a policy whose paramKind is GPUPolicy needs it
+        assert rest == ([] if hook == "pre-delete" else
+                        [{"apiGroups": ["gpu-webhook.io"], "resources": ["gpupolicies"], "verbs": ["get"]}])
         assert rule["apiGroups"] == ["admissionregistration.k8s.io"]
         assert set(rule["resources"]) == ADMISSION_RESOURCES
         args = pod["containers"][0]["args"]

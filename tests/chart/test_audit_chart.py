@@ -39,7 +39,9 @@ def pod_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def test_audit_is_off_by_default_and_adds_nothing(helm: Helm) -> None:
     docs = helm.template()
-    assert not {k for k, _ in kinds(docs)} & {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    rbac = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    # the GPUPolicy's (test_gpupolicy_chart.py) only
+    assert {name for kind, name in kinds(docs) if kind in rbac} <= {f"{FULLNAME}-policy", f"{FULLNAME}-policy-status"}
     assert not [a for a in container(docs)["args"] if a.startswith("--audit")]
     assert "kube-api-access" not in {v["name"] for v in pod_spec(docs)["volumes"]}
 
@@ -47,7 +49,7 @@ def test_audit_is_off_by_default_and_adds_nothing(helm: Helm) -> None:
 @pytest.mark.parametrize("args", [AUDIT, AUDIT_CUSTOM, READER], ids=["audit", "audit-custom", "reader"])
 def test_audit_renders_are_valid_kubernetes(helm: Helm, args: list[str]) -> None:
     for doc in helm.template(*args):
-        if doc["kind"] in ("Issuer", "Certificate", "ServiceMonitor"):
+        if doc["kind"] in ("Issuer", "Certificate", "ServiceMonitor", "GPUPolicy"):
             continue
         try:
             kubernetes_validate.validate(doc, KUBE_MINOR, strict=True)
@@ -131,7 +133,8 @@ def test_reader_cluster_role_is_read_only_and_bound_to_nobody(helm: Helm) -> Non
     assert {verb for rule in role["rules"] for verb in rule["verbs"]} == {"list"}
     assert role["rules"][:3] == POD_KINDS
     assert {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]} in role["rules"]
-    assert not [d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    assert not [d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")
+                and not d["metadata"]["name"].startswith(f"{FULLNAME}-policy")]  # the GPUPolicy's
     assert not [a for a in container(docs)["args"] if a.startswith("--audit")]
 
 

@@ -48,6 +48,7 @@ CRD_KINDS = {
     ("cert-manager.io/v1", "Issuer"),
     ("cert-manager.io/v1", "Certificate"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("gpu-webhook.io/v1alpha1", "GPUPolicy"),  # the chart's own: test_gpupolicy_chart.py and e2e check it
 }
 
 # The chart has no default image (it refuses to render without one): every render here names this one.
@@ -284,6 +285,13 @@ def test_kinds_per_cert_mode(helm: Helm) -> None:
         "PodDisruptionBudget",
         "MutatingWebhookConfiguration",
         "ValidatingWebhookConfiguration",
+        # the policy's custom resource, and the webhook's right to read it (templates/gpupolicy*.yaml, crd.yaml)
+        "CustomResourceDefinition",
+        "GPUPolicy",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
     }
     assert kinds("helm-certs") == common | {"Secret"}
     assert kinds("cert-manager") == common | {"Issuer", "Certificate"}
@@ -1142,9 +1150,10 @@ def test_notes_warn_about_test_settings_and_avoid_excluded_namespaces(helm: Helm
 
 
 def test_cluster_checks_bring_read_only_node_and_runtime_class_access_and_nothing_else(helm: Helm) -> None:
-    assert not {"ClusterRole", "ClusterRoleBinding"} & {d["kind"] for d in helm.template()}
+    reader = f"{FULLNAME}-cluster-reader"
+    assert not [d for d in helm.template() if d["metadata"]["name"] == reader]
     docs = helm.template(*values_args({"policy": {"cluster": {"enabled": True}}}))
-    role = one(docs, "ClusterRole")
+    role = one(docs, "ClusterRole", reader)
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["resource.k8s.io"],
@@ -1152,7 +1161,7 @@ def test_cluster_checks_bring_read_only_node_and_runtime_class_access_and_nothin
          "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["node.k8s.io"], "resources": ["runtimeclasses"], "verbs": ["get", "list", "watch"]},
     ]
-    binding = one(docs, "ClusterRoleBinding")
+    binding = one(docs, "ClusterRoleBinding", reader)
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     account = one(docs, "ServiceAccount")["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
@@ -1196,7 +1205,7 @@ def test_cluster_checks_mount_a_projected_token_where_the_client_looks(helm: Hel
     files = {f"{SA_DIR}/{path}" for path in ("token", "ca.crt", "namespace")}
     assert {incluster_config.SERVICE_TOKEN_FILENAME, incluster_config.SERVICE_CERT_FILENAME} <= files
     # The token belongs to the account the node-reader binding names.
-    binding = one(docs, "ClusterRoleBinding")
+    binding = one(docs, "ClusterRoleBinding", f"{FULLNAME}-cluster-reader")
     assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
 
 

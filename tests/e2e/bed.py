@@ -67,3 +67,10 @@ def wait_until_called(cluster: ControlPlane, timeout: float = 30) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"the webhook was never called: {result.stdout} {result.stderr}")
+
+
+def forget_policy_crd(kubectl) -> None:
+    """After ``helm uninstall`` on a test bed: delete the GPUPolicy CRD the chart keeps (helm.sh/resource-policy
+    keep) and, with it, GPUPolicy/default. Kept, it carries the uninstalled release's ownership, and Helm refuses
+    to install the chart again under another release name. ``kubectl``: a bed's kubectl (ControlPlane or NodeBed)."""
+    kubectl("delete", "crd", "gpupolicies.gpu-webhook.io", "--ignore-not-found")

@@ -57,7 +57,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from tests.e2e.bed import CHART
+from tests.e2e.bed import CHART, forget_policy_crd
 from tests.e2e.cluster import NO_PROXY_ENV, ControlPlane
 from tests.manifests import container, pod, seed_pod
 from tests.server import GPU_WEBHOOK, WebhookProcess, free_port, make_certs, metric_sum, start_webhook, wait_ready
@@ -152,6 +152,7 @@ def remove_release(helm: Helm, cluster: ControlPlane, name: str) -> None:
     helm("uninstall", name, "-n", NAMESPACE, "--ignore-not-found", check=False)
     for kind in KINDS:
         cluster.kubectl("delete", kind, "-l", f"app.kubernetes.io/instance={name}", "--ignore-not-found")
+    forget_policy_crd(cluster.kubectl)
 
 
 # --- certs.mode=secret through webhook.url --------------------------------------------------------------------
@@ -183,6 +184,7 @@ def test_secret_mode_through_webhook_url_admits_and_refuses_and_uninstalls(clust
 
         helm("uninstall", name, "-n", NAMESPACE)
         assert all(gone(cluster, kind, f"{name}-gpu-webhook") for kind in KINDS)
+        forget_policy_crd(cluster.kubectl)  # kept by helm; the next release has another name
         dry_run_until(cluster, CONFLICT, lambda r: r.returncode == 0)
     finally:
         server.stop()

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from cryptography import x509
 
-from tests.e2e.bed import CHART
+from tests.e2e.bed import CHART, forget_policy_crd
 from tests.e2e.node import NodeBed, until
 from tests.e2e.test_node_release import (
     NAMESPACE,
@@ -167,6 +167,7 @@ def release(node_bed: NodeBed, cert_manager, webhook_image: str, tmp_path_factor
         problems = []
         if installed:
             uninstall = bed.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout=90s")
+            forget_policy_crd(bed.kubectl)
             if uninstall.returncode:
                 problems.append(f"helm uninstall: {uninstall.stderr}")
         try:

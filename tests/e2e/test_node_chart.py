@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.e2e.bed import CHART
+from tests.e2e.bed import CHART, forget_policy_crd
 from tests.e2e.node import NodeBed, until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(480)]
@@ -37,6 +37,7 @@ def release(node_bed: NodeBed, webhook_image: str):
     print(f"node bed timings (s): { {k: round(v, 1) for k, v in node_bed.timings.items()} }")
     yield reference
     uninstall = node_bed.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout=90s")
+    forget_policy_crd(node_bed.kubectl)
     # The pod stops gracefully (preStop 5 s, the drain, its idle connections: about 26 s); deleted with the
     # namespace meanwhile, the namespace controller would recheck only after the whole grace period and more.
     until("the release's pod gone", lambda: not node_bed.kubectl_json("get", "pods", "-n", NAMESPACE)["items"], 90,

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.day_one import TENANT, Case, calico_node, device_plugin, operands, tenants
-from tests.e2e.bed import CHART
+from tests.e2e.bed import CHART, forget_policy_crd
 from tests.e2e.node import NodeBed, until
 from webhook.serving import certs
 
@@ -94,6 +94,7 @@ def release(node_bed: NodeBed, webhook_image: str, tmp_path_factory):
                         "--ignore-not-found", "--wait=false")
         bed.kubectl("label", "node", node, *(label.split("=")[0] + "-" for label in NODE_LABELS))
         bed.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout=90s")
+        forget_policy_crd(bed.kubectl)
         for case in agents():
             template = case.obj["spec"].get("template", {}).get("spec", {}) if case.kind != "Pod" else {}
             if case.namespace == "kube-system" and template.get("serviceAccountName"):

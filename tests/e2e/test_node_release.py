@@ -38,7 +38,7 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from tests.e2e.bed import CHART
+from tests.e2e.bed import CHART, forget_policy_crd
 from tests.e2e.cluster import NO_PROXY_ENV
 from tests.e2e.load import AdmissionLoad, LoadReport
 from tests.e2e.node import SYNC_FREQUENCY, NodeBed, until
@@ -237,6 +237,7 @@ def release(node_bed: NodeBed, webhook_image: str, tmp_path_factory):
         start = time.monotonic()
         if installed:
             uninstall = bed.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout=90s")
+            forget_policy_crd(bed.kubectl)
             if uninstall.returncode:
                 problems.append(f"helm uninstall: {uninstall.stderr}")
             FIGURES["helm uninstall --wait (s)"] = round(time.monotonic() - start, 1)

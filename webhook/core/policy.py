@@ -22,7 +22,7 @@ from typing import Any
 
 # jsonschema, PyYAML and difflib are imported where they are used: a serving process builds its policy without
 # them (webhook.serving.policies checks the schema in a child process), and what it imports stays in every worker.
-from webhook.core import catalog
+from webhook.core import catalog, gpupolicy
 from webhook.core import resources as registry
 from webhook.core.kinds import CustomKind, custom_kinds
 
@@ -718,14 +718,16 @@ def _policy(document: Mapping[str, Any], trusted: bool = False, accounts: frozen
     )
 
 
-def build_policy(document: object, source: str = "policy", *, schema_checked: bool = False) -> PolicySet:
+def build_policy(document: object, source: str = "policy", *, schema_checked: bool = False,
+                 within: str = "") -> PolicySet:
     """Validate a decoded policy document (``None`` means all defaults) and resolve it. ``schema_checked``: the
-    JSON schema has passed it already, in another process (every other check runs all the same)."""
+    JSON schema has passed it already, in another process (every other check runs all the same). ``within``:
+    where the policy lives in what was read (``spec`` of a GPUPolicy), named before each bad key."""
     if document is None:
         document = {}
     problems = _all_problems(document, schema_checked=schema_checked)
     if problems:
-        raise PolicyError(source, problems)
+        raise PolicyError(source, [_within(problem, within) for problem in problems])
     assert isinstance(document, Mapping)
     # Defaults, then the platform's labels and taints, then what the policy writes.
     merged = _merge(_merge(DEFAULTS, PLATFORMS[document.get("platform", DEFAULTS["platform"])]), document)
@@ -749,6 +751,14 @@ def build_policy(document: object, source: str = "policy", *, schema_checked: bo
                      excluded=excluded, written=copy.deepcopy(dict(document)))
 
 
+def _within(problem: str, prefix: str) -> str:
+    """A problem naming its key under ``prefix``: ``limits.perPod: ...`` as ``spec.limits.perPod: ...``."""
+    if not prefix:
+        return problem
+    top = "(top level): "
+    return f"{prefix}: {problem[len(top):]}" if problem.startswith(top) else f"{prefix}.{problem}"
+
+
 def _at(mark: Any, first_line: int) -> str:
     return f"line {mark.line + first_line + 1}, column {mark.column + 1}"
 
@@ -768,14 +778,36 @@ def yaml_error_line(exc: Exception, first_line: int = 0) -> str:
     return " ".join(": ".join(parts).split())
 
 
+def unwrap(document: object, source: str = "policy") -> tuple[object, str]:
+    """A decoded document's policy and the prefix of its keys: a GPUPolicy's ``spec`` (keys named ``spec.*``,
+    as the apiserver names them), else the document itself (no prefix). A document with ``apiVersion`` or
+    ``kind`` (neither is a policy key) must be a whole GPUPolicy of this API version."""
+    if not isinstance(document, Mapping) or ("apiVersion" not in document and "kind" not in document):
+        return document, ""
+    wanted = f"apiVersion {gpupolicy.API_VERSION} and kind {gpupolicy.KIND}"
+    written = f"apiVersion {_written(document.get('apiVersion'))} and kind {_written(document.get('kind'))}"
+    if document.get("apiVersion") != gpupolicy.API_VERSION or document.get("kind") != gpupolicy.KIND:
+        raise PolicyError(source, [f"{written}: not a policy (a policy file, or a GPUPolicy with {wanted})"])
+    if "spec" not in document:
+        raise PolicyError(source, [f"a {gpupolicy.KIND} without spec: its spec is the policy (spec: {{}} for the "
+                                   "defaults)"])
+    return document["spec"], "spec"
+
+
 def parse_policy(text: str, source: str = "policy", *, schema_checked: bool = False) -> PolicySet:
+    """The policy in ``text``: a policy file, or a GPUPolicy (``gpu-webhook.io/v1alpha1``) whose spec is one;
+    its problems name keys as written there (``spec.limits.perPod`` in a GPUPolicy)."""
     import yaml
 
     try:
-        document = yaml.load(text, Loader=_loader())  # a SafeLoader: keys as written
+        documents = [d for d in yaml.load_all(text, Loader=_loader()) if d is not None]  # keys as written
     except yaml.YAMLError as exc:
         raise PolicyError(source, [f"not valid YAML: {yaml_error_line(exc)}"]) from None
-    return build_policy(document, source, schema_checked=schema_checked)
+    if len(documents) > 1:
+        raise PolicyError(source, [f"{len(documents)} YAML documents: give one policy (a policy file, or one "
+                                   f"{gpupolicy.KIND})"])
+    document, within = unwrap(documents[0] if documents else None, source)
+    return build_policy(document, source, schema_checked=schema_checked, within=within)
 
 
 def load_policy(path: str | Path | None) -> PolicySet:

@@ -378,3 +378,11 @@ Whole seconds, rounded up, in a Go duration of the form values.schema.json allow
 {{- end }}
 {{- ceil $total | int }}
 {{- end }}
+
+{{/*
+crd.install, true when not set: `helm upgrade --reuse-values` from a chart without the value keeps the old
+values, which have no crd section.
+*/}}
+{{- define "gpu-webhook.crdInstall" -}}
+{{- if dig "install" true (.Values.crd | default dict) }}true{{ end }}
+{{- end }}

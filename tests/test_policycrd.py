@@ -1,0 +1,186 @@
+"""The GPUPolicy CRD (webhook.core.policycrd) and the GPUPolicy form of a policy file (core.policy.parse_policy).
+
+The schema is checked here in process: structural (what the apiserver demands of a CRD's schema), bounded, and
+accepting every valid policy we have. tests/e2e/test_gpupolicy_crd.py sends the same corpus to a real apiserver,
+CEL rules included."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.policy_corpus import INVALID, valid
+from webhook.core import gpupolicy
+from webhook.core.policy import SCHEMA, PolicyError, load_policy, parse_policy
+from webhook.core.policycrd import (
+    MAX_ITEMS,
+    MAX_NAMESPACES,
+    NAMESPACE_OFF_KEYS,
+    OFF_KEYS,
+    as_spec,
+    chart_helper,
+    crd,
+    spec_schema,
+)
+
+VALID = valid()
+# What a structural schema may not hold (apiextensions' structural schema rules) or the policy's JSON schema says
+# in a way the apiserver does not take.
+FORBIDDEN = {"uniqueItems", "anyOf", "oneOf", "allOf", "not", "$schema", "title", "const"}
+
+
+def nodes(node: Mapping[str, Any], path: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
+    yield path, node
+    for name, sub in node.get("properties", {}).items():
+        yield from nodes(sub, f"{path}.{name}")
+    if isinstance(node.get("additionalProperties"), Mapping):
+        yield from nodes(node["additionalProperties"], f"{path}[*]")
+    if "items" in node:
+        yield from nodes(node["items"], f"{path}[]")
+
+
+def test_the_crd_names_the_resource_of_core_gpupolicy():
+    definition = crd()
+    spec = definition["spec"]
+    assert definition["metadata"]["name"] == "gpupolicies.gpu-webhook.io"
+    assert (spec["group"], spec["scope"], spec["names"]["kind"], spec["names"]["plural"]) == (
+        gpupolicy.GROUP, "Cluster", gpupolicy.KIND, gpupolicy.PLURAL)
+    assert spec["names"]["shortNames"] == ["gpupol"]
+    [version] = spec["versions"]
+    assert (version["name"], version["served"], version["storage"]) == (gpupolicy.VERSION, True, True)
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns == {"Accepted": '.status.conditions[?(@.type=="Accepted")].status',
+                       "Webhook": ".status.webhook.observedGeneration",
+                       "Native": ".status.native.observedGeneration", "Age": ".metadata.creationTimestamp"}
+
+
+def test_the_spec_schema_is_structural_and_bounded():
+    for path, node in nodes(spec_schema()):
+        assert not FORBIDDEN & set(node), path
+        assert node.get("type") in {"object", "array", "string", "integer", "boolean"}, path
+        assert node.get("additionalProperties", {}) is not False, path
+        if node["type"] == "array":
+            assert 0 < node["maxItems"] <= MAX_ITEMS, path
+        if node["type"] == "object" and "additionalProperties" in node:
+            assert node["maxProperties"] == MAX_NAMESPACES, path
+        if node["type"] == "string":
+            assert "enum" in node or 0 < node["maxLength"] <= 1024, path
+            assert all(isinstance(value, str) for value in node.get("enum", ())), path
+
+
+def test_every_key_of_the_policy_schema_is_in_the_crd():
+    def keys(node: Mapping[str, Any], path: str = "") -> set[str]:
+        return {p for p, _ in nodes(node, path)}
+
+    assert keys(spec_schema()) == keys(SCHEMA)
+
+
+def test_settings_are_string_enums_with_off():
+    schema = spec_schema()
+    assert schema["properties"]["checks"]["properties"]["mixedGpuAndMig"]["enum"] == ["deny", "warn", "off"]
+    assert schema["properties"]["isolation"]["properties"]["hideGpus"]["enum"] == ["void", "none", "off"]
+    assert schema["properties"]["enforcement"]["enum"] == ["deny", "warn"]
+    assert "hideGpus" in OFF_KEYS["isolation"] and "zeroGpuLimit" in NAMESPACE_OFF_KEYS["checks"]
+    assert "enabled" not in OFF_KEYS["cluster"]
+
+
+@pytest.mark.parametrize("name", sorted(VALID))
+def test_the_crd_schema_accepts_every_valid_policy(name):
+    """The OpenAPI schema, read as JSON schema (the x-kubernetes-* keys are ignored; e2e runs the CEL)."""
+    spec = as_spec(VALID[name])
+    jsonschema.Draft4Validator(spec_schema()).validate(spec)
+    as_object, as_file = parse_policy(yaml.safe_dump(spec)), parse_policy(yaml.safe_dump(VALID[name]))
+    assert (as_object.default, as_object.by_namespace) == (as_file.default, as_file.by_namespace)  # the same rules
+
+
+# Refused by CEL rules or by strict field validation (unknown keys), not by the schema's keywords.
+BEYOND_KEYWORDS = {"typo", "namespace-not-a-label", "namespace-too-long", "default-not-allowed",
+                   "namespace-default-not-allowed", "no-domain", "custom-kind-without-templates"}
+
+
+@pytest.mark.parametrize("name", sorted(set(INVALID) - BEYOND_KEYWORDS))
+def test_the_crd_schema_refuses_what_it_can_say_without_cel(name):
+    spec, _, _ = INVALID[name]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft4Validator(spec_schema()).validate(spec)
+
+
+def test_as_spec_quotes_a_bare_off_of_settings_only():
+    document = {"checks": {"mixedGpuAndMig": False}, "cluster": {"enabled": False, "unknownAccelerator": False},
+                "isolation": {"hideGpus": False}, "tolerations": False,
+                "namespaces": {"a": {"checks": {"zeroGpuLimit": False}, "tolerations": False}}}
+    assert as_spec(document) == {
+        "checks": {"mixedGpuAndMig": "off"}, "cluster": {"enabled": False, "unknownAccelerator": "off"},
+        "isolation": {"hideGpus": "off"}, "tolerations": False,
+        "namespaces": {"a": {"checks": {"zeroGpuLimit": "off"}, "tolerations": False}}}
+    assert document["checks"]["mixedGpuAndMig"] is False  # a copy
+
+
+def test_the_chart_helper_names_every_setting_that_may_be_off():
+    helper = chart_helper()
+    for section, keys in {**OFF_KEYS, **NAMESPACE_OFF_KEYS}.items():
+        assert f'get $spec "{section}"' in helper and all(f'"{key}"' in helper for key in keys)
+
+
+# --- a GPUPolicy read as a policy file ----------------------------------------------------------------------------
+
+GPUPOLICY = """\
+apiVersion: gpu-webhook.io/v1alpha1
+kind: GPUPolicy
+metadata: {name: default}
+spec:
+"""
+
+
+def test_a_gpupolicy_document_is_read_as_its_spec():
+    text = GPUPOLICY + "  limits: {perPod: 3}\n  checks: {mixedGpuAndMig: 'off'}\n"
+    plain = "limits: {perPod: 3}\nchecks: {mixedGpuAndMig: 'off'}\n"
+    assert parse_policy(text).document == parse_policy(plain).document
+    assert parse_policy(GPUPOLICY).document == parse_policy("").document  # spec: (null) is the defaults
+
+
+def test_a_gpupolicy_with_status_is_read_as_its_spec():
+    text = GPUPOLICY + "  enforcement: warn\nstatus: {conditions: [], webhook: {observedGeneration: 1}}\n"
+    assert parse_policy(text).default.enforcement == "warn"
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    (GPUPOLICY + "  limits: {perPod: -1}\n", "spec.limits.perPod: -1 is less than the minimum of 0"),
+    (GPUPOLICY + "  checks: {cpuPodOnGPUNodes: warn}\n",
+     "spec.checks: unknown key(s) 'cpuPodOnGPUNodes' (did you mean 'cpuPodOnGpuNodes'?)"),
+    (GPUPOLICY + "  namespaces: {Research: {}}\n", "spec.namespaces: 'Research' is not a namespace name"),
+    (GPUPOLICY + "  accelerator: {allowed: [a], default: b}\n",
+     "spec.accelerator.default: 'b' is not in the allowed list ['a']"),
+    (GPUPOLICY + "  - a list\n", "spec: ['a list'] is not of type 'object'"),
+    ("apiVersion: gpu-webhook.io/v1beta1\nkind: GPUPolicy\nspec: {}\n",
+     "apiVersion gpu-webhook.io/v1beta1 and kind GPUPolicy: not a policy (a policy file, or a GPUPolicy with "
+     "apiVersion gpu-webhook.io/v1alpha1 and kind GPUPolicy)"),
+    ("apiVersion: v1\nkind: ConfigMap\ndata: {}\n", "apiVersion v1 and kind ConfigMap: not a policy"),
+    ("kind: GPUPolicy\nspec: {}\n", "apiVersion null and kind GPUPolicy: not a policy"),
+    ("apiVersion: gpu-webhook.io/v1alpha1\nkind: GPUPolicy\nmetadata: {name: default}\n",
+     "a GPUPolicy without spec: its spec is the policy (spec: {} for the defaults)"),
+    (GPUPOLICY + "  limits: {perPod: 1}\n---\n" + GPUPOLICY, "2 YAML documents: give one policy"),
+    ("limits: {perPod: 1}\n---\nlimits: {perPod: 2}\n", "2 YAML documents: give one policy"),
+])
+def test_a_bad_gpupolicy_is_one_clear_problem(text, problem):
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(text, "p.yaml")
+    assert any(problem in p for p in caught.value.problems), caught.value.problems
+
+
+def test_a_policy_file_keeps_its_own_key_names_and_one_document_with_separators_loads():
+    with pytest.raises(PolicyError) as caught:
+        parse_policy("limits: {perPod: -1}\n")
+    assert caught.value.problems == ["limits.perPod: -1 is less than the minimum of 0"]
+    assert parse_policy("---\nlimits: {perPod: 2}\n---\n").default.per_pod == 2
+
+
+def test_load_policy_reads_a_gpupolicy_file(tmp_path):
+    path = tmp_path / "gpupolicy.yaml"
+    path.write_text(GPUPOLICY + "  limits: {perContainer: 2}\n")
+    assert load_policy(path).default.per_container == 2
