@@ -33,7 +33,7 @@ FILE_SUFFIXES = ("md", "py", "yaml", "json", "crt", "key", "pem", "tpl")
 # Quoted code: ``x``, `x`, and Sphinx roles (:func:`~x.y`).
 QUOTED = re.compile(r"``([^`\s]+)``|(?<![`\w]):?[a-z]*:?`~?([^`\s]+)`(?!`)")
 DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
-PLAIN = re.compile(r"(?<![\w./])webhook(?:\.[A-Za-z_]\w*)+")
+PLAIN = re.compile(r"(?<![\w./-])webhook(?:\.[A-Za-z_]\w*)+")
 PATH = re.compile(r"(?<![\w./-])(?:tests|docs|charts|bench|webhook|examples)/[\w./-]*[\w]"
                   r"\.(?:py|md|tpl|yaml|json|go|sh)\b")
 

@@ -14,8 +14,8 @@ the status subresource, only when what it would write differs from the object's 
 
 - ``conditions``: ``Accepted`` (``True``; ``False`` with the problems of the spec refused, the last good policy
   still in force), in the shape of a metav1.Condition; conditions of other types are kept as they are.
-- ``webhook.observedGeneration``: the generation whose spec the webhook enforces (0: the fallback).
-- ``native.observedGeneration``: when the generated ValidatingAdmissionPolicyBindings exist, the generation the
+- ``status.webhook.observedGeneration``: the generation whose spec the webhook enforces (0: the fallback).
+- ``status.native.observedGeneration``: when the generated ValidatingAdmissionPolicyBindings exist, the generation the
   native policies enforce: ``metadata.generation`` when they read the object live (a ``paramRef``), else the
   generation they were generated from (annotation ``gpu-webhook.io/policy-generation``); absent otherwise.
 - ``rules``: which engine carries which rule on this cluster (discovered as ``admission-policies --apply``

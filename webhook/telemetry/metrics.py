@@ -110,18 +110,18 @@ AUDIT_REQUESTS = Gauge(
 )
 AUDIT_RUNS = Counter("gpu_webhook_audit_runs", "Audit runs by result (success or failure).", ["result"])
 
-# The live policy (serve --policy-object): each worker's view of GPUPolicy/default. "min" over workers: present
-# only when every worker sees the object, and the generation every worker enforces.
+# The live policy (serve --policy-object): each worker's view of GPUPolicy/default. "max" over the live processes
+# (every process that imports this module holds a 0 for an unlabelled gauge, so "min" would always read 0).
 POLICY_OBJECT_PRESENT = Gauge(
     "gpu_webhook_policy_object_present",
     "1 while the GPUPolicy the webhook reads exists; 0 while it is missing or not listed yet (the webhook then "
     "serves the last good policy, or the fallback).",
-    multiprocess_mode="livemin",
+    multiprocess_mode="livemax",
 )
 POLICY_GENERATION = Gauge(
     "gpu_webhook_policy_generation",
     "metadata.generation of the GPUPolicy whose spec the webhook enforces; 0 while it enforces the fallback.",
-    multiprocess_mode="livemin",
+    multiprocess_mode="livemax",
 )
 POLICY_STATUS_WRITES = Counter(
     "gpu_webhook_policy_status_writes",
