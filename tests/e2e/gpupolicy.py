@@ -64,7 +64,9 @@ def put_spec(kube: Kube, spec: dict[str, Any], name: str = gpupolicy.NAME) -> di
     if current is None:
         return kube.create(gpupolicy.PATH, {"apiVersion": gpupolicy.API_VERSION, "kind": gpupolicy.KIND,
                                             "metadata": {"name": name}, "spec": spec})
-    return kube.replace(path(name), {**current, "spec": spec})
+    # A JSON patch of the spec alone: no resourceVersion, so a status write in between is no conflict.
+    return kube.request("PATCH", path(name), None, [{"op": "add", "path": "/spec", "value": spec}],
+                        "application/json-patch+json")
 
 
 def delete(kube: Kube, name: str = gpupolicy.NAME) -> None:
