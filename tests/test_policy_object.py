@@ -309,3 +309,51 @@ def test_the_status_settings_round_trip():
     command = settings.command()
     assert command[1:3] == ["-m", "webhook.serving.policystatus"]
     assert StatusSettings.from_json(command[3]) == settings
+
+
+# -- the worker: readiness, and cluster checks decided by the policy in force after the first list --------------
+
+
+@pytest.fixture
+def worker(tmp_path, monkeypatch):
+    from tests.test_kube_client import kubeconfig
+    from webhook.serving import certs, server
+
+    paths = certs.write(certs.generate(["localhost"], days=1), str(tmp_path / "tls"))
+
+    def make(wait=60.0):
+        config = server.ServeConfig(cert_file=str(paths["cert"]), key_file=str(paths["key"]), policy_object="default",
+                                    kubeconfig=str(kubeconfig(tmp_path / "kubeconfig", "https://nowhere:6443")),
+                                    policy_object_wait=wait)
+        state = server._WorkerState(config)
+        assert state.live is not None
+        state.live._check = Checks()  # in-process: no child
+        return state
+
+    return make
+
+
+def test_a_worker_is_not_ready_before_its_first_list_and_then_serves_the_object(worker):
+    state = worker()
+    assert state.readiness() == "waiting for the first list of GPUPolicy/default"
+    assert state.served_policy() is state.policy.value  # the fallback, until the list answers
+    state.live.replace([gpupolicy(1, {"accelerator": {"allowed": ["nvidia-l4"]}})])
+    assert state.readiness() is None and state.cluster is None
+    assert list(state.served_policy().default.allowed) == ["nvidia-l4"]
+
+
+def test_the_first_list_decides_cluster_checks_and_a_later_toggle_takes_a_restart(worker, capsys):
+    state = worker()
+    state.live.replace([gpupolicy(1, {"cluster": {"enabled": True}})])
+    assert state.cluster is not None and len(state.informers) == 6
+    assert state.readiness().startswith("waiting for the first list of nodes")
+    state.live.apply("MODIFIED", gpupolicy(2, {"cluster": {"enabled": False}}))
+    assert state.cluster is not None  # still on
+    assert '"event":"policy_cluster_toggle"' in capsys.readouterr().err
+
+
+def test_the_wait_for_the_first_list_is_bounded(worker):
+    state = worker(wait=0.0)
+    assert state.readiness() is None
+    state._policy_wait_over()
+    assert state._cluster_decided and state.cluster is None  # by the fallback: the built-in defaults

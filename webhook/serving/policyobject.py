@@ -76,8 +76,8 @@ class PolicyObject:
 
     ``value`` is what decisions read: the object's last good policy, else ``fallback()``. ``on_swap`` is told of
     every policy swapped in (the worker logs a change of ``cluster.enabled``, which takes a restart);
-    ``on_change`` of every event (the status writer wakes on it). ``publish`` sets the metrics (the workers do;
-    the status process, which runs the same checks, does not count them twice)."""
+    ``on_change`` of every event (the status writer wakes on it). ``publish`` sets the metrics and logs what
+    happens (the workers do; the status process, which runs the same checks, neither counts nor says it twice)."""
 
     def __init__(
         self,
@@ -128,7 +128,7 @@ class PolicyObject:
             self._missing()
         first = not self.listed
         self.listed = True
-        if first:
+        if first and self.publish:
             logs.event("policy_object_listed", name=self.name, present=self.present, enforced=self.enforced,
                        serving=self._serving())
         self._publish()
@@ -160,7 +160,7 @@ class PolicyObject:
         with self._lock:
             self.obj = obj
             self.generation = generation
-            if not self.present and self.listed:
+            if not self.present and self.listed and self.publish:
                 logs.event("policy_object_found", name=self.name, generation=generation)
             self.present = True
         if text == self._checked:
@@ -178,9 +178,9 @@ class PolicyObject:
                 self._checked = text
                 self.problems = tuple(exc.problems) or (str(exc),)
                 self.refused = generation
-            logs.event("reload_failed", logging.ERROR, what="policy", source=source, error=str(exc),
-                       using=self._serving())
             if self.publish:
+                logs.event("reload_failed", logging.ERROR, what="policy", source=source, error=str(exc),
+                           using=self._serving())
                 metrics.safely(metrics.record_reload, "policy", False)
             return
         with self._lock:
@@ -189,8 +189,8 @@ class PolicyObject:
             self.enforced = generation
             self.problems = ()
             self.refused = 0
-        logs.event("reloaded", what="policy", source=source)
         if self.publish:
+            logs.event("reloaded", what="policy", source=source)
             metrics.safely(metrics.record_reload, "policy", True)
         self.on_swap(policy)
 
@@ -200,7 +200,7 @@ class PolicyObject:
             self.present = False
             self.obj = None
             self.generation = 0
-        if was:
+        if was and self.publish:
             logs.event("policy_object_missing", logging.WARNING, name=self.name, serving=self._serving(),
                        hint=f"kubectl get {gpupolicy.PLURAL}.{gpupolicy.GROUP} {self.name}")
 

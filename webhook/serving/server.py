@@ -191,6 +191,8 @@ class _WorkerState:
                 self._start_cluster()
         if self.live_informer is not None:
             self.live_informer.start()
+            # gpu_webhook_informer_stale{resource="gpupolicies"} and its age, like the cluster view's watches
+            report_forever([self.live_informer], self._stop)
             timer = threading.Timer(self.config.policy_object_wait, self._policy_wait_over)
             timer.daemon = True
             timer.start()
