@@ -604,6 +604,11 @@ ARGUMENT_ERRORS = [  # (id, arguments, the error line; the usage above it is the
      "gpu-webhook serve: error: argument --drain-seconds: '-1' is not a number of seconds (0 or more)"),
     ("an endless drain", ["serve", "--self-signed", "--drain-seconds", "inf"],
      "gpu-webhook serve: error: argument --drain-seconds: 'inf' is not a number of seconds (0 or more)"),
+    ("a status lease without the policy object", ["serve", "--self-signed", "--status-lease", "ns/lease"],
+     "gpu-webhook serve: error: --status-lease goes with --policy-object"),
+    ("a status lease that is no NAMESPACE/NAME", ["serve", "--self-signed", "--policy-object", "default",
+                                                 "--status-lease", "lease"],
+     "gpu-webhook serve: error: --status-lease takes NAMESPACE/NAME"),
     ("check in a namespace no namespace can be named", ["check", "--namespace", "Research", "f.yaml"],
      "gpu-webhook check: error: argument --namespace: 'Research' is not a namespace name (lowercase letters, digits "
      "and '-', at most 63)"),

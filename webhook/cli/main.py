@@ -113,6 +113,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--client-ca", help="require client certificates signed by this CA (PEM)")
     serve.add_argument("--policy", help="policy YAML file (watched; default: built-in defaults)")
+    serve.add_argument(
+        "--policy-object", metavar="NAME",
+        help="read the policy live from the cluster-scoped GPUPolicy NAME (the chart passes default): its spec, "
+        "watched and checked like a file; while it is missing, --policy or the built-in defaults. One replica "
+        "writes its status",
+    )
+    serve.add_argument(
+        "--status-lease", metavar="NAMESPACE/NAME",
+        help="with --policy-object: the coordination.k8s.io Lease that elects the replica writing the GPUPolicy's "
+        "status (default: <pod namespace>/gpu-webhook-status)",
+    )
     serve.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     serve.add_argument(
         "--threads", type=int, default=4, help="threads per worker, for request bodies over 256 KiB only (default 4)"
@@ -354,13 +365,22 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     audit = None
     if args.audit:
         audit = _audit_settings(args, parser)
-    if args.audit or policies.default.cluster_enabled:
+    if args.status_lease and not args.policy_object:
+        parser.error("--status-lease goes with --policy-object")
+    status = None
+    if args.policy_object:
+        from webhook.serving.policyobject import StatusSettings
+
+        namespace, name = _lease(args.status_lease, "--status-lease", "gpu-webhook-status", parser)
+        status = StatusSettings(name=args.policy_object, lease_namespace=namespace, lease_name=name,
+                                kubeconfig=args.kubeconfig, policy_file=args.policy)
+    if args.audit or args.policy_object or policies.default.cluster_enabled:
         from webhook.kube.client import ConfigError, configuration
 
         try:
             configuration(args.kubeconfig)  # settings only: a missing or broken kubeconfig stops us here
         except ConfigError as exc:
-            needs = "--audit" if args.audit else "cluster.enabled"
+            needs = "--audit" if args.audit else "--policy-object" if args.policy_object else "cluster.enabled"
             print(f"gpu-webhook: cannot serve: {needs}: {exc}", file=sys.stderr)
             return EXIT_USAGE
     cert_file, key_file = args.cert_file, args.key_file
@@ -405,6 +425,8 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         drain_seconds=args.drain_seconds,
         metrics_port=args.metrics_port,
         audit=audit.command() if audit is not None else None,
+        policy_object=args.policy_object,
+        status=status.command() if status is not None else None,
     )
     try:
         serve(config)
@@ -426,16 +448,7 @@ def _audit_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         parser.error(f"--audit-interval: {exc}")
     if interval < 1:
         parser.error("--audit-interval must be at least 1s")
-    if args.audit_lease:
-        namespace, _, name = args.audit_lease.partition("/")
-        if not namespace or not name:
-            parser.error("--audit-lease takes NAMESPACE/NAME")
-    else:
-        try:
-            namespace = open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8").read().strip() or "default"
-        except OSError:
-            namespace = "default"
-        name = "gpu-webhook-audit"
+    namespace, name = _lease(args.audit_lease, "--audit-lease", "gpu-webhook-audit", parser)
     return LoopSettings(
         interval=interval,
         report_kind=args.audit_report_kind,
@@ -446,6 +459,20 @@ def _audit_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         kubeconfig=args.kubeconfig,
         policy_file=args.policy,
     )
+
+
+def _lease(value: str | None, flag: str, default: str, parser: argparse.ArgumentParser) -> tuple[str, str]:
+    """A Lease's namespace and name: ``value`` (NAMESPACE/NAME), else ``default`` in the pod's namespace."""
+    if value:
+        namespace, _, name = value.partition("/")
+        if not namespace or not name:
+            parser.error(f"{flag} takes NAMESPACE/NAME")
+        return namespace, name
+    try:
+        namespace = open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8").read().strip() or "default"
+    except OSError:
+        namespace = "default"
+    return namespace, default
 
 
 def _certs(args: argparse.Namespace) -> int:

@@ -22,7 +22,9 @@ from typing import Any, TextIO
 from webhook.core.policy import PolicySet
 from webhook.kube.client import ApiError, ConfigError, Kube, NotServed
 from webhook.native.generate import LABELS, Generated, generate
-from webhook.native.target import GROUP, MUTATING_VERSIONS, Target, TargetError, from_discovery, parse_minor
+from webhook.native.target import GROUP, MUTATING_VERSIONS, Target
+from webhook.serving.policystatus import DiscoveryError
+from webhook.serving.policystatus import discover as discover_target
 
 EXIT_OK, EXIT_FAILED = 0, 2
 FIELD_MANAGER = "gpu-webhook"
@@ -62,23 +64,11 @@ def _path(kind: str, name: str | None = None, version: str = "v1") -> str:
 
 
 def discover(kube: Kube) -> Target:
-    """What the apiserver serves: its minor version (``/version``) and the kinds of each version of the
-    admission-registration group (a version it does not serve is skipped, never an error)."""
+    """What the apiserver serves (``serving.policystatus.discover``, which the status writer also asks)."""
     try:
-        version = kube.get("/version")
-        minor = parse_minor(f"1.{str(version.get('minor', '')).rstrip('+')}")
-    except (ApiError, TargetError) as exc:
-        raise ApplyError(f"cannot read the apiserver's version: {_one_line(exc)}") from None
-    served: dict[str, set[str]] = {}
-    for group_version in ("v1", *MUTATING_VERSIONS[1:]):
-        try:
-            listing = kube.get(f"{GROUP_PATH}/{group_version}")
-        except NotServed:
-            continue
-        except ApiError as exc:
-            raise ApplyError(f"cannot discover {GROUP}/{group_version}: {_one_line(exc)}") from None
-        served[group_version] = {str(r.get("kind")) for r in listing.get("resources") or [] if "/" not in r["name"]}
-    return from_discovery(minor, served)
+        return discover_target(kube)
+    except DiscoveryError as exc:
+        raise ApplyError(str(exc)) from None
 
 
 def _one_line(exc: Exception) -> str:

@@ -161,9 +161,11 @@ class KubeSource:
     """A :class:`Source` over the one Kubernetes client (``webhook.kube.client``), credentials found as every
     subcommand finds them."""
 
-    def __init__(self, kubeconfig: str | None = None, kube: Kube | None = None):
+    def __init__(self, kubeconfig: str | None = None, kube: Kube | None = None, field_selector: str | None = None):
         self.kubeconfig = kubeconfig
         self._kube = kube
+        # One object of a collection (``metadata.name=default``): lists and watches of it alone.
+        self._selector = {"fieldSelector": field_selector} if field_selector else {}
 
     def _get(self, path: str, query: dict[str, Any], read_timeout: float) -> Any:
         if self._kube is None:
@@ -174,7 +176,7 @@ class KubeSource:
         items: list[Mapping[str, Any]] = []
         token = ""
         while True:  # pages of 500, as client-go's reflector lists
-            query: dict[str, Any] = {"limit": 500}
+            query: dict[str, Any] = {"limit": 500, **self._selector}
             if token:
                 query["continue"] = token
             response = self._get(path, query, 60.0)
@@ -190,7 +192,7 @@ class KubeSource:
 
     def watch(self, path: str, resource_version: str, timeout: int) -> Iterator[Mapping[str, Any]]:
         query = {"watch": "true", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
-                 "timeoutSeconds": timeout}
+                 "timeoutSeconds": timeout, **self._selector}
         response = self._get(path, query, timeout + 30.0)
         try:
             pending = b""

@@ -31,11 +31,14 @@ from gunicorn.arbiter import Arbiter
 from gunicorn.workers.base import Worker
 
 from webhook.core.cluster import CLUSTER_KINDS, ClusterState, ClusterView
+from webhook.core.policy import PolicySet
+from webhook.kube.client import Kube
 from webhook.kube.informer import Informer, KubeSource, report_forever
 from webhook.rules.admission import Handler
 from webhook.serving import policies
 from webhook.serving.app import DEFAULT_HANDLERS, DEFAULT_MAX_BODY, create_app
 from webhook.serving.connections import Front, Limits
+from webhook.serving.policyobject import RESOURCE, PolicyObject, field_selector
 from webhook.serving.tls import server_context
 from webhook.serving.watch import Reloader
 from webhook.telemetry import logs, metrics
@@ -67,6 +70,14 @@ class ServeConfig:
     # serve --audit: the periodic audit, in a process the master starts beside the workers.
     # the command line of that process (``python -m webhook.audit.loop SETTINGS``), built by the CLI
     audit: Sequence[str] | None = None
+    # serve --policy-object NAME: the policy is GPUPolicy/NAME's spec, listed and watched by each worker; the
+    # policy file (or the built-in defaults) is the fallback while the object is missing.
+    policy_object: str | None = None
+    # A worker is not ready until its first list of the object answered, for at most this long; then it serves
+    # the fallback and says so (an apiserver it cannot reach must not keep the pod unready for ever).
+    policy_object_wait: float = 60.0
+    # the command line of the status writer's process (``python -m webhook.serving.policystatus SETTINGS``)
+    status: Sequence[str] | None = None
 
     def limits(self) -> Limits:
         return Limits(
@@ -87,7 +98,7 @@ class _WorkerState:
             "policy",
             [config.policy_file] if config.policy_file else [],
             lambda: policies.load(config.policy_file),
-            lambda ok: metrics.record_reload("policy", ok),
+            self._file_reloaded,
             config.reload_interval,
         )
         tls_files = [config.cert_file, config.key_file] + ([config.client_ca] if config.client_ca else [])
@@ -99,21 +110,96 @@ class _WorkerState:
             config.reload_interval,
         )
 
-        # Cluster checks are switched on at start; a reload that toggles cluster.enabled takes a restart.
-        initial = self.policy.value.default
-        self.cluster = ClusterState(initial.node_label) if initial.cluster_enabled else None
-        self.informers: list[Informer] = []
-        if self.cluster is not None:
-            # One list+watch per kind the view reads, all over one connection pool.
-            source = KubeSource(config.kubeconfig)
-            self.informers = [Informer(kind, source, self.cluster.indices[kind.name]) for kind in CLUSTER_KINDS]
         self._stop = threading.Event()
+        self.started = time.monotonic()
+        # The one client of this worker, when it reads the policy object (the cluster informers share it).
+        self._kube: Kube | None = None
+        self.live: PolicyObject | None = None
+        self.live_informer: Informer | None = None
+        if config.policy_object:
+            self._kube = Kube.connect(config.kubeconfig)
+            self.live = PolicyObject(
+                config.policy_object, lambda: self.policy.value, on_swap=self._check_cluster_toggle,
+                on_change=self._object_changed,
+                fallback_name=f"the policy file {config.policy_file}" if config.policy_file
+                else "the built-in defaults",
+            )
+            source = KubeSource(config.kubeconfig, kube=self._kube, field_selector=field_selector(config.policy_object))
+            self.live_informer = Informer(RESOURCE, source, self.live, max_backoff=10.0)
+
+        # Cluster checks are switched on at start, by the policy in force then; a reload that toggles
+        # cluster.enabled takes a restart. With a policy object "start" is its first list (or the wait's end).
+        self.cluster: ClusterState | None = None
+        self.informers: list[Informer] = []
+        self._cluster_lock = threading.Lock()
+        self._cluster_decided = False
+        if self.live is None:
+            self._decide_cluster(self.policy.value)
+
+    def _file_reloaded(self, ok: bool) -> None:
+        metrics.record_reload("policy", ok)
+        if ok and (self.live is None or self.live.policy is None):  # the file is the policy in force
+            self._check_cluster_toggle(self.policy.value)
+
+    def served_policy(self) -> PolicySet:
+        return self.live.value if self.live is not None else self.policy.value
+
+    def _decide_cluster(self, policy: PolicySet) -> None:
+        with self._cluster_lock:
+            if self._cluster_decided:
+                return
+            self._cluster_decided = True
+            initial = policy.default
+            if not initial.cluster_enabled:
+                return
+            cluster = ClusterState(initial.node_label)
+            # One list+watch per kind the view reads, all over one connection pool.
+            source = KubeSource(self.config.kubeconfig, kube=self._kube)
+            self.informers = [Informer(kind, source, cluster.indices[kind.name]) for kind in CLUSTER_KINDS]
+            self.cluster = cluster
+            if self._running:
+                self._start_cluster()
+
+    def _object_changed(self) -> None:
+        if self.live is not None and self.live.listed and not self._cluster_decided:
+            self._decide_cluster(self.live.value)
+
+    def _policy_wait_over(self) -> None:
+        if self.live is not None and not self.live.listed:
+            logs.event("policy_object_unlisted", logging.WARNING, name=self.live.name,
+                       seconds=self.config.policy_object_wait, serving=self.live.fallback_name,
+                       error=self.live_informer.last_error if self.live_informer else "")
+            self._decide_cluster(self.served_policy())
+
+    def _check_cluster_toggle(self, policy: PolicySet) -> None:
+        if not self._cluster_decided:
+            return
+        enabled = policy.default.cluster_enabled
+        if enabled != (self.cluster is not None):
+            logs.event("policy_cluster_toggle", logging.WARNING, cluster_enabled=enabled,
+                       message="cluster.enabled changed: that takes a restart of the webhook's pods; until then "
+                       f"cluster checks stay {'on' if self.cluster is not None else 'off'}")
+
+    _running = False
 
     def start(self) -> None:
         self.policy.start()
         self.tls.start()
-        if self.cluster is not None:
-            self.cluster.start_refresher(self._stop)
+        with self._cluster_lock:
+            self._running = True
+            if self.cluster is not None:
+                self._start_cluster()
+        if self.live_informer is not None:
+            self.live_informer.start()
+            # gpu_webhook_informer_stale{resource="gpupolicies"} and its age, like the cluster view's watches
+            report_forever([self.live_informer], self._stop)
+            timer = threading.Timer(self.config.policy_object_wait, self._policy_wait_over)
+            timer.daemon = True
+            timer.start()
+
+    def _start_cluster(self) -> None:
+        assert self.cluster is not None
+        self.cluster.start_refresher(self._stop)
         for informer in self.informers:
             informer.start()
         if self.informers:
@@ -133,6 +219,9 @@ class _WorkerState:
     def readiness(self) -> str | None:
         if self.draining:
             return "draining after SIGTERM"
+        if self.live is not None and not (self.live.listed and self._cluster_decided):
+            if time.monotonic() - self.started < self.config.policy_object_wait:
+                return f"waiting for the first list of GPUPolicy/{self.live.name}"
         if self.cluster is not None and not self.cluster.loaded:
             return f"waiting for the first list of {', '.join(self.cluster.waiting_for())}"
         return None
@@ -273,15 +362,17 @@ class JsonGunicornLogger(glogging.Logger):
 
 
 class AuditProcess:
-    """The periodic audit's process (``webhook.audit.loop``), run by the master: started with the workers,
-    restarted with a growing delay when it exits, stopped before them.
+    """A process the master runs beside its workers: the periodic audit's (``webhook.audit.loop``) or the
+    policy status writer's (``webhook.serving.policystatus``), started with the workers, restarted with a
+    growing delay when it exits, stopped before them; ``name`` begins its log lines' events.
 
     The master reaps every child (``os.waitpid(-1)``), so the exit status is gone by the time we look:
     ``Popen.poll`` then reads 0, which is enough to know it exited.
     """
 
-    def __init__(self, command: Sequence[str]):
+    def __init__(self, command: Sequence[str], name: str = "audit"):
         self.command = list(command)
+        self.name = name
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
         self.not_before = 0.0
@@ -297,13 +388,13 @@ class AuditProcess:
             self.delay = 1.0 if lived > 300 else min(self.delay * 2, 60.0)
             self.not_before = now + self.delay
             metrics.safely(_mark_dead, pid)
-            logs.event("audit_process_exited", logging.WARNING, pid=pid, seconds=round(lived, 1),
+            logs.event(f"{self.name}_process_exited", logging.WARNING, pid=pid, seconds=round(lived, 1),
                        restart_in=self.delay)
             return
         if now >= self.not_before:
             self.proc = subprocess.Popen(self.command)
             self.started = now
-            logs.event("audit_process_started", pid=self.proc.pid)
+            logs.event(f"{self.name}_process_started", pid=self.proc.pid)
 
     def terminate(self) -> None:
         """Ask it to stop: it gives the Lease back and exits between two pages."""
@@ -329,7 +420,8 @@ def _mark_dead(pid: int) -> None:
 
 
 class _Arbiter(Arbiter):
-    """gunicorn's master, also minding the audit process: checked on every turn of its loop (about a second).
+    """gunicorn's master, also minding its other processes (the audit's, the status writer's): checked on every
+    turn of its loop (about a second).
 
     Not a public route: gunicorn has no server hook per turn of the master's loop (``child_exit`` is told of
     workers only) nor one before it stops the workers, so this overrides ``manage_workers`` and ``stop``.
@@ -337,21 +429,21 @@ class _Arbiter(Arbiter):
     loop stops calling either.
     """
 
-    audit: AuditProcess | None = None
+    children: tuple[AuditProcess, ...] = ()
 
     def manage_workers(self) -> None:
         super().manage_workers()
-        if self.audit is not None:
-            self.audit.check()
+        for child in self.children:
+            child.check()
 
     def stop(self, graceful: bool = True) -> None:
-        # The workers get SIGTERM at once (their drain must not wait for the audit); the audit's own stop
+        # The workers get SIGTERM at once (their drain must not wait for the others); the others' own stop
         # overlaps with theirs and is waited for after.
-        if self.audit is not None:
-            self.audit.terminate()
+        for child in self.children:
+            child.terminate()
         super().stop(graceful)
-        if self.audit is not None:
-            self.audit.wait()
+        for child in self.children:
+            child.wait()
 
 
 class _Application(BaseApplication):
@@ -362,8 +454,12 @@ class _Application(BaseApplication):
 
     def run(self) -> None:
         arbiter = _Arbiter(self)
+        children = []
         if self.config.audit is not None:
-            arbiter.audit = AuditProcess(self.config.audit)
+            children.append(AuditProcess(self.config.audit))
+        if self.config.status is not None:
+            children.append(AuditProcess(self.config.status, "policy_status"))
+        arbiter.children = tuple(children)
         try:
             arbiter.run()
         except RuntimeError as exc:  # as BaseApplication.run reports it
@@ -403,7 +499,7 @@ class _Application(BaseApplication):
         _state.start()
         state = _state
         app = create_app(
-            lambda: state.policy.value, state.readiness, self.config.max_body, self.handlers, state.cluster_view
+            state.served_policy, state.readiness, self.config.max_body, self.handlers, state.cluster_view
         )
         # Modules, the app and the policy live as long as the worker: take them out of the collector's
         # reach, so a full collection walks only what requests left behind. Without this, every few

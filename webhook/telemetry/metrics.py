@@ -110,6 +110,25 @@ AUDIT_REQUESTS = Gauge(
 )
 AUDIT_RUNS = Counter("gpu_webhook_audit_runs", "Audit runs by result (success or failure).", ["result"])
 
+# The live policy (serve --policy-object): each worker's view of GPUPolicy/default. "max" over the live processes
+# (every process that imports this module holds a 0 for an unlabelled gauge, so "min" would always read 0).
+POLICY_OBJECT_PRESENT = Gauge(
+    "gpu_webhook_policy_object_present",
+    "1 while the GPUPolicy the webhook reads exists; 0 while it is missing or not listed yet (the webhook then "
+    "serves the last good policy, or the fallback).",
+    multiprocess_mode="livemax",
+)
+POLICY_GENERATION = Gauge(
+    "gpu_webhook_policy_generation",
+    "metadata.generation of the GPUPolicy whose spec the webhook enforces; 0 while it enforces the fallback.",
+    multiprocess_mode="livemax",
+)
+POLICY_STATUS_WRITES = Counter(
+    "gpu_webhook_policy_status_writes",
+    "Writes of the GPUPolicy's status by this replica (the one holding the status Lease), by result.",
+    ["result"],
+)
+
 # Counters whose first event matters start at 0: Prometheus' increase() needs two samples, so a series that
 # appeared at 1 (the first failed reload) would go unseen by the chart's alerts.
 for _what in ("policy", "certificate"):
@@ -117,6 +136,7 @@ for _what in ("policy", "certificate"):
         RELOADS.labels(what=_what, result=_result)
 for _result in ("success", "failure"):
     AUDIT_RUNS.labels(result=_result)
+    POLICY_STATUS_WRITES.labels(result=_result)
 
 
 def record_reload(what: str, ok: bool) -> None:
