@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from webhook.core.policy import Policy
-from webhook.native.celtext import boolean, globs_regex, lit, matches, record
 from webhook.native import params
+from webhook.native.celtext import boolean, globs_regex, lit, matches, record
 from webhook.native.findings import Each, Finding
 from webhook.native.snippets import Ctx, guarded, quoted, stable_item
 

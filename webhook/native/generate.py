@@ -394,9 +394,9 @@ def _mutating_policy(policies: PolicySet, exclude: Sequence[str], target: Target
     api = f"admissionregistration.k8s.io/{target.mutating}"
     variables = mutations.variables(ctx)
     if ctx.live:
-        texts = [e for _, e in variables] + [text for _, text in patches] + [mutations.matters(ctx)]
+        texts = [e for _, e in variables] + [text for _, text in patches if text] + [mutations.matters(ctx)]
         variables = params.variables(texts, policies.default.platform) + variables
-    policy = {
+    policy: dict[str, Any] = {
         "apiVersion": api,
         "kind": "MutatingAdmissionPolicy",
         "metadata": _metadata(NAME, names, target, policies),
@@ -413,7 +413,7 @@ def _mutating_policy(policies: PolicySet, exclude: Sequence[str], target: Target
                            "jsonPatch": {"expression": " +\n".join(f"({text})" for _, text in patches)}}],
         },
     }
-    binding = {"apiVersion": api, "kind": "MutatingAdmissionPolicyBinding",
+    binding: dict[str, Any] = {"apiVersion": api, "kind": "MutatingAdmissionPolicyBinding",
                "metadata": _metadata(NAME, names, target, policies), "spec": {"policyName": NAME}}
     if ctx.live:
         policy["spec"] = {"paramKind": dict(params.PARAM_KIND), **policy["spec"]}

@@ -41,9 +41,9 @@ from webhook.core.resources import (
     VISIBLE_DEVICES,
     VOLCANO_COUNT,
 )
+from webhook.native import params
 from webhook.native.celtext import boolean, lit, lits, matches, record
 from webhook.native.findings import SEPARATOR, Each, Finding
-from webhook.native import params
 from webhook.native.snippets import (
     DIGITS,
     MONITORING,
