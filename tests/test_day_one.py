@@ -174,7 +174,7 @@ def test_the_generated_policies_agree_where_the_kind_is_native(version):
     generated = generate(POLICIES, target)
     matched = [c for c in CASES if c.kind in ("Pod", "DaemonSet", "Deployment", "LeaderWorkerSet")
                or (c.kind.startswith("ResourceClaim") and target.minor >= 34)]
-    validating = [o for o in generated.objects if o["kind"].startswith("Validating")]
+    validating = [o for o in generated.objects if o["kind"].startswith("Validating")] + [generated.policy_object]
     evaluation = evaluate(validating, [Request(c.obj, c.namespace) for c in matched], f"1.{target.compatibility}")
     assert evaluation.compile_errors == []
     native = set(generated.native)

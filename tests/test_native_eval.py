@@ -109,8 +109,10 @@ def test_every_target_compiles(target):
 @pytest.mark.parametrize("version, api_versions", [("1.37", ()), ("1.34", (MAP_BETA,))], ids=["v1", "v1beta1"])
 def test_the_mutating_policy_patches_pods_as_mutate_does(version, api_versions):
     target = for_version(version, api_versions)
-    objects = [o for o in generate(POLICIES, target).objects if o["kind"].startswith("Mutating")]
+    generated = generate(POLICIES, target)
+    objects = [o for o in generated.objects if o["kind"].startswith("Mutating")]
     assert [o["apiVersion"].rpartition("/")[2] for o in objects] == [target.mutating] * 2
+    objects.append(generated.policy_object)
     cases = mutation_pods()
     evaluation = evaluate(objects, [Request(c.obj, c.namespace) for c in cases], compatibility(target))
     assert evaluation.compile_errors == []
@@ -173,11 +175,12 @@ def test_an_ordinary_gpu_pod_skips_the_validating_policies_and_a_bad_one_stays_w
     target = for_version("1.37")
     requests = [Request(good, "default"), Request(bad, "default"), Request(cpu, "default")]
     builtin = [o for o in validating(target, parse_policy("{}")) if o["metadata"]["name"].startswith(
-        ("gpu-webhook-deny", "gpu-webhook-warn"))]
+        ("gpu-webhook-deny", "gpu-webhook-warn", "gpu-webhook-seed-", "default"))]
     ok, refused, plain = evaluate(builtin, requests, compatibility(target)).answers
     assert ok.allowed and ok.cost == {} and plain.cost == {}
     assert not refused.allowed and "2M" in refused.message
-    assert 0 < refused.cost["gpu-webhook-deny"] < 20_000, refused.cost
+    # The count is the seed's (invalid-quantity); the policies that read GPUPolicy/default skip the pod.
+    assert 0 < refused.cost["gpu-webhook-seed-deny"] < 20_000, refused.cost
 
 
 def test_forty_containers_stay_within_the_budget_in_every_family(newest):

@@ -14,24 +14,29 @@ from pathlib import Path
 
 import pytest
 
-from webhook.core.policy import load_policy
+from webhook.core.policy import load_policy, parse_policy
 from webhook.native.generate import generate, to_yaml
 from webhook.native.target import DEFAULT, OLDEST, Target, for_version
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 TARGETS = {"admission-policies-default.yaml": DEFAULT,
-           f"admission-policies-1.{OLDEST}.yaml": for_version(f"1.{OLDEST}")}
+           f"admission-policies-1.{OLDEST}.yaml": for_version(f"1.{OLDEST}"),
+           "admission-policies-inline.yaml": DEFAULT}
+# The policies that write the default policy's values in (nativePolicies.params: inline) rather than read them live.
+INLINE = "nativePolicies: {params: inline}\n"
 
 
-def golden_text(target: Target) -> str:
-    """What ``gpu-webhook admission-policies --kube-version <target>`` writes on stdout with no policy file."""
-    return to_yaml(generate(load_policy(None), target).objects)
+def golden_text(name: str) -> str:
+    """What ``gpu-webhook admission-policies --kube-version <target>`` writes on stdout with no policy file (with
+    the inline one's policy for the inline file)."""
+    policies = parse_policy(INLINE) if "inline" in name else load_policy(None)
+    return to_yaml(generate(policies, TARGETS[name]).objects)
 
 
 @pytest.mark.parametrize("name", sorted(TARGETS))
 def test_the_default_policy_generates_what_the_golden_file_holds(name):
     path = GOLDEN / name
-    text = golden_text(TARGETS[name])
+    text = golden_text(name)
     if os.environ.get("UPDATE_GOLDEN"):
         path.write_text(text, encoding="utf-8")
     kept = path.read_text(encoding="utf-8") if path.exists() else ""

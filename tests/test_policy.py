@@ -359,7 +359,11 @@ def test_a_bad_isolation_policy_is_refused_naming_the_key(text, problem):
 def test_the_native_policies_defaults_are_the_ones_the_generator_reads():
     from webhook.native.generate import settings
 
-    assert DEFAULTS["nativePolicies"] == {"customKinds": [], "excludeNamespaces": []}
+    from webhook.native.generate import live
+
+    assert DEFAULTS["nativePolicies"] == {"customKinds": [], "excludeNamespaces": [], "params": "live"}
+    # live by default; inline as the policy says
+    assert live(load_policy(None)) and not live(parse_policy("nativePolicies: {params: inline}"))
     assert DEFAULTS["excludeNamespaces"] == ["kube-system", "kube-node-lease"]
     assert settings(load_policy(None))[1] == ["kube-system", "kube-node-lease"]
     assert settings(parse_policy("nativePolicies: {customKinds: []}"))[1] == ["kube-system", "kube-node-lease"]

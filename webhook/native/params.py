@@ -1,7 +1,7 @@
-"""The policy read live: the CEL that reads a value of GPUPolicy/default through ``params``.
+"""The policy read live: the CEL that reads a value of GPUPolicy/default through the ``params`` variable.
 
 With ``nativePolicies.params: live`` (the default) the generated policies name ``GPUPolicy`` as their
-``paramKind`` and their bindings name the object ``default``; a value is read from ``params.spec`` at each
+``paramKind`` and their bindings name the object ``default``; a value is read from the object's spec at each
 admission, the namespace's override first (``spec.namespaces[<namespace>]``), then the policy's own key, then the
 built-in default. So an edit reaches the native engine within a watch delay and an override may loosen as well as
 tighten. Optional reads (``.?``, ``[?]``, ``orValue``) make an absent key the default, never an error.
