@@ -164,7 +164,14 @@ def test_nothing_that_stays_may_write_admission_policies(helm: Helm) -> None:
 
 
 def test_hybrid_mode_narrows_every_webhook(helm: Helm) -> None:
-    docs = helm.template(*enabled(policy=CHECKS_OFF, webhook={"customResources": CUSTOM}))
+    # With the policy written into the CEL (inline), routing follows the values; read live, an edit of GPUPolicy may
+    # turn the replica checks on, so their kinds keep going to the webhook.
+    live = helm.template(*enabled(policy=CHECKS_OFF, webhook={"customResources": CUSTOM}))
+    custom = one(live, "ValidatingWebhookConfiguration")["webhooks"][-1]["matchConditions"][0]["expression"]
+    assert custom.endswith(" in ['kubeflow.org/pytorchjobs', 'ray.io/rayclusters', 'ray.io/rayjobs', "
+                           "'ray.io/rayservices']")
+    inline = {**CHECKS_OFF, "nativePolicies": {"params": "inline"}}
+    docs = helm.template(*enabled(policy=inline, webhook={"customResources": CUSTOM}))
     assert conditions(docs) == {
         "mutate.gpu-webhook.io": ["gpu-or-hidden-namespace", "left-to-mutating-admission-policy"],
         "validate.gpu-webhook.io": ["gpu-or-isolation", "left-to-the-webhook"],
@@ -194,7 +201,8 @@ def test_a_bare_off_in_a_values_file_is_off(helm: Helm, tmp_path) -> None:
     values = tmp_path / "values.yaml"
     values.write_text("admissionPolicies: {enabled: true}\nwebhook:\n  customResources:\n"
                       "  - {apiGroups: [kubeflow.org], apiVersions: ['*'], resources: [pytorchjobs]}\n"
-                      "policy:\n  checks: {processCountMismatch: off, replicaAcceleratorMismatch: off}\n")
+                      "policy:\n  checks: {processCountMismatch: off, replicaAcceleratorMismatch: off}\n"
+                      "  nativePolicies: {params: inline}\n")
     docs = helm.template("--kube-version", "1.37.0", "-f", str(values))
     custom = one(docs, "ValidatingWebhookConfiguration")["webhooks"][-1]["matchConditions"][0]["expression"]
     assert " || " not in custom
