@@ -159,7 +159,9 @@ def test_nothing_that_stays_may_write_admission_policies(helm: Helm) -> None:
     for role in staying:
         for rule in role.get("rules", []):
             touches = {"admissionregistration.k8s.io", "*"} & set(rule.get("apiGroups", []))
-            assert not touches, f"{role['kind']} {role['metadata']['name']} has {rule}"
+            # Reading the bindings (the policy status says which generation they enforce) writes nothing.
+            assert not touches or set(rule["verbs"]) <= {"get", "list", "watch"}, \
+                f"{role['kind']} {role['metadata']['name']} has {rule}"
     assert {d["kind"] for d in hooks(docs)} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"}
 
 

@@ -43,7 +43,10 @@ def test_audit_is_off_by_default_and_adds_nothing(helm: Helm) -> None:
     # the GPUPolicy's (test_gpupolicy_chart.py) only
     assert {name for kind, name in kinds(docs) if kind in rbac} <= {f"{FULLNAME}-policy", f"{FULLNAME}-policy-status"}
     assert not [a for a in container(docs)["args"] if a.startswith("--audit")]
-    assert "kube-api-access" not in {v["name"] for v in pod_spec(docs)["volumes"]}
+    # the policy object's watch has a token; without it, nothing calls the API
+    assert "kube-api-access" in {v["name"] for v in pod_spec(docs)["volumes"]}
+    alone = helm.template("--set", "policyObject.enabled=false")
+    assert "kube-api-access" not in {v["name"] for v in pod_spec(alone)["volumes"]}
 
 
 @pytest.mark.parametrize("args", [AUDIT, AUDIT_CUSTOM, READER], ids=["audit", "audit-custom", "reader"])

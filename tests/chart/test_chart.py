@@ -1172,8 +1172,9 @@ SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 @pytest.mark.parametrize("render", ["helm-certs", "custom"])
 def test_without_cluster_checks_no_token_reaches_the_pod(helm: Helm, render: str) -> None:
-    """The webhook calls no Kubernetes API then: no automatic token, no projected one, no RBAC."""
-    docs = helm.template(*RENDERS[render])
+    """Without the policy object (policyObject.enabled false) the webhook calls no Kubernetes API: no automatic
+    token, no projected one, no RBAC."""
+    docs = helm.template(*RENDERS[render], "--set", "policyObject.enabled=false")
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
     assert one(docs, "ServiceAccount")["automountServiceAccountToken"] is False
@@ -1266,18 +1267,20 @@ def test_network_policy_egress_with_cluster_checks_reaches_the_apiserver_and_dns
 @pytest.mark.parametrize(
     "values",
     [
-        {"networkPolicy": {"enabled": True, "egress": {"enabled": True}}},
+        {"networkPolicy": {"enabled": True, "egress": {"enabled": True}}, "policyObject": {"enabled": False}},
         {
             "networkPolicy": {
                 "enabled": True,
                 "egress": {"enabled": True, "apiserver": [{"ipBlock": {"cidr": "1.2.3.4/32"}}]},
-            }
+            },
+            "policyObject": {"enabled": False},
         },
     ],
     ids=["no-peers", "peers-unused"],
 )
 def test_network_policy_egress_without_cluster_checks_allows_nothing(helm: Helm, values: dict[str, Any]) -> None:
-    """Without policy.cluster.enabled the webhook opens no connection, so restricting egress denies all of it."""
+    """Without policy.cluster.enabled, the audit and the policy object the webhook opens no connection, so
+    restricting egress denies all of it."""
     spec = network_policy(helm.template(*values_args(values)))
     assert spec["policyTypes"] == ["Ingress", "Egress"]
     assert spec["egress"] == []

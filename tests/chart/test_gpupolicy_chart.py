@@ -60,7 +60,12 @@ def test_the_webhook_may_read_gpupolicies_write_their_status_and_hold_its_lease(
     assert role["rules"] == [
         {"apiGroups": ["gpu-webhook.io"], "resources": ["gpupolicies"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["gpu-webhook.io"], "resources": ["gpupolicies/status"], "verbs": ["update", "patch"]},
+        # the status says which generation the generated policies' bindings enforce: read, never written
+        {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicybindings"],
+         "verbs": ["list"]},
     ]
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--policy-object=default" in args and f"--status-lease={NAMESPACE}/{FULLNAME}-status" in args
     lease = one(docs, "Role", f"{FULLNAME}-policy-status")
     assert lease["metadata"]["namespace"] == NAMESPACE
     assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],

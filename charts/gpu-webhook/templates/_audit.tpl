@@ -10,12 +10,13 @@ ClusterRole for running `gpu-webhook audit` by hand (audit.readerClusterRole.ena
 
 {{/*
 "true" when the server calls the Kubernetes API and needs a service-account token: the cluster checks
-(policy.cluster.enabled) watch Nodes, the periodic audit (audit.enabled) lists and writes reports.
+(policy.cluster.enabled) watch Nodes, the periodic audit (audit.enabled) lists and writes reports, the policy
+object (policyObject.enabled) is watched and its status written.
 */}}
 {{- define "gpu-webhook.apiAccess" -}}
 {{- $policy := .Values.policy | default dict }}
 {{- $cluster := $policy.cluster | default dict }}
-{{- if or $cluster.enabled .Values.audit.enabled }}true{{ end }}
+{{- if or $cluster.enabled .Values.audit.enabled (.Values.policyObject | default dict).enabled }}true{{ end }}
 {{- end }}
 
 {{/*

@@ -325,7 +325,7 @@ drainSeconds + 20). A shorter period SIGKILLs the server while it still answers 
 {{- end }}
 {{- $np := .Values.networkPolicy }}
 {{- if and $np.enabled $np.egress.enabled (include "gpu-webhook.apiAccess" .) (not $np.egress.apiserver) }}
-{{- fail "networkPolicy.egress.apiserver must list the apiserver's addresses (NetworkPolicyPeers, e.g. [{ipBlock: {cidr: 10.0.0.10/32}}]) when networkPolicy.egress.enabled and policy.cluster.enabled or audit.enabled: without them the node watch or the audit cannot reach the apiserver (and with cluster checks /readyz stays 503)" }}
+{{- fail "networkPolicy.egress.apiserver must list the apiserver's addresses (NetworkPolicyPeers, e.g. [{ipBlock: {cidr: 10.0.0.10/32}}]) when networkPolicy.egress.enabled and policyObject.enabled, policy.cluster.enabled or audit.enabled: without them the policy object's watch, the node watch or the audit cannot reach the apiserver (and until the policy object is listed, or with cluster checks, /readyz stays 503)" }}
 {{- end }}
 {{- $h := .Values.certs.helm }}
 {{- if and (eq .Values.certs.mode "helm") (ge (int $h.renewBeforeDays) (int $h.validityDays)) }}
