@@ -272,6 +272,11 @@ def _parser() -> argparse.ArgumentParser:
         "--kubeconfig", help=f"with --apply/--delete: kubeconfig file (default: {DEFAULT_CREDENTIALS})"
     )
     native.add_argument(
+        "--crd", action="store_true",
+        help="instead of the policies: the CustomResourceDefinition of GPUPolicy, which the policies read live "
+        "(nativePolicies.params: live), as YAML on stdout",
+    )
+    native.add_argument(
         "--versions", action="store_true",
         help="instead of the policies: for this policy, which engine validates and mutates on each Kubernetes "
         "version this release knows and what each leaves to the webhook (a Markdown table on stdout)",
@@ -287,10 +292,18 @@ def _admission_policies(args: argparse.Namespace, parser: argparse.ArgumentParse
                      "cluster itself")
     if args.versions and (args.apply or args.delete or args.kube_version or args.api_versions):
         parser.error("--versions covers every version: it takes --policy only")
+    if args.crd and (args.apply or args.delete or args.versions):
+        parser.error("--crd prints the CustomResourceDefinition alone")
     if args.delete:
         from webhook.cli import policies as apply_policies
 
         return apply_policies.run(None, args.kubeconfig, delete=True)
+    if args.crd:
+        from webhook.core.policycrd import crd
+        from webhook.native.generate import to_yaml
+
+        sys.stdout.write(to_yaml([crd()]))
+        return 0
     policies = _policy_or_exit(args.policy)
     if args.versions:
         from webhook.native.generate import versions_table
@@ -314,7 +327,9 @@ def _admission_policies(args: argparse.Namespace, parser: argparse.ArgumentParse
     if newer:
         print(f"gpu-webhook: admission-policies: {newer}", file=sys.stderr)
     generated = generate(policies, target)
-    sys.stdout.write(to_yaml(generated.objects))
+    # Live, the policies read GPUPolicy/default: it goes with them (its CRD comes from --crd).
+    extra = [generated.policy_object] if generated.policy_object else []
+    sys.stdout.write(to_yaml(generated.objects + extra))
     report(generated, sys.stderr)
     return 0
 

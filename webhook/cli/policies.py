@@ -19,8 +19,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from webhook.core import gpupolicy
 from webhook.core.policy import PolicySet
 from webhook.kube.client import ApiError, ConfigError, Kube, NotServed
+from webhook.native import params
 from webhook.native.generate import LABELS, Generated, generate
 from webhook.native.target import GROUP, MUTATING_VERSIONS, Target
 from webhook.serving.policystatus import DiscoveryError
@@ -130,6 +132,34 @@ def apply(kube: Kube, objects: Iterable[Mapping[str, Any]]) -> Outcome:
     return outcome
 
 
+def ensure_policy_object(kube: Kube, obj: Mapping[str, Any]) -> bool:
+    """The policies generated live read GPUPolicy/default: its kind must be served, and the object is created from
+    the policy when missing (True); an existing one is never changed, its spec being the platform team's."""
+    try:
+        kube.get(f"/apis/{gpupolicy.API_VERSION}")
+    except NotServed:
+        raise ApplyError(f"{gpupolicy.KIND} ({gpupolicy.API_VERSION}) is not served, and the policies generated with "
+                         f"nativePolicies.params live read it: install its CustomResourceDefinition first "
+                         f"(gpu-webhook admission-policies --crd | kubectl apply -f -), or set "
+                         f"nativePolicies.params: inline") from None
+    except ApiError as exc:
+        raise ApplyError(f"cannot ask for {gpupolicy.API_VERSION}: {_one_line(exc)}") from None
+    try:
+        kube.get(f"{gpupolicy.PATH}/{gpupolicy.NAME}")
+        return False
+    except NotServed:
+        pass
+    except ApiError as exc:
+        raise ApplyError(f"cannot read {gpupolicy.KIND}/{gpupolicy.NAME}: {_one_line(exc)}") from None
+    try:
+        kube.create(gpupolicy.PATH, obj)
+    except ApiError as exc:
+        if exc.status == 409:  # created meanwhile: it is someone's now
+            return False
+        raise ApplyError(f"cannot create {gpupolicy.KIND}/{gpupolicy.NAME}: {_one_line(exc)}") from None
+    return True
+
+
 def delete_all(kube: Kube) -> list[str]:
     """Delete every object the generator labelled, bindings first."""
     deleted = []
@@ -157,6 +187,11 @@ def run(policies: PolicySet | None, kubeconfig: str | None, delete: bool = False
             return EXIT_OK
         assert policies is not None
         generated = generate(policies, discover(kube))
+        if generated.policy_object is not None:
+            seeded = ensure_policy_object(kube, generated.policy_object)
+            print(f"created {gpupolicy.KIND}/{gpupolicy.NAME}" if seeded else
+                  f"{gpupolicy.KIND}/{gpupolicy.NAME} exists: --apply leaves its spec to you "
+                  f"(kubectl edit {gpupolicy.SINGULAR} {gpupolicy.NAME})", file=out)
         outcome = apply(kube, generated.objects)
     except ApplyError as exc:
         print(f"gpu-webhook: admission-policies: {exc}", file=err)
@@ -174,5 +209,9 @@ def run(policies: PolicySet | None, kubeconfig: str | None, delete: bool = False
 def report(generated: Generated, err: TextIO) -> None:
     """On stderr: which engine carries which half on this target, and what stays with the webhook and why."""
     print(f"generated for {generated.target.describe()}", file=err)
+    if generated.policy_object is not None:
+        print(f"read live from {gpupolicy.KIND}/{gpupolicy.NAME} (kubectl edit {gpupolicy.SINGULAR} "
+              f"{gpupolicy.NAME}); compiled in, so generate again after changing them: {', '.join(params.COMPILED)}",
+              file=err)
     for rule, why in generated.webhook_only:
         print(f"left to the webhook: {rule}: {why}", file=err)

@@ -36,6 +36,7 @@ import yaml
 from webhook import __version__
 from webhook.core import gpupolicy
 from webhook.core.policy import PolicySet
+from webhook.core.policycrd import as_spec
 from webhook.native import celtext, claims, kinds, mutations, params, pods
 from webhook.native.celtext import boolean, layout, lit
 from webhook.native.findings import SEPARATOR, Dialect, Finding, exists, found, joined, keys, variable
@@ -463,7 +464,7 @@ def generate(policies: PolicySet, target: Target = DEFAULT) -> Generated:
 def policy_object(policies: PolicySet) -> dict[str, Any]:
     """GPUPolicy/default with the policy as written for its spec."""
     return {"apiVersion": gpupolicy.API_VERSION, "kind": gpupolicy.KIND,
-            "metadata": {"name": gpupolicy.NAME, "labels": dict(LABELS)}, "spec": dict(policies.written)}
+            "metadata": {"name": gpupolicy.NAME}, "spec": as_spec(policies.written)}
 
 
 # The fields of the objects that hold CEL.
