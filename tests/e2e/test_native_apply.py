@@ -18,13 +18,15 @@ KINDS = "validatingadmissionpolicies,validatingadmissionpolicybindings,mutatinga
         "mutatingadmissionpolicybindings"
 SELECTOR = "app.kubernetes.io/name=gpu-webhook,app.kubernetes.io/component=admission-policies"
 # Policy A: up to 4 GPUs per container, and namespace "lab" only warned (a second deny binding for it).
+# With the values written into the CEL (params: inline), as clusters hit by the apiserver's param bugs keep them.
 POLICY_A = """\
 limits: {perContainer: 4}
 namespaces:
   lab: {enforcement: warn}
+nativePolicies: {params: inline}
 """
 # Policy B: up to 2, no namespace overlay (the "lab" binding is no longer generated).
-POLICY_B = "limits: {perContainer: 2}\n"
+POLICY_B = "limits: {perContainer: 2}\nnativePolicies: {params: inline}\n"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -47,7 +49,7 @@ def pod(gpus: int) -> str:
 
 def refused(cluster, gpus: int) -> bool:
     done = cluster.kubectl("create", "--dry-run=server", "-f", "-", stdin=pod(gpus))
-    return (done.returncode != 0 and "ValidatingAdmissionPolicy 'gpu-webhook-deny'" in done.stderr
+    return (done.returncode != 0 and "ValidatingAdmissionPolicy 'gpu-webhook-deny" in done.stderr
             and f"{gpus} nvidia.com/gpu is over the limit" in done.stderr)
 
 
@@ -130,3 +132,38 @@ def test_bad_policy_and_unreachable_cluster_are_one_line(cluster, tmp_path: Path
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("gpu-webhook: admission-policies: ") and len(done.stderr.strip().splitlines()) == 1
     assert "Traceback" not in done.stderr
+
+
+def test_live_apply_needs_the_crd_creates_the_policy_object_once_and_an_edit_needs_no_apply(cluster,
+                                                                                          tmp_path: Path) -> None:
+    kubeconfig = str(cluster.kubeconfig)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("limits: {perContainer: 4}\n")
+    # Without GPUPolicy's CRD the live policies would read nothing: one line, exit 2, nothing applied.
+    done = cli("--policy", str(policy), "--apply", "--kubeconfig", kubeconfig)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "admission-policies --crd | kubectl apply -f -" in done.stderr and labelled(cluster) == {}
+    crd = cli("--crd")
+    assert crd.returncode == 0, crd.stderr
+    cluster.kubectl("apply", "-f", "-", stdin=crd.stdout, check=True)
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/gpupolicies.gpu-webhook.io",
+                    check=True)
+    try:
+        done = cli("--policy", str(policy), "--apply", "--kubeconfig", kubeconfig)
+        assert done.returncode == 0, done.stderr
+        assert "created GPUPolicy/default" in done.stdout and "read live from GPUPolicy/default" in done.stderr
+        # A CRD the apiserver has just established takes its policy machinery a while to resolve (measured here:
+        # 10-15 s); --apply does not wait for that.
+        assert eventually(lambda: refused(cluster, 5), timeout=60) and not refused(cluster, 3)
+        # An edit of the object is enforced without generating anything again.
+        cluster.kubectl("patch", "gpupolicy", "default", "--type", "merge", "-p",
+                        '{"spec": {"limits": {"perContainer": 2}}}', check=True)
+        assert eventually(lambda: refused(cluster, 3)), "the edited limit of 2 reaches the apiserver"
+        # A second --apply leaves the edited object alone.
+        again = cli("--policy", str(policy), "--apply", "--kubeconfig", kubeconfig)
+        assert again.returncode == 0 and "GPUPolicy/default exists" in again.stdout, again.stdout
+        spec = json.loads(cluster.kubectl("get", "gpupolicy", "default", "-o", "json", check=True).stdout)["spec"]
+        assert spec["limits"] == {"perContainer": 2}
+    finally:
+        cli("--delete", "--kubeconfig", kubeconfig)
+        cluster.kubectl("delete", "crd", "gpupolicies.gpu-webhook.io", "--wait=true")
