@@ -277,3 +277,29 @@ def test_the_generated_templates_are_fresh() -> None:
     from tests.chart import sync_schema
 
     assert sync_schema.main(["--check"]) == 0
+
+
+# Edits GPUPolicy/default may take live, and the webhook configurations' conditions must not depend on: the values
+# the generated policies read through params (webhook.native.params.LIVE) and the rules' settings.
+LIVE_EDITS = [
+    {"accelerator": {"allowed": ["nvidia-l4"], "default": "nvidia-l4"}},
+    {"limits": {"perContainer": 2, "perPod": 4}},
+    {"namespaces": {"team-a": {"limits": {"perPod": 16}, "enforcement": "warn"}}},
+    {"checks": {"cpuPodOnGpuNodes": "off", "privilegedGpu": "warn"}},
+    {"checks": {"processCountMismatch": "off", "replicaAcceleratorMismatch": "off"}},
+    {"tolerations": True, "isolation": {"runtimeClass": "nvidia"}},
+]
+
+
+@pytest.mark.parametrize("edit", LIVE_EDITS, ids=lambda e: ",".join(e))
+def test_the_webhooks_conditions_do_not_go_stale_when_the_policy_object_is_edited(edit: dict[str, Any]) -> None:
+    """Read live (the default), an edit of GPUPolicy/default reaches no webhook configuration, so nothing the
+    chart rendered from the values may depend on what the edit changes: the conditions of every webhook, in every
+    mode, are the same before and after. Inline, the same edit may narrow them (the values were compiled in)."""
+    before = {m.name: m for m in modes({})}
+    after = {m.name: m for m in modes(edit)}
+    assert after == before
+    inline = {"nativePolicies": {"params": "inline"}}
+    narrowed = {m.name: m for m in modes({**edit, **inline})} != {m.name: m for m in modes(inline)}
+    if "checks" in edit:
+        assert narrowed  # the own clause or the replica checks' kinds follow the values when compiled in

@@ -152,9 +152,10 @@ def _hybrid_defines() -> list[str]:
             '{{- include "gpu-webhook.webhooks.celList" (uniq $kinds) }}')),
         _define("mutationEngine", (
             "{{- /* \"native\" where a MutatingAdmissionPolicy is served and the runtime class needs no cluster state\n"
-            "(hybrid.conditions), else \"webhook\". */}}\n"
+            "(hybrid.conditions; read live, a namespace may be given one by an edit), else \"webhook\". */}}\n"
             "{{- $policy := .Values.policy | default dict }}\n"
-            f"{{{{- $runtimeClass := get ($policy.isolation | default dict) {q(runtime_class)} }}}}\n"
+            f"{{{{- $runtimeClass := or (get ($policy.isolation | default dict) {q(runtime_class)}) "
+            "(ne ((($policy.nativePolicies | default dict).params) | default \"live\") \"inline\") }}\n"
             "{{- range $ns, $overlay := ($policy.namespaces | default dict) }}\n"
             f"{{{{- if get (($overlay | default dict).isolation | default dict) {q(runtime_class)} }}}}"
             "{{ $runtimeClass = true }}{{ end }}\n"

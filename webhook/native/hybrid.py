@@ -22,7 +22,7 @@ from webhook.core.catalog import CROSS_REPLICA, RULES
 from webhook.core.policy import Policy, PolicySet
 from webhook.native import kinds, pods
 from webhook.native.celtext import lits
-from webhook.native.generate import DRA_MINOR
+from webhook.native.generate import DRA_MINOR, live
 from webhook.native.rules import BUILDERS, native_rules
 from webhook.native.snippets import Ctx
 from webhook.native.target import NEWEST, OLDEST, Target
@@ -55,7 +55,10 @@ def keeps_all(policies: PolicySet) -> bool:
 
 
 def replica_checks_on(policies: PolicySet) -> bool:
-    """A ``checks.*`` rule only the webhook carries (the replica checks) is on somewhere."""
+    """A ``checks.*`` rule only the webhook carries (the replica checks) is on somewhere; always when the policy is
+    read live (an edit of GPUPolicy/default may turn one on, and no webhook configuration follows the edit)."""
+    if live(policies):
+        return True
     every: list[Policy] = [policies.default, *policies.by_namespace.values()]
     webhook_only = [r.id for r in RULES.values() if r.why == CROSS_REPLICA and r.section == "checks"]
     return any(p.checks(rule) for p in every for rule in webhook_only)
@@ -101,7 +104,9 @@ def conditions(policies: PolicySet, target: Target) -> dict[str, list[Condition]
     # Carried whole: templates the target's CEL walks, and no resource block (those only the webhook reads).
     custom = [k for k in every_kind
               if k.templates and not k.blocks and (kinds.wildcards(k) <= FLAT_WILDCARDS or target.has("lists"))]
-    runtime_class = any(p.runtime_class for p in [policies.default, *policies.by_namespace.values()])
+    # With cluster checks the webhook injects isolation.runtimeClass (the native mutation cannot read the cluster):
+    # wherever a namespace sets one, or may once the object is edited.
+    runtime_class = live(policies) or any(p.runtime_class for p in [policies.default, *policies.by_namespace.values()])
     mutate_native = bool(target.mutating) and not (policies.default.cluster_enabled and runtime_class)
     out: dict[str, list[Condition] | None] = {
         "mutate": [(NAMES["mutate"], NOTHING)] if mutate_native else None,

@@ -102,9 +102,9 @@ with more than 1 wildcard only where flatten exists). */}}
 
 {{- define "gpu-webhook.native.mutationEngine" -}}
 {{- /* "native" where a MutatingAdmissionPolicy is served and the runtime class needs no cluster state
-(hybrid.conditions), else "webhook". */}}
+(hybrid.conditions; read live, a namespace may be given one by an edit), else "webhook". */}}
 {{- $policy := .Values.policy | default dict }}
-{{- $runtimeClass := get ($policy.isolation | default dict) "runtimeClass" }}
+{{- $runtimeClass := or (get ($policy.isolation | default dict) "runtimeClass") (ne ((($policy.nativePolicies | default dict).params) | default "live") "inline") }}
 {{- range $ns, $overlay := ($policy.namespaces | default dict) }}
 {{- if get (($overlay | default dict).isolation | default dict) "runtimeClass" }}{{ $runtimeClass = true }}{{ end }}
 {{- end }}
