@@ -478,3 +478,18 @@ def test_the_client_waits_out_429_as_retry_after_says_and_counts_every_request()
         kube.close()
         server.shutdown()
         server.server_close()
+
+
+def test_each_run_audits_against_the_policy_object_and_the_file_when_it_is_missing(kube: FakeKube, tmp_path) -> None:
+    """serve --policy-object: the audit judges by what the webhook enforces, GPUPolicy/default, read at each run;
+    without it, the file; an invalid one leaves the last good policy."""
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text("limits: {perPod: 2}\n")
+    loop = AuditLoop(LoopSettings(policy_file=str(policy_file), policy_object="default"), kube, identity="me")
+    assert loop.load_policy().default.per_pod == 2  # no object: the file
+    path = "/apis/gpu-webhook.io/v1alpha1/gpupolicies/default"
+    kube.stored[path] = {"apiVersion": "gpu-webhook.io/v1alpha1", "kind": "GPUPolicy", "metadata": {"name": "default"},
+                         "spec": {"limits": {"perPod": 8}}}
+    assert loop.load_policy().default.per_pod == 8
+    kube.stored[path]["spec"] = {"limits": {"perPod": "many"}}
+    assert loop.load_policy().default.per_pod == 8  # refused: the last good one stays

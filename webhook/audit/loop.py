@@ -29,7 +29,8 @@ from typing import Any
 
 from webhook.audit import reports
 from webhook.audit.scan import PAGE_SIZE, Audit, AuditError, Progress, ReportsUnavailable, ReportWriter, Stopped
-from webhook.core.policy import PolicyError, PolicySet, load_policy
+from webhook.core import gpupolicy
+from webhook.core.policy import PolicyError, PolicySet, build_policy, load_policy
 from webhook.kube.client import ApiError, ConfigError, Kube
 from webhook.kube.lease import Lease
 from webhook.telemetry import logs, metrics
@@ -48,6 +49,8 @@ class LoopSettings:
     custom: tuple[str, ...] | None = None  # GROUP/PLURAL patterns of the custom resources audited; None: all
     kubeconfig: str | None = None
     policy_file: str | None = None
+    # serve --policy-object: each run audits against that GPUPolicy, the file (or the defaults) when it is missing
+    policy_object: str | None = None
     lease_seconds: int = 60
     page_size: int = PAGE_SIZE
 
@@ -199,12 +202,29 @@ class AuditLoop:
     # -- one run --------------------------------------------------------------------------------------
 
     def load_policy(self) -> PolicySet | None:
+        """The policy the webhook enforces: GPUPolicy ``policy_object`` when set and present, else the file; an
+        invalid one leaves the last good policy."""
         try:
-            self.policies = load_policy(self.settings.policy_file)
+            spec = self._policy_spec()
+            if spec is not None:
+                self.policies = build_policy(spec, f"{gpupolicy.KIND}/{self.settings.policy_object}", within="spec")
+            else:
+                self.policies = load_policy(self.settings.policy_file)
         except PolicyError as exc:
             logs.event("audit_policy_invalid", logging.ERROR, error=str(exc)[:500],
                        using="the last good policy" if self.policies else "none: the run is skipped")
         return self.policies
+
+    def _policy_spec(self) -> Any:
+        if not self.settings.policy_object:
+            return None
+        try:
+            obj = self.kube.get(f"{gpupolicy.PATH}/{self.settings.policy_object}")
+        except ApiError as exc:
+            if exc.status == 404:  # no such object (or kind): the file
+                return None
+            raise PolicyError(f"{gpupolicy.KIND}/{self.settings.policy_object}", [f"cannot read: {exc}"]) from None
+        return obj.get("spec") or {}
 
     def check(self, progress: Progress) -> None:
         if self.stop.is_set() or self.lost.is_set():

@@ -473,6 +473,7 @@ def _audit_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         custom=tuple(args.audit_resource) if args.audit_resource else None,
         kubeconfig=args.kubeconfig,
         policy_file=args.policy,
+        policy_object=args.policy_object,
     )
 
 
