@@ -123,6 +123,13 @@ POLICY_GENERATION = Gauge(
     "metadata.generation of the GPUPolicy whose spec the webhook enforces; 0 while it enforces the fallback.",
     multiprocess_mode="livemax",
 )
+# Set by the replica holding the status Lease (the others hold 0), after it reads the generated policies' bindings.
+NATIVE_POLICIES_STALE = Gauge(
+    "gpu_webhook_native_policies_stale",
+    "1 while the generated admission policies read the GPUPolicy live but were generated from other values of its "
+    "compiled keys (its NativePolicies condition says CompiledKeysChanged): they need generating again.",
+    multiprocess_mode="livemax",
+)
 POLICY_STATUS_WRITES = Counter(
     "gpu_webhook_policy_status_writes",
     "Writes of the GPUPolicy's status by this replica (the one holding the status Lease), by result.",
