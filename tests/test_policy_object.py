@@ -443,3 +443,15 @@ def test_the_wait_for_the_first_list_is_bounded(worker):
     assert state.readiness() is None
     state._policy_wait_over()
     assert state._cluster_decided and state.cluster is None  # by the fallback: the built-in defaults
+
+
+def test_the_rejected_gauge_follows_the_last_policy_reload():
+    def rejected():
+        return metrics.REGISTRY.get_sample_value("gpu_webhook_policy_rejected")
+
+    metrics.record_reload("policy", False)
+    assert rejected() == 1
+    metrics.record_reload("certificate", True)
+    assert rejected() == 1
+    metrics.record_reload("policy", True)
+    assert rejected() == 0

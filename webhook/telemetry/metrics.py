@@ -118,6 +118,12 @@ POLICY_OBJECT_PRESENT = Gauge(
     "serves the last good policy, or the fallback).",
     multiprocess_mode="livemax",
 )
+POLICY_REJECTED = Gauge(
+    "gpu_webhook_policy_rejected",
+    "1 while the last reload of the policy failed (the GPUPolicy's spec, or the policy file, refused): the webhook "
+    "enforces the last good policy; 0 once one loads.",
+    multiprocess_mode="livemax",
+)
 POLICY_GENERATION = Gauge(
     "gpu_webhook_policy_generation",
     "metadata.generation of the GPUPolicy whose spec the webhook enforces; 0 while it enforces the fallback.",
@@ -148,6 +154,8 @@ for _result in ("success", "failure"):
 
 def record_reload(what: str, ok: bool) -> None:
     RELOADS.labels(what=what, result="success" if ok else "failure").inc()
+    if what == "policy":
+        POLICY_REJECTED.set(0 if ok else 1)
 
 
 def count_request(endpoint: str, kind: str, decision: str) -> None:
