@@ -156,6 +156,8 @@ def test_dashboard_shows_what_the_operators_need() -> None:
         "gpu_webhook_violations_total",  # refusals by rule
         "gpu_webhook_informer_age_seconds",  # cluster view age
         "gpu_webhook_audit_violations",  # audit violations by namespace
+        "gpu_webhook_policy_generation",  # the GPUPolicy generation each engine enforces
+        "gpu_webhook_native_policy_generation",
     ):
         assert needed in queries
     ids = [p["id"] for p in board["panels"]]

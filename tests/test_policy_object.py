@@ -379,10 +379,12 @@ def test_compiled_keys_changed_is_written_and_counted_by_the_holder_alone(checks
     assert (condition["status"], condition["reason"], condition["observedGeneration"]) == (
         "False", ps.COMPILED_KEYS_CHANGED, 3)
     assert "platform" in condition["message"] and stale_gauge() == 1
+    assert metrics.REGISTRY.get_sample_value("gpu_webhook_native_policy_generation") == 3
 
     lease.free = False  # another replica holds the Lease now and says it
     writer.step(120.0)
     assert not writer.holding and stale_gauge() == 0
+    assert metrics.REGISTRY.get_sample_value("gpu_webhook_native_policy_generation") == 0
 
 
 def test_the_spec_check_refuses_what_the_schema_refuses():

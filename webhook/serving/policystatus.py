@@ -23,8 +23,9 @@ the status subresource, only when what it would write differs from the object's 
   (``params.compiled_digest`` of the policy in force) equals their annotation ``gpu-webhook.io/compiled-keys``;
   ``False`` with reason ``CompiledKeysChanged`` when it differs (the policies must be generated again), ``Inline``
   when they hold values written in when they were generated, ``NotInstalled`` when there are none. The gauge
-  ``gpu_webhook_native_policies_stale`` is 1 while the reason is ``CompiledKeysChanged`` (0 in the replicas that
-  do not hold the Lease).
+  ``gpu_webhook_native_policies_stale`` is 1 while the reason is ``CompiledKeysChanged``, and
+  ``gpu_webhook_native_policy_generation`` is ``status.native.observedGeneration`` (both 0 in the replicas that do
+  not hold the Lease).
 - ``rules``: which engine carries which rule on this cluster (discovered as ``admission-policies --apply``
   discovers it), from the policy in force: ``native`` (rule ids) and ``webhook`` (name and why).
 """
@@ -266,7 +267,7 @@ class StatusWriter:
         elif now - self.renewed >= self._renew_every():
             if not self.lease.renew(now):
                 self.holding = False
-                self._set_stale(False)  # the new holder says
+                self._set_native(None)  # the new holder says
                 logs.event("policy_status_lease_lost", logging.WARNING, identity=self.lease.identity)
                 return 1.0
             self.renewed = now
@@ -276,7 +277,8 @@ class StatusWriter:
             return until_renew
         current = snap.obj.get("status") or {}
         native = self._native_state(snap.generation, now)
-        self._set_stale(native is not None and native.stale)
+        if native is not None:
+            self._set_native(native)
         desired = desired_status(current, snap, self._rules(now), native, now)
         if not changed(current, desired):
             return until_renew
@@ -329,8 +331,12 @@ class StatusWriter:
         return value
 
     @staticmethod
-    def _set_stale(stale: bool) -> None:
-        metrics.safely(lambda: metrics.NATIVE_POLICIES_STALE.set(1 if stale else 0))
+    def _set_native(native: NativeState | None) -> None:
+        def record() -> None:
+            metrics.NATIVE_POLICIES_STALE.set(1 if native is not None and native.stale else 0)
+            metrics.NATIVE_POLICY_GENERATION.set(native.observed or 0 if native is not None else 0)
+
+        metrics.safely(record)
 
     def run(self, parent: int | None = None) -> None:
         backoff = 1.0

@@ -136,6 +136,12 @@ NATIVE_POLICIES_STALE = Gauge(
     "compiled keys (its NativePolicies condition says CompiledKeysChanged): they need generating again.",
     multiprocess_mode="livemax",
 )
+NATIVE_POLICY_GENERATION = Gauge(
+    "gpu_webhook_native_policy_generation",
+    "metadata.generation of the GPUPolicy the generated admission policies enforce (its status.native"
+    ".observedGeneration); 0 when unknown or none are installed. Set by the replica holding the status Lease.",
+    multiprocess_mode="livemax",
+)
 POLICY_STATUS_WRITES = Counter(
     "gpu_webhook_policy_status_writes",
     "Writes of the GPUPolicy's status by this replica (the one holding the status Lease), by result.",
