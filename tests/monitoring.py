@@ -31,7 +31,8 @@ FULLNAME = "gpu-webhook"
 NAMESPACE = "gpu-system"
 
 # Groups dropped while their feature is off, as the template drops them.
-FEATURE_GROUPS = {"gpu-webhook.audit": ("audit", "enabled"), "gpu-webhook.native": ("admissionPolicies", "enabled")}
+FEATURE_GROUPS = {"gpu-webhook.audit": ("audit", "enabled"), "gpu-webhook.native": ("admissionPolicies", "enabled"),
+                  "gpu-webhook.policy": ("policyObject", "enabled")}
 
 # The apiserver's metrics the alerts and the dashboard read, as k8s.io/apiserver v0.30.14 and v0.37.2 register them
 # (pkg/admission/metrics/metrics.go; pkg/admission/plugin/policy/validating/metrics/metrics.go and, from 1.32,

@@ -55,9 +55,13 @@ def all_alerts() -> dict[str, dict[str, Any]]:
 
 def test_default_values_render_the_always_on_groups_only() -> None:
     names = [g["name"] for g in monitoring.rule_groups()]
-    assert names == ["gpu-webhook.apiserver", "gpu-webhook.webhook"]
+    assert names == ["gpu-webhook.apiserver", "gpu-webhook.webhook", "gpu-webhook.policy"]
     on = [g["name"] for g in monitoring.rule_groups(merged(monitoring.chart_values(), EVERYTHING_ON))]
-    assert on == ["gpu-webhook.apiserver", "gpu-webhook.webhook", "gpu-webhook.audit", "gpu-webhook.native"]
+    assert on == ["gpu-webhook.apiserver", "gpu-webhook.webhook", "gpu-webhook.audit", "gpu-webhook.native",
+                  "gpu-webhook.policy"]
+    off = [g["name"] for g in monitoring.rule_groups(merged(monitoring.chart_values(),
+                                                            {"policyObject": {"enabled": False}}))]
+    assert off == ["gpu-webhook.apiserver", "gpu-webhook.webhook"]
 
 
 def test_placeholders_are_replaced_from_the_values() -> None:
@@ -152,6 +156,8 @@ def test_dashboard_shows_what_the_operators_need() -> None:
         "gpu_webhook_violations_total",  # refusals by rule
         "gpu_webhook_informer_age_seconds",  # cluster view age
         "gpu_webhook_audit_violations",  # audit violations by namespace
+        "gpu_webhook_policy_generation",  # the GPUPolicy generation each engine enforces
+        "gpu_webhook_native_policy_generation",
     ):
         assert needed in queries
     ids = [p["id"] for p in board["panels"]]

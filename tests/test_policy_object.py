@@ -9,12 +9,16 @@ import pytest
 from webhook.core.policy import PolicyError, build_policy, parse_policy
 from webhook.kube.client import ApiError
 from webhook.kube.informer import Informer, KubeSource
+from webhook.native import generate as generate_mod
+from webhook.native.generate import generate
 from webhook.native.rules import native_rules
-from webhook.native.target import DEFAULT
+from webhook.native.target import DEFAULT, for_version
 from webhook.serving import policystatus as ps
-from webhook.serving.policyobject import RESOURCE, PolicyObject, Snapshot, StatusSettings
+from webhook.serving.policyobject import RESOURCE, PolicyObject, Snapshot, StatusSettings, spec_text
+from webhook.telemetry import metrics
 
 DEFAULTS = build_policy(None, "default policy", schema_checked=True)
+TARGET_137 = for_version("1.37")
 
 
 class Checks:
@@ -181,25 +185,77 @@ def test_accepted_and_its_transition_time():
     assert refused["webhook"] == {"observedGeneration": 4}
 
 
+def live_state(generation=3):
+    return ps.NativeState(ps.LIVE, f"the native policies read generation {generation} live", generation)
+
+
 def test_other_conditions_are_kept_and_an_unchanged_status_is_not_written():
-    current = {"conditions": [{"type": "NativePolicies", "status": "True"}]}
-    desired = ps.desired_status(current, snap(), {"target": "t", "native": [], "webhook": []}, 3, now=10.0)
-    assert [c["type"] for c in desired["conditions"]] == ["Accepted", "NativePolicies"]
+    current = {"conditions": [{"type": "Ready", "status": "True"}]}
+    desired = ps.desired_status(current, snap(), {"target": "t", "native": [], "webhook": []}, live_state(), now=10.0)
+    assert [c["type"] for c in desired["conditions"]] == ["Accepted", "NativePolicies", "Ready"]
     assert ps.changed(current, desired)
     written = {k: v for k, v in desired.items() if v is not None}
-    assert not ps.changed(written, ps.desired_status(written, snap(), desired["rules"], 3, now=99.0))
-    no_native = ps.desired_status(written, snap(), desired["rules"], None, now=99.0)
+    assert not ps.changed(written, ps.desired_status(written, snap(), desired["rules"], live_state(), now=99.0))
+    none = ps.NativeState(ps.NOT_INSTALLED, "none", None)
+    no_native = ps.desired_status(written, snap(), desired["rules"], none, now=99.0)
     assert no_native["native"] is None and ps.changed(written, no_native)  # merge patch: None removes it
-    assert not ps.changed({**written, "native": None}, no_native)
+    assert no_native["conditions"][1]["reason"] == ps.NOT_INSTALLED
+    after = {k: v for k, v in no_native.items() if v is not None}
+    assert not ps.changed(after, ps.desired_status(after, snap(), desired["rules"], none, now=100.0))
+    # The bindings unreadable: what the status says of them stays.
+    unknown = ps.desired_status(written, snap(), desired["rules"], None, now=99.0)
+    assert "native" not in unknown and not ps.changed(written, unknown)
+    assert [c["type"] for c in unknown["conditions"]] == ["Accepted", "NativePolicies", "Ready"]
 
 
-def test_native_generation_from_the_bindings():
-    assert ps.native_generation([], 7) is None
-    assert ps.native_generation([{"spec": {"paramRef": {"name": "default"}}}], 7) == 7
+def generated_bindings(policy):
+    """The bindings ``admission-policies`` generates for ``policy`` (1.37)."""
+    return [o for o in generate(policy, TARGET_137).objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+
+
+def test_the_native_policies_condition_from_the_bindings():
+    state = ps.native_state([], 7, DEFAULTS)
+    assert (state.reason, state.status, state.observed, state.stale) == (ps.NOT_INSTALLED, "False", None, False)
+
+    live = parse_policy("accelerator:\n  allowed: [nvidia-l4]\n", "values")
+    bindings = generated_bindings(live)
+    assert bindings and all(generate_mod.COMPILED_ANNOTATION in b["metadata"]["annotations"] for b in bindings)
+    # The object's live values changed: the policies read them, nothing to generate.
+    edited = parse_policy("accelerator:\n  allowed: [nvidia-h100]\nlimits:\n  perPod: 4\n", "object")
+    state = ps.native_state(bindings, 7, edited)
+    assert (state.reason, state.status, state.observed, state.stale) == (ps.LIVE, "True", 7, False)
+    assert "generation 7" in state.message
+
+    # A compiled key changed: the policies hold its old value.
+    compiled = parse_policy("accelerator:\n  allowed: [nvidia-l4]\nexcludeNamespaces: [batch]\n", "object")
+    state = ps.native_state(bindings, 8, compiled)
+    assert (state.reason, state.status, state.observed, state.stale) == (ps.COMPILED_KEYS_CHANGED, "False", 8, True)
+    assert "excludeNamespaces" in state.message and "helm upgrade" in state.message
+    assert "admission-policies --apply" in state.message
+
+    # Inline: the values were written in; the generation they came from when the bindings say it.
+    inline = parse_policy("nativePolicies:\n  params: inline\n", "values")
+    state = ps.native_state(generated_bindings(inline), 9, inline)
+    assert (state.reason, state.status, state.observed, state.stale) == (ps.INLINE, "False", None, False)
+    assert "helm upgrade" in state.message
     annotated = [{"metadata": {"annotations": {ps.POLICY_GENERATION_ANNOTATION: "5"}}},
                  {"metadata": {"annotations": {ps.POLICY_GENERATION_ANNOTATION: "6"}}}]
-    assert ps.native_generation(annotated, 7) == 5
-    assert ps.native_generation([{"metadata": {}}], 7) is None
+    state = ps.native_state(annotated, 9, inline)
+    assert (state.reason, state.observed) == (ps.INLINE, 5) and "generation 5" in state.message
+
+    # Live bindings from a generator that did not record the compiled keys: live, unchecked.
+    state = ps.native_state([{"spec": {"paramRef": {"name": "default"}}}], 7, DEFAULTS)
+    assert (state.reason, state.observed) == (ps.LIVE, 7) and "not checked" in state.message
+
+
+def test_the_chart_values_and_the_object_made_from_them_agree():
+    """GPUPolicy/default is made from the same values the policies are generated from: Live, not stale."""
+    values = parse_policy("platform: gke\naccelerator:\n  allowed: [nvidia-l4]\nexcludeNamespaces: [batch]\n"
+                          "namespaces:\n  dev:\n    enforcement: warn\n", "values")
+    made = generate(values, TARGET_137).policy_object
+    assert made is not None
+    from_object = parse_policy(spec_text(made), "GPUPolicy/default generation 1")
+    assert ps.native_state(generated_bindings(values), 1, from_object).reason == ps.LIVE
 
 
 def test_the_rules_say_which_engine_carries_which():
@@ -233,12 +289,14 @@ class FakeKube:
     def __init__(self):
         self.patches = []
         self.fail = None
+        self.bindings = [{"spec": {"paramRef": {"name": "default"}}}]
 
     def get(self, path, query=None):
         if path == "/version":
             return {"major": "1", "minor": "37"}
         if path.endswith("validatingadmissionpolicybindings"):
-            return {"items": [{"spec": {"paramRef": {"name": "default"}}}]}
+            assert query == {"labelSelector": "app.kubernetes.io/component=admission-policies"}
+            return {"items": self.bindings}
         return {"resources": [{"name": "validatingadmissionpolicies", "kind": "ValidatingAdmissionPolicy"},
                               {"name": "mutatingadmissionpolicies", "kind": "MutatingAdmissionPolicy"}]}
 
@@ -274,6 +332,8 @@ def test_the_holder_writes_once_when_it_changes_at_most_every_interval(checks):
     status = body["status"]
     assert status["webhook"] == {"observedGeneration": 2} and status["native"] == {"observedGeneration": 2}
     assert "Kubernetes 1.37" in status["rules"]["target"]
+    native = [c for c in status["conditions"] if c["type"] == "NativePolicies"]
+    assert [(c["status"], c["reason"], c["observedGeneration"]) for c in native] == [("True", ps.LIVE, 2)]
 
     # The watch brings the status back: nothing to write.
     obj.apply("MODIFIED", gpupolicy(2, {"accelerator": {"allowed": ["nvidia-l4"]}}, status=status, rv="8"))
@@ -297,6 +357,34 @@ def test_a_lost_lease_stops_the_writes_and_a_conflict_waits_for_the_watch(checks
     lease.free = False
     writer.step(110.0)
     assert not writer.holding and lease.renewals == 1
+
+
+def stale_gauge():
+    return metrics.REGISTRY.get_sample_value("gpu_webhook_native_policies_stale")
+
+
+def test_compiled_keys_changed_is_written_and_counted_by_the_holder_alone(checks):
+    lease = FakeLease()
+    writer, kube, obj = writer_with(checks, lease)
+    kube.bindings = generated_bindings(parse_policy("accelerator:\n  allowed: [nvidia-l4]\n", "values"))
+    writer.step(100.0)
+    status = kube.patches[-1][2]["status"]
+    assert status["conditions"][1]["reason"] == ps.LIVE and stale_gauge() == 0
+
+    # A compiled key edited in the object: the bindings are read again for the new generation.
+    obj.apply("MODIFIED", gpupolicy(3, {"accelerator": {"allowed": ["nvidia-l4"]}, "platform": "gke"},
+                                    status=status, rv="9"))
+    writer.step(103.0)
+    condition = kube.patches[-1][2]["status"]["conditions"][1]
+    assert (condition["status"], condition["reason"], condition["observedGeneration"]) == (
+        "False", ps.COMPILED_KEYS_CHANGED, 3)
+    assert "platform" in condition["message"] and stale_gauge() == 1
+    assert metrics.REGISTRY.get_sample_value("gpu_webhook_native_policy_generation") == 3
+
+    lease.free = False  # another replica holds the Lease now and says it
+    writer.step(120.0)
+    assert not writer.holding and stale_gauge() == 0
+    assert metrics.REGISTRY.get_sample_value("gpu_webhook_native_policy_generation") == 0
 
 
 def test_the_spec_check_refuses_what_the_schema_refuses():
@@ -357,3 +445,15 @@ def test_the_wait_for_the_first_list_is_bounded(worker):
     assert state.readiness() is None
     state._policy_wait_over()
     assert state._cluster_decided and state.cluster is None  # by the fallback: the built-in defaults
+
+
+def test_the_rejected_gauge_follows_the_last_policy_reload():
+    def rejected():
+        return metrics.REGISTRY.get_sample_value("gpu_webhook_policy_rejected")
+
+    metrics.record_reload("policy", False)
+    assert rejected() == 1
+    metrics.record_reload("certificate", True)
+    assert rejected() == 1
+    metrics.record_reload("policy", True)
+    assert rejected() == 0

@@ -56,7 +56,9 @@ def test_the_crd_names_the_resource_of_core_gpupolicy():
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns == {"Accepted": '.status.conditions[?(@.type=="Accepted")].status',
                        "Webhook": ".status.webhook.observedGeneration",
-                       "Native": ".status.native.observedGeneration", "Age": ".metadata.creationTimestamp"}
+                       "Native": ".status.native.observedGeneration",
+                       "Native Policies": '.status.conditions[?(@.type=="NativePolicies")].reason',
+                       "Age": ".metadata.creationTimestamp"}
 
 
 def test_the_spec_schema_is_structural_and_bounded():

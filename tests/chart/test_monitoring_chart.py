@@ -44,6 +44,7 @@ RULE_VALUES: dict[str, dict[str, Any]] = {
         "admissionPolicies": {"enabled": True},
         "webhook": {"timeoutSeconds": 12},
     },
+    "policy-object-off": {"metrics": {"prometheusRule": {"enabled": True}}, "policyObject": {"enabled": False}},
     "odd-interval": {"metrics": {"prometheusRule": {"enabled": True}}, "audit": {"enabled": True, "interval": "2.5m"}},
 }
 

@@ -3,6 +3,7 @@ the object deleted, and one replica of two writing the status (the Lease)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -12,7 +13,10 @@ import pytest
 from tests.e2e import gpupolicy as gp
 from tests.manifests import admission_review, container, pod
 from tests.server import WebhookProcess, make_certs, start_webhook
+from webhook.core.policy import parse_policy
 from webhook.kube.client import Kube
+from webhook.native import params
+from webhook.native.generate import COMPILED_ANNOTATION, LABELS
 
 pytestmark = pytest.mark.e2e
 
@@ -123,6 +127,47 @@ def test_an_invalid_spec_is_refused_and_the_last_good_policy_stays(live_webhook,
     assert "perContainer" in accepted["message"], accepted
     assert status["status"]["webhook"]["observedGeneration"] == good
     assert any('"reload_failed"' in line and "perContainer" in line for line in live_webhook.log_lines())
+
+
+BINDINGS = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+
+
+def test_the_native_policies_condition_follows_the_compiled_keys(live_webhook, kube):
+    """A binding as admission-policies generates it (labelled, reading GPUPolicy/default, annotated with the digest
+    of the compiled keys): Live while they match; CompiledKeysChanged, and the stale gauge 1, once one is edited."""
+    spec = {"accelerator": {"allowed": ["nvidia-l4"]}}
+    digest = params.compiled_digest(parse_policy(json.dumps(spec), "values").document)
+    binding = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+               "metadata": {"name": "gpu-webhook-e2e-status", "labels": dict(LABELS),
+                            "annotations": {COMPILED_ANNOTATION: digest}},
+               "spec": {"policyName": "gpu-webhook-e2e-status", "validationActions": ["Deny"],
+                        "paramRef": dict(params.PARAM_REF)}}
+    kube.create(BINDINGS, binding)
+    try:
+        generation = gp.put_spec(kube, {**spec, "limits": {"perPod": 4}})["metadata"]["generation"]
+        status = eventually_status(kube, lambda s: native_reason(s, generation) == "Live")
+        assert status["status"]["native"]["observedGeneration"] == generation
+        assert gp.condition(status, "NativePolicies")["status"] == "True"
+        assert live_webhook.metric("gpu_webhook_native_policies_stale") == 0
+
+        generation = gp.put_spec(kube, {**spec, "excludeNamespaces": ["batch"]})["metadata"]["generation"]
+        status = eventually_status(kube, lambda s: native_reason(s, generation) == "CompiledKeysChanged")
+        condition = gp.condition(status, "NativePolicies")
+        assert condition["status"] == "False" and "admission-policies --apply" in condition["message"]
+        eventually("the stale gauge", lambda: live_webhook.metric("gpu_webhook_native_policies_stale") == 1)
+    finally:
+        kube.delete(f"{BINDINGS}/gpu-webhook-e2e-status")
+    generation = gp.put_spec(kube, spec)["metadata"]["generation"]
+    status = eventually_status(kube, lambda s: native_reason(s, generation) == "NotInstalled")
+    assert "native" not in status["status"]
+    eventually("the stale gauge", lambda: live_webhook.metric("gpu_webhook_native_policies_stale") == 0)
+
+
+def native_reason(status: dict, generation: int) -> str | None:
+    for c in status.get("conditions") or []:
+        if c.get("type") == "NativePolicies" and c.get("observedGeneration") == generation:
+            return c.get("reason")
+    return None
 
 
 def test_deleted_keeps_the_last_good_policy_and_says_so(live_webhook, kube):

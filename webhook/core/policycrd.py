@@ -275,6 +275,8 @@ PRINTER_COLUMNS = [
      "description": "The generation the webhook enforces"},
     {"name": "Native", "type": "integer", "jsonPath": ".status.native.observedGeneration",
      "description": "The generation the native admission policies enforce"},
+    {"name": "Native Policies", "type": "string", "jsonPath": '.status.conditions[?(@.type=="NativePolicies")].reason',
+     "description": "Live, Inline, CompiledKeysChanged (generate them again) or NotInstalled"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -18,6 +18,14 @@ the status subresource, only when what it would write differs from the object's 
 - ``status.native.observedGeneration``: when the generated ValidatingAdmissionPolicyBindings exist, the generation the
   native policies enforce: ``metadata.generation`` when they read the object live (a ``paramRef``), else the
   generation they were generated from (annotation ``gpu-webhook.io/policy-generation``); absent otherwise.
+- ``NativePolicies``: whether the generated admission policies enforce this object as it is: ``True``, reason
+  ``Live``, when their bindings read it through ``params`` and the digest of its compiled keys
+  (``params.compiled_digest`` of the policy in force) equals their annotation ``gpu-webhook.io/compiled-keys``;
+  ``False`` with reason ``CompiledKeysChanged`` when it differs (the policies must be generated again), ``Inline``
+  when they hold values written in when they were generated, ``NotInstalled`` when there are none. The gauge
+  ``gpu_webhook_native_policies_stale`` is 1 while the reason is ``CompiledKeysChanged``, and
+  ``gpu_webhook_native_policy_generation`` is ``status.native.observedGeneration`` (both 0 in the replicas that do
+  not hold the Lease).
 - ``rules``: which engine carries which rule on this cluster (discovered as ``admission-policies --apply``
   discovers it), from the policy in force: ``native`` (rule ids) and ``webhook`` (name and why).
 """
@@ -33,6 +41,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,7 +50,8 @@ from webhook.core.policy import PolicyError, PolicySet, build_policy
 from webhook.kube.client import ApiError, ConfigError, Kube, NotServed
 from webhook.kube.informer import Informer, KubeSource
 from webhook.kube.lease import Lease
-from webhook.native.generate import LABELS, left_to_webhook
+from webhook.native import params
+from webhook.native.generate import COMPILED_ANNOTATION, LABELS, left_to_webhook
 from webhook.native.rules import native_rules
 from webhook.native.target import GROUP, MUTATING_VERSIONS, Target, TargetError, from_discovery, parse_minor
 from webhook.serving import policies
@@ -87,23 +97,65 @@ def rules_status(policy: PolicySet, target: Target) -> dict[str, Any]:
     }
 
 
-def native_generation(bindings: Sequence[Mapping[str, Any]], generation: int) -> int | None:
-    """The generation the generated policies enforce, from their bindings; None when there are none."""
+# The NativePolicies condition's reasons.
+LIVE, INLINE, COMPILED_KEYS_CHANGED, NOT_INSTALLED = "Live", "Inline", "CompiledKeysChanged", "NotInstalled"
+REGENERATE = "run helm upgrade, or gpu-webhook admission-policies --apply"
+
+
+@dataclass(frozen=True)
+class NativeState:
+    """What the generated admission policies enforce, from their bindings: the NativePolicies condition and
+    ``status.native.observedGeneration`` (None: absent)."""
+
+    reason: str
+    message: str
+    observed: int | None
+
+    @property
+    def status(self) -> str:
+        return "True" if self.reason == LIVE else "False"
+
+    @property
+    def stale(self) -> bool:
+        return self.reason == COMPILED_KEYS_CHANGED
+
+
+def _annotation(obj: Mapping[str, Any], name: str) -> str | None:
+    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(name)
+    return value if isinstance(value, str) else None
+
+
+def compiled_keys() -> str:
+    """The compiled keys, for a message."""
+    return ", ".join(params.COMPILED)
+
+
+def native_state(bindings: Sequence[Mapping[str, Any]], generation: int, policy: PolicySet) -> NativeState:
+    """The state of the generated policies whose ``bindings`` are these, for the object at ``generation`` whose
+    policy in force is ``policy``."""
     if not bindings:
-        return None
-    if any((b.get("spec") or {}).get("paramRef") for b in bindings):
-        return generation  # they read the object live
-    found = []
-    for binding in bindings:
-        value = ((binding.get("metadata") or {}).get("annotations") or {}).get(POLICY_GENERATION_ANNOTATION)
-        if isinstance(value, str) and value.isdigit():
-            found.append(int(value))
-    return min(found) if found else None
+        return NativeState(NOT_INSTALLED, "no generated ValidatingAdmissionPolicyBindings "
+                           f"({COMPONENT_SELECTOR}): the webhook alone enforces this policy", None)
+    if not any((b.get("spec") or {}).get("paramRef") for b in bindings):
+        found = [int(v) for b in bindings if (v := _annotation(b, POLICY_GENERATION_ANNOTATION)) and v.isdigit()]
+        since = f"generation {min(found)}" if found else "the values of the last helm upgrade or --apply"
+        return NativeState(INLINE, f"the native policies hold the values written into them from {since} "
+                           "(nativePolicies.params: inline): an edit of this object reaches the webhook only until "
+                           f"they are generated again ({REGENERATE})", min(found) if found else None)
+    digests = {d for b in bindings if (d := _annotation(b, COMPILED_ANNOTATION))}
+    wanted = params.compiled_digest(policy.document)
+    if digests and digests != {wanted}:
+        return NativeState(COMPILED_KEYS_CHANGED, "the native policies read this object live, but the keys compiled "
+                           f"into them changed since they were generated ({compiled_keys()}): they still hold the "
+                           f"old values of those keys; {REGENERATE}", generation)
+    checked = "" if digests else " (their compiled keys are not recorded: not checked)"
+    return NativeState(LIVE, f"the native policies read generation {generation} live{checked}", generation)
 
 
 def desired_status(current: Mapping[str, Any], snap: Snapshot, rules: Mapping[str, Any] | None,
-                   native: int | None, now: float) -> dict[str, Any]:
-    """The status to write over ``current``: the keys this writer owns, other conditions kept."""
+                   native: NativeState | None, now: float) -> dict[str, Any]:
+    """The status to write over ``current``: the keys this writer owns, other conditions kept. ``native`` None: the
+    bindings could not be read, and what the status says of them stays as it is."""
     previous = list(current.get("conditions") or [])
     if snap.problems:
         serving = f"generation {snap.enforced}" if snap.enforced else "its fallback policy"
@@ -115,12 +167,19 @@ def desired_status(current: Mapping[str, Any], snap: Snapshot, rules: Mapping[st
     else:
         accepted = condition("Accepted", "True", "Valid", f"the webhook enforces generation {snap.enforced}",
                              snap.generation, now, previous)
-    return {
-        "conditions": [accepted, *(c for c in previous if c.get("type") != "Accepted")],
+    mine = [accepted]
+    if native is not None:
+        mine.append(condition("NativePolicies", native.status, native.reason, native.message, snap.generation, now,
+                              previous))
+    types = {c["type"] for c in mine}
+    out: dict[str, Any] = {
+        "conditions": [*mine, *(c for c in previous if c.get("type") not in types)],
         "webhook": {"observedGeneration": snap.enforced},
-        "native": {"observedGeneration": native} if native is not None else None,
         "rules": dict(rules) if rules is not None else None,
     }
+    if native is not None:
+        out["native"] = {"observedGeneration": native.observed} if native.observed is not None else None
+    return out
 
 
 def _pruned(value: Any) -> Any:
@@ -185,7 +244,7 @@ class StatusWriter:
         self.last_write = float("-inf")
         self.target: Target | None = None
         self.discovered = float("-inf")
-        self._native: tuple[int, float, int | None] | None = None  # generation, when, value
+        self._native: tuple[int, PolicySet, float, NativeState | None] | None = None  # generation, policy, when, value
         self._rules_for: tuple[PolicySet, Target, dict[str, Any]] | None = None
         self.wake = threading.Event()
         self.stop = threading.Event()
@@ -208,6 +267,7 @@ class StatusWriter:
         elif now - self.renewed >= self._renew_every():
             if not self.lease.renew(now):
                 self.holding = False
+                self._set_native(None)  # the new holder says
                 logs.event("policy_status_lease_lost", logging.WARNING, identity=self.lease.identity)
                 return 1.0
             self.renewed = now
@@ -216,7 +276,10 @@ class StatusWriter:
         if not (snap.listed and snap.present and snap.obj is not None):
             return until_renew
         current = snap.obj.get("status") or {}
-        desired = desired_status(current, snap, self._rules(now), self._native_generation(snap.generation, now), now)
+        native = self._native_state(snap.generation, now)
+        if native is not None:
+            self._set_native(native)
+        desired = desired_status(current, snap, self._rules(now), native, now)
         if not changed(current, desired):
             return until_renew
         if now - self.last_write < self.settings.interval:
@@ -250,20 +313,30 @@ class StatusWriter:
             self._rules_for = (policy, self.target, rules_status(policy, self.target))
         return self._rules_for[2]
 
-    def _native_generation(self, generation: int, now: float) -> int | None:
+    def _native_state(self, generation: int, now: float) -> NativeState | None:
+        policy = self.obj.value
         cached = self._native
-        if cached is not None and cached[0] == generation and now - cached[1] < NATIVE_EVERY:
-            return cached[2]
+        if cached is not None and cached[0] == generation and cached[1] is policy and now - cached[2] < NATIVE_EVERY:
+            return cached[3]
+        value: NativeState | None
         try:
             listing = self.kube.get(BINDINGS_PATH, {"labelSelector": COMPONENT_SELECTOR})
-            value = native_generation(listing.get("items") or [], generation)
+            value = native_state(listing.get("items") or [], generation, policy)
         except NotServed:
-            value = None
+            value = native_state([], generation, policy)
         except ApiError as exc:
             logs.event("policy_status_bindings_failed", logging.WARNING, error=str(exc)[:300])
-            value = cached[2] if cached is not None else None
-        self._native = (generation, now, value)
+            value = cached[3] if cached is not None else None
+        self._native = (generation, policy, now, value)
         return value
+
+    @staticmethod
+    def _set_native(native: NativeState | None) -> None:
+        def record() -> None:
+            metrics.NATIVE_POLICIES_STALE.set(1 if native is not None and native.stale else 0)
+            metrics.NATIVE_POLICY_GENERATION.set(native.observed or 0 if native is not None else 0)
+
+        metrics.safely(record)
 
     def run(self, parent: int | None = None) -> None:
         backoff = 1.0

@@ -118,9 +118,28 @@ POLICY_OBJECT_PRESENT = Gauge(
     "serves the last good policy, or the fallback).",
     multiprocess_mode="livemax",
 )
+POLICY_REJECTED = Gauge(
+    "gpu_webhook_policy_rejected",
+    "1 while the last reload of the policy failed (the GPUPolicy's spec, or the policy file, refused): the webhook "
+    "enforces the last good policy; 0 once one loads.",
+    multiprocess_mode="livemax",
+)
 POLICY_GENERATION = Gauge(
     "gpu_webhook_policy_generation",
     "metadata.generation of the GPUPolicy whose spec the webhook enforces; 0 while it enforces the fallback.",
+    multiprocess_mode="livemax",
+)
+# Set by the replica holding the status Lease (the others hold 0), after it reads the generated policies' bindings.
+NATIVE_POLICIES_STALE = Gauge(
+    "gpu_webhook_native_policies_stale",
+    "1 while the generated admission policies read the GPUPolicy live but were generated from other values of its "
+    "compiled keys (its NativePolicies condition says CompiledKeysChanged): they need generating again.",
+    multiprocess_mode="livemax",
+)
+NATIVE_POLICY_GENERATION = Gauge(
+    "gpu_webhook_native_policy_generation",
+    "metadata.generation of the GPUPolicy the generated admission policies enforce (its status.native"
+    ".observedGeneration); 0 when unknown or none are installed. Set by the replica holding the status Lease.",
     multiprocess_mode="livemax",
 )
 POLICY_STATUS_WRITES = Counter(
@@ -141,6 +160,8 @@ for _result in ("success", "failure"):
 
 def record_reload(what: str, ok: bool) -> None:
     RELOADS.labels(what=what, result="success" if ok else "failure").inc()
+    if what == "policy":
+        POLICY_REJECTED.set(0 if ok else 1)
 
 
 def count_request(endpoint: str, kind: str, decision: str) -> None:
