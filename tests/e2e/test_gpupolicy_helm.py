@@ -117,10 +117,18 @@ def test_a_fresh_install_renders_the_policy_from_values(helm, clean):
     cluster, release = clean, "gw-crd-new"
     try:
         helm("install", release, str(CHART), "-n", NAMESPACE, "--create-namespace", *BASE, *policy_values(POLICY))
-        spec, _, configmap = the_policy(cluster, release)
+        spec, uid, configmap = the_policy(cluster, release)
         assert configmap == POLICY and spec == as_spec(POLICY)
         rbac = get(cluster, "clusterrole", f"{release}-gpu-webhook-policy")
-        assert {"gpupolicies": ["get", "list", "watch"], "gpupolicies/status": ["update", "patch"]} == {
+        assert {"gpupolicies": ["get", "list", "watch"], "gpupolicies/status": ["update", "patch"],
+                "validatingadmissionpolicybindings": ["list"]} == {
             rule["resources"][0]: rule["verbs"] for rule in rbac["rules"]}
+        # A rollback runs the chart's post-rollback hooks: the revision's policy is applied to the object again.
+        changed = {**POLICY, "limits": {"perPod": 2}}
+        helm("upgrade", release, str(CHART), "-n", NAMESPACE, "--reuse-values", *policy_values(changed))
+        assert the_policy(cluster, release)[0] == as_spec(changed)
+        helm("rollback", release, "1", "-n", NAMESPACE)
+        spec, same_uid, configmap = the_policy(cluster, release)
+        assert (spec, same_uid, configmap) == (as_spec(POLICY), uid, POLICY)
     finally:
         helm("uninstall", release, "-n", NAMESPACE, check=False)
