@@ -500,3 +500,20 @@ def test_e_two_apiservers_see_an_edit_at_different_moments(bed):
         peer.stop()
     gp.put_spec(bed.kube, SPEC)
     eventually("the spec again", bed.enforced, timeout=30)
+
+
+def test_c_control_the_same_restart_without_the_generated_policies(bed):
+    """Attributes (c): the same restart and load with none of the generated policies applied."""
+    bed.delete_policies()
+    eventually("the policies gone", lambda: bed.api.create(FRACTIONAL, TENANT).admitted, timeout=30)
+    bed.cluster.stop_apiserver()
+    bed.cluster.restart_apiserver()
+    seen = load(bed.api, time.monotonic(), 15.0)
+    bed.figures["c control: 15 s from /readyz without the policies"] = timeline(seen)
+    assert all(t.answer.admitted for t in seen if t.case == "cpu kube-system"), timeline(seen)
+    started = time.monotonic()
+    bed.apply_policies()
+    took = eventually("enforced again", bed.enforced, timeout=120)
+    bed.figures["c control: policies applied again, enforced (s, with the apply)"] = round(
+        time.monotonic() - started, 1)
+    assert took < 120
