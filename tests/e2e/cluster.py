@@ -153,7 +153,7 @@ def _start(name: str, args: list[str], workdir: Path) -> Process:
 
 
 def _wait(url: str, proc: Process, context: ssl.SSLContext | None = None, token: str | None = None,
-          timeout: float = 120) -> None:
+          timeout: float = 120, every: float = 0.25) -> None:
     deadline = time.monotonic() + timeout
     last = ""
     opener = _opener(context)
@@ -167,8 +167,23 @@ def _wait(url: str, proc: Process, context: ssl.SSLContext | None = None, token:
                     return
         except OSError as exc:
             last = str(exc)
-        time.sleep(0.25)
+        time.sleep(every)
     raise RuntimeError(f"{proc.name} not ready at {url} within {timeout}s ({last}):\n{proc.log.read_text()[-4000:]}")
+
+
+@dataclass
+class Peer:
+    """A second kube-apiserver of a ControlPlane (``start_peer_apiserver``): its URL and a kubeconfig for it."""
+
+    plane: ControlPlane
+    process: Process
+    url: str
+    kubeconfig: Path
+
+    def stop(self) -> None:
+        self.process.stop()
+        if self.process in self.plane.processes:
+            self.plane.processes.remove(self.process)
 
 
 @dataclass
@@ -247,11 +262,33 @@ current-context: e2e
         apiserver = _start("kube-apiserver", self.apiserver_args, self.workdir)
         self.processes.append(apiserver)
         context = ssl.create_default_context(cafile=str(self.ca_file))
-        _wait(f"{self.url}/readyz", apiserver, context, ADMIN_TOKEN, timeout=180)
+        _wait(f"{self.url}/readyz", apiserver, context, ADMIN_TOKEN, timeout=180, every=0.05)
 
     def restart_apiserver(self) -> None:
-        """Start the apiserver again on the same port and etcd (for tests that stop it)."""
+        """Start the apiserver again on the same port and etcd (for tests that stop it). Returns once ``/readyz``
+        answers 200 (polled every 50 ms)."""
         self._start_apiserver()
+
+    def stop_apiserver(self) -> None:
+        """SIGTERM the main kube-apiserver (not a peer) and forget it; etcd and the rest keep running."""
+        for process in [p for p in self.processes if p.name == "kube-apiserver"]:
+            process.stop()
+            self.processes.remove(process)
+
+    def start_peer_apiserver(self, name: str = "peer") -> Peer:
+        """A second kube-apiserver on the same etcd, with the same flags, certificate, tokens and service-account
+        keys, on a port of its own: what an HA control plane runs. Each apiserver has its own caches (the param
+        informers of admission policies among them). Stopped with the plane, or by ``Peer.stop()``."""
+        port = free_port()
+        args = [f"--secure-port={port}" if a.startswith("--secure-port=") else a for a in self.apiserver_args]
+        process = _start(f"kube-apiserver-{name}", args, self.workdir)
+        self.processes.append(process)
+        url = f"https://127.0.0.1:{port}"
+        _wait(f"{url}/readyz", process, ssl.create_default_context(cafile=str(self.ca_file)), ADMIN_TOKEN,
+              timeout=180, every=0.05)
+        kubeconfig = self.workdir / f"kubeconfig-{name}"
+        kubeconfig.write_text(self.kubeconfig.read_text().replace(self.url, url))
+        return Peer(self, process, url, kubeconfig)
 
     def start_scheduler(self) -> Process:
         scheduler = _start("kube-scheduler", [

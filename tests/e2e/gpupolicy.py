@@ -36,8 +36,9 @@ def crd() -> dict[str, Any]:
     }
 
 
-def install_crd(cluster) -> None:
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(crd()), check=True)
+def install_crd(cluster, definition: dict[str, Any] | None = None) -> None:
+    """Apply ``definition`` (default: the minimal ``crd()``) and wait until the resource is served."""
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(definition or crd()), check=True)
     cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=30s", check=True)
     deadline = time.monotonic() + 30
     while cluster.kubectl("get", CRD_NAME).returncode != 0:  # discovery catches up after Established
