@@ -81,6 +81,10 @@ INVALID: dict[str, tuple[dict[str, Any], str, str]] = {
         "default": "b"}}}}, "spec.namespaces", "accelerator.default is not in the allowed list"),
     "no-domain": ({"resources": ["nvidia.com/gpu", "gpu"]}, "spec.resources[1]",
                   "'gpu' has no domain (GPUs are extended resources such as nvidia.com/gpu)"),
+    # gpu-webhook refuses it because it matches cpu; stored, the generated policies would read it while the webhook
+    # kept its last good policy
+    "domain-in-brackets": ({"resources": ["nvidia.com/gpu", "cp[u/]"]}, "spec.resources[1]",
+                           "'cp[u/]' has its domain's '/' only inside [...]"),
     "custom-kind-without-templates": ({"nativePolicies": {"customKinds": [{"group": "a.io", "resource": "bs"}]}},
                                       "spec.nativePolicies.customKinds[0]", "give templates (pod templates)"),
     "pattern": ({"excludeNamespaces": ["Not_A_Name"]}, "spec.excludeNamespaces[0]", "should match"),

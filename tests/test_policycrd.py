@@ -57,7 +57,7 @@ def test_the_crd_names_the_resource_of_core_gpupolicy():
     assert columns == {"Accepted": '.status.conditions[?(@.type=="Accepted")].status',
                        "Webhook": ".status.webhook.observedGeneration",
                        "Native": ".status.native.observedGeneration",
-                       "Native Policies": '.status.conditions[?(@.type=="NativePolicies")].reason',
+                       "Native-Policies": '.status.conditions[?(@.type=="NativePolicies")].reason',
                        "Age": ".metadata.creationTimestamp"}
 
 

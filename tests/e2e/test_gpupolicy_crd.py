@@ -44,7 +44,7 @@ def test_the_crd_is_established_with_its_printer_columns(installed):
     assert conditions["Established"] == "True" and conditions["NamesAccepted"] == "True"
     installed.kubectl("apply", "-f", "-", stdin=gpupolicy_object("columns", {}), check=True)
     header = installed.kubectl("get", "gpupol", "columns", check=True).stdout.splitlines()[0].split()
-    assert header == ["NAME", "ACCEPTED", "WEBHOOK", "NATIVE", "AGE"]
+    assert header == ["NAME", "ACCEPTED", "WEBHOOK", "NATIVE", "NATIVE-POLICIES", "AGE"]
 
 
 @pytest.mark.parametrize("mode", ["server-side", "client-side"])

@@ -55,6 +55,9 @@ _BY_PLACE: dict[tuple[str, ...], int] = {
 NAMESPACE_NAME = "lowercase letters, digits and '-', at most 63"
 _NAMESPACE_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 NO_DOMAIN = "has no domain (GPUs are extended resources such as nvidia.com/gpu)"
+IN_BRACKETS = "has its domain's '/' only inside [...], so it may match cpu or memory: write the domain outside brackets"
+# From the start, characters that are neither '[' nor '/', or whole [...] groups, then a '/'.
+_DOMAIN_OUTSIDE_BRACKETS = r"^(?:[^\\[/]|\\[[^\\]]*\\])*/"
 CUSTOM_KIND = "give templates (pod templates), or resources (resource blocks) with kind"
 NOT_ALLOWED = "is not in the allowed list"
 
@@ -142,7 +145,10 @@ def _rules(node: Mapping[str, Any], place: tuple[str, ...]) -> list[dict[str, An
     if "anyOf" in node:  # a custom kind's
         return [{"rule": "has(self.templates) || (has(self.resources) && has(self.kind))", "message": CUSTOM_KIND}]
     if place == ("resources", "*"):
-        return [{"rule": "self.contains('/')", "messageExpression": f"\"'\" + self + \"' {NO_DOMAIN}\""}]
+        # A domain outside any [...]: a '/' inside one ('cp[u/]') lets the pattern match cpu, as fnmatch reads it.
+        return [{"rule": f"self.matches('{_DOMAIN_OUTSIDE_BRACKETS}')",
+                 "messageExpression": f"\"'\" + self + (self.contains('/') ? \"' {IN_BRACKETS}\" : "
+                                      f"\"' {NO_DOMAIN}\")"}]
     if place == ("accelerator",):
         return [copy.deepcopy(_ACCELERATOR_RULE)]
     if place == ("namespaces",):
@@ -275,7 +281,7 @@ PRINTER_COLUMNS = [
      "description": "The generation the webhook enforces"},
     {"name": "Native", "type": "integer", "jsonPath": ".status.native.observedGeneration",
      "description": "The generation the native admission policies enforce"},
-    {"name": "Native Policies", "type": "string", "jsonPath": '.status.conditions[?(@.type=="NativePolicies")].reason',
+    {"name": "Native-Policies", "type": "string", "jsonPath": '.status.conditions[?(@.type=="NativePolicies")].reason',
      "description": "Live, Inline, CompiledKeysChanged (generate them again) or NotInstalled"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
