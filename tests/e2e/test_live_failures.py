@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.e2e import gpupolicy as gp
 from tests.e2e.cluster import ADMIN_TOKEN, ControlPlane
@@ -510,6 +511,33 @@ def test_e_two_apiservers_see_an_edit_at_different_moments(bed):
         peer.stop()
     gp.put_spec(bed.kube, SPEC)
     eventually("the spec again", bed.enforced, timeout=30)
+
+
+def test_c_inline_the_same_restart_with_the_policies_generated_inline(bed):
+    """Attributes (c) between the modes: the same restart and load with the same policy generated inline (values
+    written in, no params: a deny and a warn policy per family) in place of the live ones."""
+    inline = generate(parse_policy(yaml.safe_dump({**SPEC, "nativePolicies": {"params": "inline"}})),
+                      discover(bed.kube)).objects
+    bed.delete_policies()
+    bed.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=to_yaml(inline), check=True)
+    eventually("the inline policies enforced",
+               lambda: bed.api.create(TWO_GPUS, TENANT).by(LIVE) and bed.api.create(FRACTIONAL, TENANT).by(
+                   "gpu-webhook-custom-deny"), timeout=120)
+    bed.figures["c inline: objects, bytes as JSON"] = [len(inline), len(json.dumps(inline))]
+    bed.figures["c live: objects, bytes as JSON"] = [len(bed.policies()), len(json.dumps(bed.policies()))]
+    bed.cluster.stop_apiserver()
+    bed.cluster.restart_apiserver()
+    ready = time.monotonic()
+    seen = load(bed.api, ready, 45.0)
+    bed.figures["c inline: 45 s from /readyz, 4 clients"] = timeline(seen)
+    bed.figures["c inline: first admitted (s after /readyz): cpu tenant, cpu kube-system"] = [
+        first_admitted(seen, "cpu tenant"), first_admitted(seen, "cpu kube-system")]
+    bed.kube.close()
+    bed.kube = Kube.connect(str(bed.cluster.kubeconfig))
+    bed.cluster.kubectl("delete", "--ignore-not-found", "--wait", "-f", "-", stdin=to_yaml(inline), check=True)
+    bed.apply_policies()
+    eventually("the live policies enforced again", bed.enforced, timeout=120)
+    assert first_admitted(seen, "cpu kube-system") is not None, timeline(seen)
 
 
 def test_c_control_the_same_restart_without_the_generated_policies(bed):
