@@ -292,8 +292,11 @@ def _validating_policy(name: str, policies: PolicySet, family: Family, action: s
         } for r in rules]
     spec: dict[str, Any] = {
         # A deny policy that cannot evaluate refuses, as the webhook's failurePolicy Fail does; warnings never
-        # stop an object.
-        "failurePolicy": "Fail" if action == "deny" else "Ignore",
+        # stop an object. One that reads GPUPolicy/default ignores: the apiserver resolves params before
+        # matchConditions, so while it cannot (the CRD just installed, ~30 s after each restart of an apiserver)
+        # Fail would refuse every pod it matches, CPU pods too; the seed's hard rules, without params, still fail
+        # closed.
+        "failurePolicy": "Fail" if action == "deny" and mode != LIVE else "Ignore",
         "matchConstraints": _match_constraints(family, custom_kinds, exclude),
     }
     if mode == LIVE:
