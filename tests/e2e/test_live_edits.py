@@ -8,7 +8,7 @@ default) and GPUPolicy/default. Each test then replaces the object's spec by the
 
 (a) the allowed accelerators, (b) a cap (``limits.perContainer``), (c) a namespace override that loosens (the
 namespace's caps above the global ones), (d) one that tightens (its caps and accelerators below), (e) a rule moved
-from deny to warn (``checks.privilegedGpu: warn``), (f) a rule turned off (``checks.gpuDeviceMount: off``).
+from deny to warn (``checks.privilegedGpu: warn``), (f) a rule turned off (``checks.cdiAnnotation: off``).
 
 After each edit the test waits until the apiserver answers, for every object of the corpus whose verdict the edit
 changes, as ``webhook.rules.admission.decide`` does on the edited policy (the edit → enforcement time is printed),
@@ -18,8 +18,10 @@ Last, the edit → enforcement latency of the native engine: 24 merge patches of
 adding and removing the one a probe Pod selects, each followed by server-side dry-run creates of the probe every
 ~20 ms until its verdict flips; p50 and p99 are printed beside the issue's 2 s goal, and p99 must be within 5 s.
 
-Run time: the differential after every edit costs about one corpus differential per edit; measured per bed (see
-tests/e2e/README.md), it stays within a few minutes a bed, so every bed runs all six edits.
+Run time: the differential costs 20-28 s a time here (454 objects), so all six edits and the latency take about
+5.5 min a bed on this shared 2-core machine (measured on 1.37, tests/e2e/README.md). So the six edits run on the
+oldest and the newest beds (1.30, 1.37, ``FULL``); the others (1.34 with MutatingAdmissionPolicy v1beta1, 1.36) run
+one edit (``ONE``: a namespace override that loosens, what the live mode adds) and the latency test.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import copy
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -47,6 +49,7 @@ from tests.e2e.native_bed import (
     parsed,
     policies_named,
     seen,
+    split_denials,
     written,
 )
 from tests.native_corpus import BUILTIN, NS, POLICY, Case, as_pod, compare, corpus, gpu, spec
@@ -63,6 +66,8 @@ PROBE_ACCELERATOR = "nvidia-h100"
 LATENCY_EDITS = 24
 POLL = 0.02
 GOAL, BOUND = 2.0, 5.0
+FULL = ("1.30", "1.37")
+ONE = "namespace-loosens"
 
 
 def _allowed(document: dict[str, Any]) -> None:
@@ -87,7 +92,9 @@ def _warn(document: dict[str, Any]) -> None:
 
 
 def _off(document: dict[str, Any]) -> None:
-    document.setdefault("checks", {})["gpuDeviceMount"] = "off"
+    # Not gpuDeviceMount: off, it admits Pods whose hostPath holds '..', which the apiserver's own validation
+    # refuses before admission (the corpus holds that the webhook refuses what the apiserver does).
+    document.setdefault("checks", {})["cdiAnnotation"] = "off"
 
 
 EDITS: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
@@ -105,6 +112,7 @@ def edited(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
 class Live:
     bed: NativeBed
     current: PolicySet  # what GPUPolicy/default holds now
+    split: dict[str, list[str]] = field(default_factory=dict)  # by edit: denials missing another policy's words
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +143,7 @@ def until_enforced(live: Live, new: PolicySet, timeout: float = 60) -> tuple[flo
     while True:
         answers = [ask(bed.api, c) for c in changed]
         found = compare(new, bed.generated, changed, [seen(c, a) for c, a in zip(changed, answers, strict=True)])
+        split_denials(bed, new, changed, answers, found)
         if not found:
             return time.monotonic() - start, len(changed)
         assert time.monotonic() - start < timeout, \
@@ -146,6 +155,9 @@ def until_enforced(live: Live, new: PolicySet, timeout: float = 60) -> tuple[flo
 def test_an_edit_of_the_policy_object_alone_reaches_the_native_engine(live, edit):
     name, change = edit
     bed = live.bed
+    assert bed.cluster.bed is not None
+    if bed.cluster.bed.id not in FULL and name != ONE:
+        pytest.skip(f"the six edits run on {', '.join(FULL)}; {bed.cluster.bed.id} runs {ONE} (run time)")
     document = edited(change)
     new = parsed(document)
     before = {o["metadata"]["name"]: o["metadata"].get("resourceVersion") for o in bed.generated.objects}
@@ -154,7 +166,8 @@ def test_an_edit_of_the_policy_object_alone_reaches_the_native_engine(live, edit
     applied = time.monotonic() - started
     took, changed = until_enforced(live, new)
     live.current = new
-    result = differential(bed, new, f" after {name}")
+    result = differential(bed, new, f" after {name}", excuse_split=True)
+    live.split[name] = result.split
     print(f"{bed.target.describe()}: {name}: kubectl apply {applied:.2f} s, {changed} verdicts changed, enforced "
           f"{took:.2f} s after it; {result.summary}")
     assert not result.found, result.summary + "\n" + result.found.details()
@@ -163,6 +176,20 @@ def test_an_edit_of_the_policy_object_alone_reaches_the_native_engine(live, edit
     sources = foreign_sources(result)
     assert not sources, "refused or warned by another family's policy:\n" + "\n".join(sources)
     assert before == {o["metadata"]["name"]: o["metadata"].get("resourceVersion") for o in bed.generated.objects}
+
+
+@pytest.mark.xfail(strict=True, reason="live mode cuts a family's deny rules into several policies and the "
+                   "apiserver returns the first denying policy's message alone: an object two of them refuse is told "
+                   "only one policy's violations (the webhook lists them all)")
+def test_every_denial_lists_every_violation_as_the_webhook_does(live):
+    """After the edits above: each refusal names every violation the webhook names (as the inline mode's one deny
+    policy per family does). Counted apart by the edit tests; a strict xfail until the generator keeps them
+    together, so a fix shows up as an XPASS."""
+    assert live.split, "run with the edit tests"
+    split = [f"{edit}: {line}" for edit, lines in live.split.items() for line in lines]
+    print(f"{live.bed.target.describe()}: {len(split)} denials list only the first denying policy's violations "
+          f"({', '.join(f'{edit} {len(lines)}' for edit, lines in live.split.items())})")
+    assert not split, "\n".join(split[:20])
 
 
 def test_edit_to_enforcement_latency_of_the_native_engine(live):
