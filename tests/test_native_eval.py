@@ -20,6 +20,7 @@ from tests.celeval import Answer, Request, evaluate
 from tests.native_corpus import (
     NS,
     POLICY,
+    Case,
     Seen,
     as_pod,
     as_pytorchjob,
@@ -199,3 +200,27 @@ def test_every_version_between_decides_the_corpus_as_the_webhook_does(version):
     assert evaluation.compile_errors == []
     found = compare(POLICIES, generate(POLICIES, target), cases, [seen(a) for a in evaluation.answers])
     assert not found, found.summary(target.describe(), len(cases)) + "\n" + found.details()
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="live mode cuts a family's deny rules into several policies and the apiserver returns the "
+                   "first denying policy's message alone (tests/e2e/test_live_edits.py counts them)")
+def test_an_object_two_live_deny_policies_refuse_is_told_every_violation():
+    """``limits.perContainer: 2`` and an init container asking 4 GPUs: per-container-limit (gpu-webhook-custom-deny)
+    and init-container-gpus (gpu-webhook-custom-deny-2). The webhook's denial lists both; the apiserver's (as
+    celeval dispatches, the first refusal) only one policy's."""
+    import yaml
+
+    document = yaml.safe_load(POLICY)
+    document["limits"]["perContainer"] = 2
+    policies = parse_policy(yaml.safe_dump(document))
+    target = for_version("1.37")
+    obj = as_pytorchjob("init-peak", spec(gpu(1, "a"), initContainers=[gpu(4, "warm")]), {})
+    # The custom family's policies alone (they decide a PyTorchJob), and GPUPolicy/default.
+    objects = [o for o in validating(target, policies) if o["metadata"]["name"].startswith("gpu-webhook-custom-")
+               or o["kind"] == "GPUPolicy"]
+    assert [o["metadata"]["name"] for o in objects if o["metadata"]["name"].startswith("gpu-webhook-custom-deny-2")]
+    answer = evaluate(objects, [Request(obj, NS)], compatibility(target)).answers[0]
+    found = compare(policies, generate(policies, target), [Case("init-peak", NS, obj)], [seen(answer)])
+    assert not answer.allowed and not found.verdicts, found.details()
+    assert not found.words, found.details()
