@@ -16,7 +16,7 @@ import pytest
 
 from webhook.core.policy import load_policy, parse_policy
 from webhook.native.generate import generate, to_yaml
-from webhook.native.target import DEFAULT, OLDEST, Target, for_version
+from webhook.native.target import DEFAULT, OLDEST, for_version
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 TARGETS = {"admission-policies-default.yaml": DEFAULT,

@@ -357,9 +357,7 @@ def test_a_bad_isolation_policy_is_refused_naming_the_key(text, problem):
 
 
 def test_the_native_policies_defaults_are_the_ones_the_generator_reads():
-    from webhook.native.generate import settings
-
-    from webhook.native.generate import live
+    from webhook.native.generate import live, settings
 
     assert DEFAULTS["nativePolicies"] == {"customKinds": [], "excludeNamespaces": [], "params": "live"}
     # live by default; inline as the policy says
