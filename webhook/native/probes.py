@@ -99,6 +99,7 @@ def candidates(policy: Policy) -> list[tuple[str, dict[str, Any], dict[str, str]
     outside = next(f"gpu-webhook-probe-{i}" for i in range(100) if f"gpu-webhook-probe-{i}" not in allowed)
     other = next(f"gpu-webhook-probe-{i}" for i in range(100, 200) if f"gpu-webhook-probe-{i}" not in allowed)
     out: list[tuple[str, dict[str, Any], dict[str, str]]] = [
+        ("a GPU pod", {"containers": [_container("c", one)]}, {}),
         ("half a GPU", {"containers": [_container("c", {gpu: "0.5"})]}, {}),
         ("accelerators that disagree", {"containers": [_container("c", one)],
                                          "nodeSelector": {policy.node_label: other}}, {policy.annotation: outside}),
@@ -121,7 +122,6 @@ def candidates(policy: Policy) -> list[tuple[str, dict[str, Any], dict[str, str]
         ("a GPU pod with spec.nodeName", {"nodeName": "gpu-webhook-probe", "containers": [_container("c", one)]}, {}),
         ("a CPU pod on GPU nodes", {"containers": [_container("c", {"cpu": "100m"})],
                                     "nodeSelector": {policy.node_label: outside}}, {}),
-        ("a GPU pod", {"containers": [_container("c", one)]}, {}),
     ]
     return out
 
@@ -231,11 +231,13 @@ def probes(generated: Generated, policies: PolicySet, namespace: str,
     for obj in generated.objects:
         name = str(obj["metadata"]["name"])
         if obj["kind"] == "MutatingAdmissionPolicy":
-            for pod in pods:
-                expect = mutation_expected(pod, policy, namespace)
-                if expect:
-                    found.append(Probe(name, "mutate", namespace, [(pod, "")], expect=expect))
-                    break
+            # A pod the policies admit (a refusal hides the mutation), and one the mutation changes; the
+            # expectation is the first's (each candidate is judged alone, so each carries its own).
+            changed = [(pod, mutation_expected(pod, policy, namespace)) for pod in pods
+                       if admission.decide(pod, "", "Pod", namespace, policies).allowed]
+            changed = [(pod, expect) for pod, expect in changed if expect]
+            if changed:
+                found.append(Probe(name, "mutate", namespace, [(changed[0][0], "")], expect=changed[0][1]))
             else:
                 missing[name] = "no GPU pod it changes under this policy"
             continue
