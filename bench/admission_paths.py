@@ -421,9 +421,10 @@ def apply_params(plane: Any, workdir: Path, policy: dict[str, Any] | None) -> st
         policy_file = workdir / "policy.yaml"
         policy_file.write_text(yaml.safe_dump(policy))
     args = ["--policy", str(policy_file)] if policy_file else []
+    # --apply waits until the apiserver enforces the policies; a loaded bench machine may need longer than its default.
     done = subprocess.run([sys.executable, "-m", "webhook", "admission-policies", *args,
-                           "--apply", "--kubeconfig", str(plane.kubeconfig)],
-                          capture_output=True, text=True, timeout=300, check=False)
+                           "--apply", "--wait", "300", "--kubeconfig", str(plane.kubeconfig)],
+                          capture_output=True, text=True, timeout=400, check=False)
     if done.returncode:
         raise RuntimeError(f"admission-policies --apply: {done.stderr}")
     return done.stderr

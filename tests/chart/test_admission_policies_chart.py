@@ -146,7 +146,7 @@ def test_hook_jobs_service_accounts_and_rbac(helm: Helm) -> None:
             assert set(rule["verbs"]) == {"get", "list", "delete"}
         else:
             assert args == ["admission-policies", "--policy", "/etc/gpu-webhook/policy.yaml", "--apply",
-                            "--wait", "60", "--probe-namespace", "default"]
+                            "--wait", "120", "--probe-namespace", "default"]
             assert set(rule["verbs"]) == {"get", "list", "create", "patch", "delete"}
             # The enforcement probes: dry-run creates of Pods and ResourceClaims in the probe namespace, nothing more.
             role, role_binding = kinds["Role"], kinds["RoleBinding"]

@@ -259,9 +259,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     native.add_argument("--delete", action="store_true", help="delete every object this command labelled, and exit")
     native.add_argument(
-        "--wait", type=float, default=60.0, metavar="SECONDS",
+        "--wait", type=float, default=120.0, metavar="SECONDS",
         help="with --apply: wait at most this long until the apiserver enforces every applied policy (a server-side "
-        "dry-run probe per policy); exit 2 naming those that never took effect; 0: do not wait (default: 60)",
+        "dry-run probe per policy); exit 2 naming those that never took effect; 0: do not wait (default: 120)",
     )
     native.add_argument(
         "--probe-namespace", default="default", metavar="NAMESPACE",
