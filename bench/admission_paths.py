@@ -1,20 +1,25 @@
-"""Admission time per pod creation through a real kube-apiserver, four ways side by side in one run.
+"""Admission time per pod creation through a real kube-apiserver, five ways side by side in one run.
 
     .venv/bin/python -m bench.admission_paths                     # 3 rounds of 200 creates per configuration
-    .venv/bin/python -m bench.admission_paths --creates 5 --rounds 1 --corpus 20   # smoke
+    .venv/bin/python -m bench.admission_paths --creates 5 --rounds 1 --corpus 20 --memory-rounds 0  # smoke
     .venv/bin/python -m bench.admission_paths --before 90e4bde --policy default     # before/after, default policy
 
 One control plane (tests/e2e/cluster.py: the main bed's kube-apiserver, v1.37.2 today, and etcd on loopback, built
-by ``tests/prepare control-plane``), one ``gpu-webhook serve`` on loopback (one worker), and four namespaces (six
+by ``tests/prepare control-plane``), one ``gpu-webhook serve`` on loopback (one worker), and five namespaces (seven
 with ``--before``), one per configuration, all live at once so that rounds interleave without waiting for the
 apiserver to pick up changes:
 
 - ``bench-none``: nothing of ours applies (every webhook configuration excludes it, no binding selects it);
 - ``bench-webhook``: the chart's webhook configurations (mutate + validate, ``helm template`` with ``webhook.url``);
-- ``bench-native``: ``gpu-webhook admission-policies --policy P --apply``, each binding then narrowed by
-  ``matchResources.namespaceSelector`` to the namespaces labelled ``gw-bench/native=true``;
-- ``bench-hybrid``: the same policies and the chart's configurations rendered with ``admissionPolicies.enabled=true``
-  (a second release name: its own configurations, with the hybrid ``matchConditions``);
+- ``bench-inline``: today's generator with ``nativePolicies.params: inline`` (the policy's values written into the
+  CEL), every object renamed ``inline-...`` and relabelled, bindings narrowed to the namespaces labelled
+  ``gw-bench/native-inline=true``;
+- ``bench-params``: the live mode (the default): the GPUPolicy CRD (``webhook.core.policycrd.crd()``),
+  GPUPolicy/default holding the policy, then ``gpu-webhook admission-policies --policy P --apply``, each binding
+  then narrowed by ``matchResources.namespaceSelector`` to the namespaces labelled ``gw-bench/native=true``;
+- ``bench-hybrid``: the same live policies and the chart's configurations rendered with
+  ``admissionPolicies.enabled=true`` (a second release name: its own configurations, with the hybrid
+  ``matchConditions``);
 - with ``--before REF``, ``bench-native-before`` and ``bench-hybrid-before``: the same two from the tree at REF
   (``git archive`` of its webhook/ and charts/): its ``admission-policies`` output, each object renamed
   ``before-...`` and relabelled so that today's generator neither prunes nor patches it, bindings narrowed to
@@ -36,7 +41,11 @@ percentiles over every create, ratios to "none". Then a corpus of mixed objects 
 workloads, PyTorchJobs, pods with DRA claims, some breaking the policy) goes once to the webhook and once to the
 hybrid namespace, and the webhook's decision log says how many admission requests each one cost it.
 
-Results go to stdout (JSON, then a Markdown table) and to bench/results/admission-paths.json.
+Then (``--memory-rounds``, default 1) the kube-apiserver's memory, one fresh control plane per mode and round:
+none, inline, params (CRD + GPUPolicy/default + the live objects); VmRSS and the Go heap in use after 20 GPU pod
+dry-runs and 5 s, before and after the mode's objects are applied and enforced.
+
+Results go to stdout (JSON, then Markdown tables) and to bench/results/admission-paths.json.
 """
 
 from __future__ import annotations
@@ -66,13 +75,17 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "admission-paths.json"
 CHART = ROOT / "charts" / "gpu-webhook"
 PYTORCHJOB_CRD = ROOT / "tests" / "e2e" / "pytorchjob-crd.yaml"
-CONFIGS = ("none", "webhook", "native", "hybrid")
-BEFORE_CONFIGS = ("none", "webhook", "native-before", "native", "hybrid-before", "hybrid")
+CONFIGS = ("none", "webhook", "inline", "params", "hybrid")
+BEFORE_CONFIGS = ("none", "webhook", "native-before", "inline", "params", "hybrid-before", "hybrid")
 NAMESPACES = {c: f"bench-{c}" for c in BEFORE_CONFIGS}
-NATIVE_LABEL = "gw-bench/native"
+NATIVE_LABEL = "gw-bench/native"  # params and hybrid: today's admission-policies --apply (live, the default)
+INLINE_LABEL = "gw-bench/native-inline"
 BEFORE_LABEL = "gw-bench/native-before"
 BEFORE_PREFIX = "before-"
 BEFORE_COMPONENT = "admission-policies-before"  # not today's label: its --apply would prune them
+INLINE_PREFIX = "inline-"
+INLINE_COMPONENT = "admission-policies-inline"
+MODES = ("none", "inline", "params")  # the apiserver's memory, one fresh control plane each
 POLICY_SELECTOR = "app.kubernetes.io/name=gpu-webhook,app.kubernetes.io/component=admission-policies"
 STEP = "apiserver_admission_step_admission_duration_seconds"
 POLICY_CHECK = "apiserver_validating_admission_policy_check_duration_seconds"
@@ -338,16 +351,16 @@ def generate_before(tree: Path, policy_file: Path | None) -> tuple[list[dict[str
 
 
 def rename_before(documents: list[dict[str, Any]], prefix: str = BEFORE_PREFIX,
-                  label: str = BEFORE_LABEL) -> list[dict[str, Any]]:
-    """The old generator's objects under names of their own: ``prefix`` before every name and policyName, a
-    component label today's ``admission-policies --apply`` does not prune, bindings narrowed to the namespaces
-    labelled ``label=true``."""
+                  label: str = BEFORE_LABEL, component: str = BEFORE_COMPONENT) -> list[dict[str, Any]]:
+    """The old generator's objects (or the inline ones) under names of their own: ``prefix`` before every name and
+    policyName, a component label (``component``) today's ``admission-policies --apply`` does not prune, bindings
+    narrowed to the namespaces labelled ``label=true``."""
     renamed = []
     for document in documents:
         document = json.loads(json.dumps(document))  # a deep copy, YAML anchors undone
         metadata = document["metadata"]
         metadata["name"] = prefix + metadata["name"]
-        metadata.setdefault("labels", {})["app.kubernetes.io/component"] = BEFORE_COMPONENT
+        metadata.setdefault("labels", {})["app.kubernetes.io/component"] = component
         if document["kind"].endswith("Binding"):
             document["spec"]["policyName"] = prefix + document["spec"]["policyName"]
             document["spec"].setdefault("matchResources", {})["namespaceSelector"] = {"matchLabels": {label: "true"}}
@@ -355,32 +368,105 @@ def rename_before(documents: list[dict[str, Any]], prefix: str = BEFORE_PREFIX,
     return renamed
 
 
-def set_up(plane: Any, server: Any, workdir: Path, configs: tuple[str, ...] = CONFIGS,
-           policy: dict[str, Any] | None = POLICY, before: Path | None = None) -> dict[str, Any]:
-    """Namespaces, today's policies and webhook configurations, and with ``before`` the old tree's; what the
-    generators said on stderr."""
-    for config in configs:
-        labels = ({NATIVE_LABEL: "true"} if config in ("native", "hybrid")
-                  else {BEFORE_LABEL: "true"} if config in ("native-before", "hybrid-before") else {})
-        kubectl(plane, "apply", "-f", "-", stdin=json.dumps(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACES[config], "labels": labels}}))
-    kubectl(plane, "apply", "-f", str(PYTORCHJOB_CRD))
-    kubectl(plane, "wait", "--for=condition=Established", "crd/pytorchjobs.kubeflow.org", "--timeout=30s")
+def inline_document(policy: dict[str, Any] | None) -> dict[str, Any]:
+    """``policy`` (None: the embedded default, i.e. no keys) with ``nativePolicies.params: inline``."""
+    document = json.loads(json.dumps(policy or {}))
+    document.setdefault("nativePolicies", {})["params"] = "inline"
+    return document
+
+
+def generate_here(plane: Any, document: dict[str, Any]) -> list[dict[str, Any]]:
+    """Today's generator on ``document``, for what the bed's apiserver serves (offline: nothing applied)."""
+    from webhook.cli.policies import discover
+    from webhook.core.policy import parse_policy
+    from webhook.kube.client import Kube
+    from webhook.native.generate import generate
+
+    kube = Kube.connect(str(plane.kubeconfig), timeout=30.0)
+    try:
+        target = discover(kube)
+    finally:
+        kube.close()
+    return generate(parse_policy(yaml.safe_dump(document)), target).objects
+
+
+def install_policy_object(plane: Any, policy: dict[str, Any] | None) -> dict[str, Any]:
+    """The GPUPolicy CRD (``webhook.core.policycrd.crd()``, as the chart installs it) and GPUPolicy/default holding
+    ``policy`` (as the generator writes it, through ``policycrd.as_spec``), which the live policies read."""
+    from webhook.core import policycrd
+    from webhook.core.policy import parse_policy
+    from webhook.native.generate import policy_object
+
+    definition = policycrd.crd()
+    kubectl(plane, "apply", "--server-side", "--field-manager=gw-bench", "-f", "-", stdin=json.dumps(definition))
+    kubectl(plane, "wait", "--for=condition=Established", f"crd/{definition['metadata']['name']}", "--timeout=30s")
+    obj = policy_object(parse_policy(yaml.safe_dump(policy or {})))
+    obj["spec"] = policycrd.as_spec(obj["spec"])
+    deadline = time.monotonic() + 30
+    while True:  # discovery catches up a moment after Established
+        done = plane.kubectl("apply", "--server-side", "--field-manager=gw-bench", "-f", "-", stdin=json.dumps(obj))
+        if not done.returncode:
+            return obj
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"cannot apply GPUPolicy/default: {done.stderr}")
+        time.sleep(0.5)
+
+
+def apply_params(plane: Any, workdir: Path, policy: dict[str, Any] | None) -> str:
+    """The params configuration: the CRD, GPUPolicy/default, then ``admission-policies --apply`` (live mode, the
+    default); what it said on stderr."""
+    install_policy_object(plane, policy)
     policy_file = None
     if policy is not None:
         policy_file = workdir / "policy.yaml"
         policy_file.write_text(yaml.safe_dump(policy))
     args = ["--policy", str(policy_file)] if policy_file else []
+    # --apply waits until the apiserver enforces the policies; a loaded bench machine may need longer than its default.
     done = subprocess.run([sys.executable, "-m", "webhook", "admission-policies", *args,
-                           "--apply", "--kubeconfig", str(plane.kubeconfig)],
-                          capture_output=True, text=True, timeout=120, check=False)
+                           "--apply", "--wait", "300", "--kubeconfig", str(plane.kubeconfig)],
+                          capture_output=True, text=True, timeout=400, check=False)
     if done.returncode:
         raise RuntimeError(f"admission-policies --apply: {done.stderr}")
-    said: dict[str, Any] = {"after": done.stderr}
+    return done.stderr
+
+
+def apply_inline(plane: Any, policy: dict[str, Any] | None, label: str = INLINE_LABEL) -> list[str]:
+    """The inline configuration: today's generator with ``nativePolicies.params: inline``, every object renamed
+    ``inline-...`` and relabelled (``--apply`` neither prunes nor patches it), bindings narrowed to the namespaces
+    labelled ``label=true``; server-side (the inline custom-kind policy is over 256 KiB, too large for the
+    annotation a client-side apply writes). The objects applied."""
+    objects = rename_before(generate_here(plane, inline_document(policy)), INLINE_PREFIX, label, INLINE_COMPONENT)
+    kubectl(plane, "apply", "--server-side", "--field-manager=gw-bench", "-f", "-",
+            stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    return [f"{d['kind']}/{d['metadata']['name']}" for d in objects]
+
+
+def namespace(plane: Any, config: str) -> None:
+    labels = ({NATIVE_LABEL: "true"} if config in ("params", "hybrid")
+              else {INLINE_LABEL: "true"} if config == "inline"
+              else {BEFORE_LABEL: "true"} if config in ("native-before", "hybrid-before") else {})
+    kubectl(plane, "apply", "-f", "-", stdin=json.dumps(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACES[config], "labels": labels}}))
+
+
+def set_up(plane: Any, server: Any, workdir: Path, configs: tuple[str, ...] = CONFIGS,
+           policy: dict[str, Any] | None = POLICY, before: Path | None = None) -> dict[str, Any]:
+    """Namespaces, today's policies (live with GPUPolicy/default, and inline) and webhook configurations, and with
+    ``before`` the old tree's; what the generators said on stderr."""
+    for config in configs:
+        namespace(plane, config)
+    kubectl(plane, "apply", "-f", str(PYTORCHJOB_CRD))
+    kubectl(plane, "wait", "--for=condition=Established", "crd/pytorchjobs.kubeflow.org", "--timeout=30s")
+    said: dict[str, Any] = {"after": apply_params(plane, workdir, policy),
+                            "inline_objects": apply_inline(plane, policy)}
     selector = {"spec": {"matchResources": {"namespaceSelector": {"matchLabels": {NATIVE_LABEL: "true"}}}}}
     for kind in ("validatingadmissionpolicybinding", "mutatingadmissionpolicybinding"):
         for name in kubectl(plane, "get", kind, "-l", POLICY_SELECTOR, "-o", "name").split():
             kubectl(plane, "patch", name, "--type=merge", "-p", json.dumps(selector))
+    policy_file = None
+    if policy is not None:
+        policy_file = workdir / "policy.yaml"
+        policy_file.write_text(yaml.safe_dump(policy))
     releases = [("gpu-webhook", "webhook", False, CHART), ("gw-hybrid", "hybrid", True, CHART)]
     if before is not None:
         documents, said["before"] = generate_before(before, policy_file)
@@ -431,7 +517,8 @@ def expected(configs: tuple[str, ...], policy: dict[str, Any] | None) -> dict[st
     """What the probe must see: refused by the webhook or the deny policy of the configuration's generator, the
     policy's default accelerator injected (the embedded default policy has none)."""
     injected = default_accelerator(policy)
-    who = {"none": "nobody", "webhook": "webhook", "native": "native:gpu-webhook-deny",
+    who = {"none": "nobody", "webhook": "webhook", "params": "native:gpu-webhook-deny",
+           "inline": f"native:{INLINE_PREFIX}gpu-webhook-deny",
            "hybrid": "native:gpu-webhook-deny", "native-before": f"native:{BEFORE_PREFIX}gpu-webhook-deny",
            "hybrid-before": f"native:{BEFORE_PREFIX}gpu-webhook-deny"}
     return {c: f"{who[c]}/{None if c == 'none' else injected}" for c in configs}
@@ -605,6 +692,118 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+MEMORY_GAUGES = ("go_memstats_heap_inuse_bytes", "go_memstats_sys_bytes")
+
+
+def process_memory(pid: int) -> dict[str, float]:
+    """VmRSS and VmHWM of a process, MB."""
+    found = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            found[key] = round(int(rest.split()[0]) / 1024, 1)
+    return found
+
+
+def gauges(api: Api) -> dict[str, float]:
+    """The apiserver's Go memory gauges (MB) from its /metrics."""
+    status, payload, _ = api.request("GET", "/metrics")
+    if status != 200:
+        raise RuntimeError(f"/metrics answered {status}")
+    found = {}
+    for line in payload.decode().splitlines():
+        name, _, value = line.partition(" ")
+        if name in MEMORY_GAUGES:
+            found[name] = round(float(value) / 2**20, 1)
+    return found
+
+
+def memory_sample(api: Api, pid: int, namespace: str, creates: int, settle: float) -> dict[str, float]:
+    """After ``creates`` dry-run creates of the GPU pod in ``namespace`` and ``settle`` seconds: RSS and heap."""
+    for i in range(creates):
+        api.dry_run(gpu_pod(f"mem-{i}"), namespace)
+    time.sleep(settle)
+    return {**process_memory(pid), **gauges(api)}
+
+
+def memory(bin_dir: Path, workdir: Path, policy: dict[str, Any] | None, rounds: int, creates: int = 20,
+           settle: float = 5.0) -> dict[str, Any]:
+    """The kube-apiserver's memory with nothing of ours (none), the inline objects, and the live ones with the CRD and
+    GPUPolicy/default (params): one fresh control plane per mode and round; in each, RSS (and the Go heap) after
+    ``creates`` GPU pod dry-runs and ``settle`` s, before and after the mode's objects are applied and enforced."""
+    from tests.e2e.cluster import ADMIN_TOKEN, ControlPlane
+
+    samples = []
+    for round_no in range(rounds):
+        for mode in MODES:
+            where = workdir / f"memory-{mode}-{round_no}"
+            where.mkdir()
+            plane = ControlPlane(bin_dir, where)
+            plane.start()
+            api = Api(plane.url, ADMIN_TOKEN, plane.ca_file)
+            try:
+                pid = next(p.proc.pid for p in reversed(plane.processes) if p.name == "kube-apiserver")
+                namespace(plane, mode)
+                kubectl(plane, "apply", "-f", str(PYTORCHJOB_CRD))
+                kubectl(plane, "wait", "--for=condition=Established", "crd/pytorchjobs.kubeflow.org",
+                        "--timeout=30s")
+                before = memory_sample(api, pid, NAMESPACES[mode], creates, settle)
+                objects = 0
+                if mode == "params":
+                    apply_params(plane, where, policy)
+                    objects = len(kubectl(plane, "get", "validatingadmissionpolicies,mutatingadmissionpolicies,"
+                                          "validatingadmissionpolicybindings,mutatingadmissionpolicybindings",
+                                          "-l", POLICY_SELECTOR, "-o", "name").split())
+                elif mode == "inline":
+                    objects = len(apply_inline(plane, policy))
+                wait_configured(api, (mode,), policy)
+                after = memory_sample(api, pid, NAMESPACES[mode], creates, settle)
+                samples.append({"mode": mode, "round": round_no, "objects": objects, "before": before,
+                                "after": after})
+            finally:
+                api.close()
+                plane.stop()
+    summary: dict[str, Any] = {}
+    for mode in MODES:
+        mine = [s for s in samples if s["mode"] == mode]
+        summary[mode] = {
+            "rss_mb": statistics.median(s["after"]["VmRSS"] for s in mine),
+            "rss_over_start_mb": statistics.median(s["after"]["VmRSS"] - s["before"]["VmRSS"] for s in mine),
+            "heap_inuse_mb": statistics.median(s["after"]["go_memstats_heap_inuse_bytes"] for s in mine),
+            "heap_inuse_over_start_mb": statistics.median(
+                s["after"]["go_memstats_heap_inuse_bytes"] - s["before"]["go_memstats_heap_inuse_bytes"]
+                for s in mine),
+            "objects": mine[0]["objects"],
+        }
+    for mode in MODES:
+        for key in ("rss_mb", "heap_inuse_mb"):
+            summary[mode][key.replace("_mb", "_over_none_mb")] = round(summary[mode][key] - summary["none"][key], 1)
+    return {"rounds": rounds, "creates": creates, "settle_s": settle, "samples": samples, "summary": summary}
+
+
+def memory_table(result: dict[str, Any]) -> str:
+    lines = ["| mode | objects | apiserver RSS MB (over none) | RSS growth on apply MB | Go heap in use MB (over none) "
+             "| heap growth on apply MB |", "|---|---|---|---|---|---|"]
+    for mode, e in result["summary"].items():
+        lines.append(f"| {mode} | {e['objects']} | {e['rss_mb']:.1f} ({e['rss_over_none_mb']:+.1f}) | "
+                     f"{e['rss_over_start_mb']:+.1f} | "
+                     f"{e['heap_inuse_mb']:.1f} ({e['heap_inuse_over_none_mb']:+.1f}) | "
+                     f"{e['heap_inuse_over_start_mb']:+.1f} |")
+    return "\n".join(lines)
+
+
+def ratios(summary: dict[str, Any]) -> dict[str, float | None]:
+    """Admission total of params over inline, and of each over the webhook's (issue 34's goal: params <= 1.2 x
+    inline)."""
+    def over(a: str, b: str) -> float | None:
+        if a not in summary or b not in summary or not summary[b]["total_ms"]:
+            return None
+        return round(summary[a]["total_ms"] / summary[b]["total_ms"], 2)
+
+    return {"params_over_inline": over("params", "inline"), "params_over_webhook": over("params", "webhook"),
+            "inline_over_webhook": over("inline", "webhook"), "hybrid_over_webhook": over("hybrid", "webhook")}
+
+
 def run(plane: Any, creates: int, rounds: int, corpus_size: int, workdir: Path, policy_name: str = "bench",
         before_ref: str | None = None) -> dict[str, Any]:
     from tests.e2e.cluster import ADMIN_TOKEN
@@ -634,7 +833,7 @@ def run(plane: Any, creates: int, rounds: int, corpus_size: int, workdir: Path, 
         for r in measured:
             r.pop("walls_ms", None)  # the summary's percentiles hold them
         traffic_configs = ("webhook", "hybrid-before", "hybrid") if before_ref else ("webhook", "hybrid")
-        result = {"rounds": measured, "summary": summary, "probe": configured,
+        result = {"rounds": measured, "summary": summary, "ratios": ratios(summary), "probe": configured,
                   "traffic": traffic(api, server, corpus_size, traffic_configs),
                   "seconds": round(time.monotonic() - started, 1), "policy": policy_name,
                   "policy_document": policy, "apiserver_version": plane.version(), "generators_said": said}
@@ -655,12 +854,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="bench: the bench's policy (default); default: the embedded default policy")
     parser.add_argument("--before", metavar="REF", default=None,
                         help="also measure native-before and hybrid-before: the generator and chart of this commit")
+    parser.add_argument("--memory-rounds", type=int, default=1,
+                        help="fresh control planes per mode (none, inline, params) for the apiserver's memory; 0: skip")
     parser.add_argument("--output", type=Path, default=None,
                         help=f"default: {RESULTS.relative_to(ROOT)}, or admission-paths-default-policy.json "
                              "with --policy default")
     args = parser.parse_args(argv)
-    if args.creates < 1 or args.rounds < 1 or args.corpus < 1:
-        parser.error("--creates, --rounds and --corpus must be at least 1")
+    if args.creates < 1 or args.rounds < 1 or args.corpus < 1 or args.memory_rounds < 0:
+        parser.error("--creates, --rounds and --corpus must be at least 1, --memory-rounds at least 0")
     output = args.output or (RESULTS if args.policy == "bench"
                              else RESULTS.with_name("admission-paths-default-policy.json"))
     from tests.e2e.cluster import ControlPlane
@@ -680,6 +881,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plane.start()
         result = run(plane, args.creates, args.rounds, args.corpus, workdir, args.policy, args.before)
+        plane.stop()
+        if args.memory_rounds:
+            result["memory"] = memory(bin_dir, workdir, POLICIES[args.policy], args.memory_rounds)
     finally:
         plane.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -689,11 +893,14 @@ def main(argv: list[str] | None = None) -> int:
                          "load_average_after": [round(x, 2) for x in load]}
     result["started"] = started.isoformat(timespec="seconds")
     result["arguments"] = {"creates": args.creates, "rounds": args.rounds, "corpus": args.corpus,
-                           "policy": args.policy, "before": args.before}
+                           "policy": args.policy, "before": args.before, "memory_rounds": args.memory_rounds}
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     print(table(result["summary"]))
+    print(json.dumps(result["ratios"]))
+    if "memory" in result:
+        print(memory_table(result["memory"]))
     bad = sum(e["unexpected_answers"] for e in result["summary"].values())
     return 1 if bad else 0
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from bench.admission_paths import POLICIES, ROOT, export_tree, generate_before, gpu_pod
+from bench.admission_paths import POLICIES, ROOT, export_tree, generate_before, gpu_pod, inline_document
 
 RESULTS = ROOT / "bench" / "results" / "policy-cost.json"
 
@@ -52,16 +52,19 @@ def admit(objects: list[dict[str, Any]], obj: dict[str, Any], repeat: int) -> di
             "mutation_ran": result.get("mutated") is not None}
 
 
-def measure(documents: list[dict[str, Any]], obj: dict[str, Any], repeat: int, trials: int) -> dict[str, Any]:
-    """All the policies together and each alone with its binding; trials interleaved, the best of each kept."""
+def measure(documents: list[dict[str, Any]], obj: dict[str, Any], repeat: int, trials: int,
+            params: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """All the policies together and each alone with its binding; trials interleaved, the best of each kept.
+    ``params``: objects every case holds besides (GPUPolicy/default, which the live policies read)."""
     # "none": no policy at all, the harness's own decoding and defaulting of the Pod (the floor of every case).
-    cases: dict[str, list[dict[str, Any]]] = {"none": [], "all": documents}
+    extra = list(params or [])
+    cases: dict[str, list[dict[str, Any]]] = {"none": [*extra], "all": [*documents, *extra]}
     for policy in documents:
         if not policy["kind"].endswith("Binding"):
             name = policy["metadata"]["name"]
             bindings = [d for d in documents
                         if d["kind"] == policy["kind"] + "Binding" and d["spec"]["policyName"] == name]
-            cases[f"{policy['kind']}/{name}"] = [policy, *bindings]
+            cases[f"{policy['kind']}/{name}"] = [policy, *bindings, *extra]
     best: dict[str, dict[str, Any]] = {}
     for _ in range(trials):
         for case, objects in cases.items():
@@ -87,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", choices=sorted(POLICIES), default="bench",
                         help="bench: bench.admission_paths' policy (default); default: the embedded default policy")
     parser.add_argument("--before", metavar="REF", default=None, help="also the generator of this commit")
+    parser.add_argument("--modes", action="store_true",
+                        help="today's generator inline and params (live, with GPUPolicy/default) instead of 'after'")
     parser.add_argument("--repeat", type=int, default=300, help="timed admissions per run")
     parser.add_argument("--trials", type=int, default=3, help="runs per case; the fastest is kept")
     parser.add_argument("--output", type=Path, default=None)
@@ -114,6 +119,19 @@ def main(argv: list[str] | None = None) -> int:
         for generator, tree in trees.items():
             documents, _ = generate_before(tree, policy_file)
             result["generators"][generator] = measure(documents, obj, args.repeat, args.trials)
+        if args.modes:
+            # Today's generator both ways: inline (the values written in) and params (live, GPUPolicy/default read
+            # through params; every case holds the object).
+            from webhook.core.policy import parse_policy
+            from webhook.native.generate import generate
+
+            result["generators"].pop("after", None)
+            inline = generate(parse_policy(yaml.safe_dump(inline_document(policy)))).objects
+            result["generators"]["inline"] = measure(inline, obj, args.repeat, args.trials)
+            live = generate(parse_policy(yaml.safe_dump(policy or {})))
+            assert live.policy_object is not None
+            result["generators"]["params"] = measure(live.objects, obj, args.repeat, args.trials,
+                                                     [live.policy_object])
         result["load_average_after"] = list(os.getloadavg())
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""``python -m bench.admission_paths`` with tiny counts: the four configurations take effect on the e2e control plane
+"""``python -m bench.admission_paths`` with tiny counts: the five configurations take effect on the e2e control plane
 (each namespace refused and mutated by whom it should be), every measured create is answered as expected, the
 apiserver's step metrics moved, and the webhook saw requests only where it is registered.
 
@@ -30,17 +30,19 @@ def test_admission_paths_smoke(tmp_path):
         unavailable("e2e control plane", f"{', '.join(missing)} not built in {control_plane_bin()}", "control-plane")
     output = tmp_path / "admission-paths.json"
     done = subprocess.run([sys.executable, "-m", "bench.admission_paths", "--creates", "4", "--rounds", "1",
-                           "--corpus", "20", "--output", str(output)],
+                           "--corpus", "20", "--memory-rounds", "0", "--output", str(output)],
                           cwd=REPO, capture_output=True, text=True, timeout=280, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(output.read_text())
     summary = result["summary"]
-    assert set(summary) == {"none", "webhook", "native", "hybrid"}
+    assert set(summary) == {"none", "webhook", "inline", "params", "hybrid"}
     for config, entry in summary.items():
         assert entry["creates"] == 4 and entry["unexpected_answers"] == 0, (config, entry)
         assert entry["admit_ms"] and entry["validate_ms"], (config, entry)  # the apiserver's metrics moved
     # Two calls per create to the webhook (mutate, validate), none elsewhere: hybrid keeps plain GPU pods native.
-    assert [summary[c]["webhook_requests"] for c in ("none", "webhook", "native", "hybrid")] == [0, 8, 0, 0]
+    configs = ("none", "webhook", "inline", "params", "hybrid")
+    assert [summary[c]["webhook_requests"] for c in configs] == [0, 8, 0, 0, 0]
+    assert result["ratios"]["params_over_inline"], result["ratios"]
     traffic = result["traffic"]
     assert traffic["webhook"]["webhook_requests"] > traffic["hybrid"]["webhook_requests"] > 0, traffic
     # The same objects refused in both, by the webhook in one and by the native policies in the other.

@@ -16,6 +16,8 @@ MAP_API = ("--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionP
 MAP_BETA = ("--api-versions", "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy")
 ADMISSION_RESOURCES = {"validatingadmissionpolicies", "validatingadmissionpolicybindings",
                        "mutatingadmissionpolicies", "mutatingadmissionpolicybindings"}
+# The hooks: the apply and delete Jobs with their accounts and rights, and the apply Job's Role for its probes.
+HOOK_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job", "Role", "RoleBinding"}
 # The checks the generator leaves to the webhook, all off: PyTorchJobs and RayClusters then need the webhook no more.
 CHECKS_OFF = {"checks": {key: "off" for key in ("processCountMismatch", "replicaAcceleratorMismatch")}}
 CUSTOM = [{"apiGroups": ["kubeflow.org", "example.com"], "apiVersions": ["*"], "resources": ["pytorchjobs", "widgets"]}]
@@ -77,7 +79,7 @@ def test_the_engines_follow_what_the_cluster_serves(helm: Helm) -> None:
     what it cannot mutate while it is down; the claims' rules native from 1.34."""
     for flags, _mutating, mutate, failure, claims in ENGINES:
         docs = helm.template(*enabled(*flags))
-        assert {d["kind"] for d in hooks(docs)} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"}
+        assert {d["kind"] for d in hooks(docs)} == HOOK_KINDS
         found = conditions(docs)
         assert found["mutate.gpu-webhook.io"] == mutate, flags
         assert found["validate.gpu-webhook.io"] == ["gpu-or-isolation", "left-to-the-webhook"], flags
@@ -120,7 +122,8 @@ def test_hook_jobs_service_accounts_and_rbac(helm: Helm) -> None:
     assert set(by_hook) == {"post-install,post-upgrade,post-rollback", "pre-delete"}
     for hook, objects in by_hook.items():
         kinds = {d["kind"]: d for d in objects}
-        assert set(kinds) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"}
+        assert set(kinds) == ({"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"} if hook == "pre-delete"
+                              else HOOK_KINDS)
         weight = {d["kind"]: int(d["metadata"]["annotations"]["helm.sh/hook-weight"]) for d in objects}
         # The account and its rights exist before the Job runs.
         assert max(weight["ServiceAccount"], weight["ClusterRole"], weight["ClusterRoleBinding"]) < weight["Job"]
@@ -142,8 +145,18 @@ def test_hook_jobs_service_accounts_and_rbac(helm: Helm) -> None:
             assert args == ["admission-policies", "--delete"]
             assert set(rule["verbs"]) == {"get", "list", "delete"}
         else:
-            assert args == ["admission-policies", "--policy", "/etc/gpu-webhook/policy.yaml", "--apply"]
+            assert args == ["admission-policies", "--policy", "/etc/gpu-webhook/policy.yaml", "--apply",
+                            "--wait", "120", "--probe-namespace", "default"]
             assert set(rule["verbs"]) == {"get", "list", "create", "patch", "delete"}
+            # The enforcement probes: dry-run creates of Pods and ResourceClaims in the probe namespace, nothing more.
+            role, role_binding = kinds["Role"], kinds["RoleBinding"]
+            assert role["metadata"]["namespace"] == role_binding["metadata"]["namespace"] == "default"
+            assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]},
+                                     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
+                                      "verbs": ["create"]}]
+            assert role_binding["roleRef"]["name"] == role["metadata"]["name"]
+            assert role_binding["subjects"] == binding["subjects"]
+            assert max(weight["Role"], weight["RoleBinding"]) < weight["Job"]
             mount = pod["containers"][0]["volumeMounts"][0]
             assert mount["mountPath"] == "/etc/gpu-webhook"
             assert pod["volumes"][0]["configMap"]["name"] == f"{test_chart.FULLNAME}-policy"
@@ -162,7 +175,7 @@ def test_nothing_that_stays_may_write_admission_policies(helm: Helm) -> None:
             # Reading the bindings (the policy status says which generation they enforce) writes nothing.
             assert not touches or set(rule["verbs"]) <= {"get", "list", "watch"}, \
                 f"{role['kind']} {role['metadata']['name']} has {rule}"
-    assert {d["kind"] for d in hooks(docs)} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"}
+    assert {d["kind"] for d in hooks(docs)} == HOOK_KINDS
 
 
 def test_hybrid_mode_narrows_every_webhook(helm: Helm) -> None:

@@ -79,3 +79,14 @@ def test_the_policies_job_may_get_gpupolicies(helm: Helm) -> None:
     docs = helm.template("--set", "admissionPolicies.enabled=true")
     role = one(docs, "ClusterRole", f"{FULLNAME}-policies-apply")
     assert {"apiGroups": ["gpu-webhook.io"], "resources": ["gpupolicies"], "verbs": ["get"]} in role["rules"]
+
+
+def test_values_of_an_older_chart_without_policy_object_still_read_the_object(helm: Helm, tmp_path) -> None:
+    """helm upgrade --reuse-values keeps the previous chart's values, which have no policyObject: the webhook must
+    still read GPUPolicy/default (the native policies do), or the two engines would read different policies."""
+    values = tmp_path / "old.yaml"
+    values.write_text("policyObject: null\n")
+    docs = helm.template("-f", str(values))
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--policy-object=default" in args
+    assert one(docs, "ClusterRole", f"{FULLNAME}-policy")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]  # --apply waits for enforcement (up to 120 s)
 
 KINDS = "validatingadmissionpolicies,validatingadmissionpolicybindings,mutatingadmissionpolicies," \
         "mutatingadmissionpolicybindings"
@@ -31,7 +31,7 @@ POLICY_B = "limits: {perContainer: 2}\nnativePolicies: {params: inline}\n"
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "webhook", "admission-policies", *args], capture_output=True,
-                          text=True, timeout=60, check=False)
+                          text=True, timeout=200, check=False)
 
 
 def labelled(cluster) -> dict[str, dict]:

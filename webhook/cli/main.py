@@ -259,6 +259,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     native.add_argument("--delete", action="store_true", help="delete every object this command labelled, and exit")
     native.add_argument(
+        "--wait", type=float, default=120.0, metavar="SECONDS",
+        help="with --apply: wait at most this long until the apiserver enforces every applied policy (a server-side "
+        "dry-run probe per policy); exit 2 naming those that never took effect; 0: do not wait (default: 120)",
+    )
+    native.add_argument(
+        "--probe-namespace", default="default", metavar="NAMESPACE",
+        help="with --apply: where the dry-run probes are created (default: default)",
+    )
+    native.add_argument(
         "--kube-version", metavar="VERSION",
         help="without --apply: the Kubernetes version to generate for, as helm's --kube-version (default: the newest "
         "this release knows); with --apply the cluster's own version is used",
@@ -290,6 +299,8 @@ def _admission_policies(args: argparse.Namespace, parser: argparse.ArgumentParse
     if (args.apply or args.delete) and (args.kube_version or args.api_versions):
         parser.error("--kube-version and --api-versions describe a cluster offline; --apply and --delete ask the "
                      "cluster itself")
+    if args.wait < 0:
+        parser.error("--wait must be 0 or more seconds")
     if args.versions and (args.apply or args.delete or args.kube_version or args.api_versions):
         parser.error("--versions covers every version: it takes --policy only")
     if args.crd and (args.apply or args.delete or args.versions):
@@ -313,7 +324,7 @@ def _admission_policies(args: argparse.Namespace, parser: argparse.ArgumentParse
     if args.apply:
         from webhook.cli import policies as apply_policies
 
-        return apply_policies.run(policies, args.kubeconfig)
+        return apply_policies.run(policies, args.kubeconfig, wait=args.wait, probe_namespace=args.probe_namespace)
     from webhook.cli.policies import report
     from webhook.native.generate import generate, to_yaml
     from webhook.native.target import DEFAULT, TargetError, for_version, known

@@ -208,6 +208,31 @@ class Kube:
             )
         return decoded if isinstance(decoded, dict) else {"items": decoded}
 
+    def dry_run(self, path: str, body: Mapping[str, Any]) -> tuple[int, dict[str, Any], list[str]]:
+        """A server-side dry-run create of ``body`` in the collection ``path`` (``?dryRun=All``): the status, the
+        answer (the object as admitted, or the Status of a refusal) and the warnings the apiserver sent (its
+        ``Warning`` headers, text only). A refusal is an answer here, not an error; an unreachable apiserver is
+        :class:`ApiError`."""
+        import urllib3
+
+        url = self.host + quote(path, safe="/:") + "?dryRun=All"
+        with self._lock:
+            self.requests += 1
+        try:
+            response = self._pool.request(
+                "POST", url, body=orjson.dumps(body), headers=self._headers(JSON, JSON),
+                timeout=urllib3.Timeout(connect=min(10.0, self.timeout), read=self.timeout),
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            reason = getattr(exc, "reason", None) or exc
+            raise ApiError(0, "Unreachable", f"cannot reach the apiserver at {self.host}: {reason}") from None
+        try:
+            decoded = orjson.loads(response.data) if response.data else {}
+        except orjson.JSONDecodeError:
+            decoded = {"message": response.data[:300].decode("utf-8", "replace")}
+        warnings = [_warning_text(w) for w in response.headers.getlist("Warning")]
+        return response.status, decoded if isinstance(decoded, dict) else {}, warnings
+
     def get_text(self, path: str) -> str:
         """A plain-text resource, like the apiserver's /metrics."""
         import urllib3
@@ -260,6 +285,16 @@ class Kube:
 
     def delete(self, path: str) -> dict[str, Any]:
         return self.request("DELETE", path)
+
+
+def _warning_text(header: str) -> str:
+    """The text of one ``Warning`` header (RFC 7234: ``299 - "text"``)."""
+    code, _, rest = header.partition(" ")
+    agent, _, text = rest.partition(" ")
+    text = text.strip()
+    if code.isdigit() and agent and len(text) >= 2 and text[0] == text[-1] == '"':
+        return text[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+    return header
 
 
 def _retry_after(value: str | None) -> float:

@@ -16,7 +16,7 @@ object (policyObject.enabled) is watched and its status written.
 {{- define "gpu-webhook.apiAccess" -}}
 {{- $policy := .Values.policy | default dict }}
 {{- $cluster := $policy.cluster | default dict }}
-{{- if or $cluster.enabled .Values.audit.enabled (.Values.policyObject | default dict).enabled }}true{{ end }}
+{{- if or $cluster.enabled .Values.audit.enabled (dig "enabled" true (.Values.policyObject | default dict)) }}true{{ end }}
 {{- end }}
 
 {{/*

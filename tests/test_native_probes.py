@@ -1,0 +1,109 @@
+"""webhook.native.probes: the objects ``admission-policies --apply`` dry-runs to see each generated policy enforced,
+chosen with the webhook's own decision; and how a dry-run's answer is read. tests/e2e/test_native_enforced.py runs
+them against the real apiserver."""
+
+from __future__ import annotations
+
+import pytest
+
+from webhook.core.policy import load_policy, parse_policy
+from webhook.kube.client import _warning_text
+from webhook.native.generate import RULES_ANNOTATION, generate
+from webhook.native.probes import Probe, action, family, holds, outcome, probes
+from webhook.rules import admission
+
+BENCH = """\
+accelerator: {allowed: [nvidia-tesla-p100, nvidia-tesla-k80, nvidia-l4], default: nvidia-tesla-k80}
+limits: {perContainer: 4, perPod: 8}
+"""
+
+
+def pytorchjobs(kind):
+    return ("kubeflow.org/v1", "PyTorchJob") if kind.resource == "pytorchjobs" else None
+
+
+def test_names():
+    assert [family(n) for n in ("gpu-webhook-deny-2", "gpu-webhook-custom-seed-deny", "gpu-webhook-claims-warn")] == [
+        "builtin", "custom", "claims"]
+    assert [action(n) for n in ("gpu-webhook-warn", "gpu-webhook-custom-warn-4", "gpu-webhook-seed-deny",
+                                "gpu-webhook-deny-2")] == ["warn", "warn", "deny", "deny"]
+
+
+@pytest.mark.parametrize("text", [None, BENCH, "nativePolicies: {params: inline}\n"],
+                         ids=["default", "bench", "inline"])
+def test_every_probe_breaks_a_rule_of_its_policy_with_its_action(text):
+    policies = load_policy(None) if text is None else parse_policy(text)
+    out = generate(policies)
+    found, missing = probes(out, policies, "default", pytorchjobs)
+    by_name = {o["metadata"]["name"]: o for o in out.objects if o["kind"].endswith("Policy")}
+    assert set(p.policy for p in found) | set(missing) == set(by_name)
+    for probe in found:
+        if probe.action == "mutate":
+            continue
+        rules = by_name[probe.policy]["metadata"]["annotations"][RULES_ANNOTATION].split(",")
+        for obj, rule in probe.tries:
+            assert rule in rules
+            verdict = admission.decide(obj, obj["apiVersion"].rpartition("/")[0], obj["kind"], "default", policies)
+            assert (rule, probe.action) in {(v.rule, a) for v, a in verdict.judged()}, (probe.policy, obj)
+    # The Pods' and the claims' policies all have one; the custom kinds' deny policies mostly.
+    names = {p.policy for p in found}
+    assert {n for n in by_name if n.startswith("gpu-webhook-") and "custom" not in n and
+            by_name[n]["kind"] == "ValidatingAdmissionPolicy"} <= names, missing
+    assert ("gpu-webhook-custom-deny" in names) or ("gpu-webhook-custom-seed-deny" in names)
+
+
+def test_without_a_served_custom_kind_the_custom_policies_have_no_probe():
+    policies = load_policy(None)
+    found, missing = probes(generate(policies), policies, "default", lambda kind: None)
+    assert not [p for p in found if "custom" in p.policy]
+    assert missing["gpu-webhook-custom-deny"] == "no custom kind of the policy is served"
+
+
+def test_the_mutating_policy_is_probed_where_the_policy_mutates():
+    policies = parse_policy(BENCH)
+    found, _ = probes(generate(policies), policies, "default", None)
+    (mutating,) = [p for p in found if p.action == "mutate"]
+    assert mutating.expect == {"nodeSelector": {"accelerator": "nvidia-tesla-k80"}}
+    _, missing = probes(generate(load_policy(None)), load_policy(None), "default", None)
+    assert "gpu-webhook" in missing  # the default policy changes no plain GPU pod
+
+
+def _probe(act: str, policy: str = "gpu-webhook-deny") -> Probe:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": []}}
+    return Probe(policy, act, "default", [(pod, "r"), (pod, "s")], expect={"nodeSelector": {"a": "b"}})
+
+
+def test_outcomes():
+    denied = {"message": "pods \"p\" is forbidden: ValidatingAdmissionPolicy 'gpu-webhook-deny' with binding "
+                         "'gpu-webhook-deny' denied request: ..."}
+    assert outcome(_probe("deny"), 403, denied, []) == "enforced"
+    assert outcome(_probe("deny"), 201, {"spec": {}}, []) == "waiting"
+    other = {"message": "pods \"p\" is forbidden: ValidatingAdmissionPolicy 'gpu-webhook-seed-deny' denied ..."}
+    assert outcome(_probe("deny"), 403, other, []) == "waiting"  # another of ours first; ours may follow
+    invalid = {"message": "Pod \"p\" is invalid: spec.containers[0].resources.limits: must be an integer"}
+    assert outcome(_probe("deny"), 422, invalid, []).startswith("inconclusive: ")
+    rbac = {"message": "pytorchjobs.kubeflow.org is forbidden: User \"x\" cannot create resource"}
+    assert outcome(_probe("deny"), 403, rbac, []).startswith("inconclusive: ")
+    warn = _probe("warn", "gpu-webhook-warn")
+    said = "ValidatingAdmissionPolicy 'gpu-webhook-warn' with binding 'gpu-webhook-warn': host-pid-gpu ..."
+    assert outcome(warn, 201, {}, [said]) == "enforced"
+    assert outcome(warn, 201, {}, ["something else"]) == "waiting"
+    assert outcome(warn, 403, denied, []).startswith("inconclusive: ")  # refused first: no warning comes
+    mutate = _probe("mutate", "gpu-webhook")
+    assert outcome(mutate, 201, {"spec": {"nodeSelector": {"a": "b", "c": "d"}}}, []) == "enforced"
+    assert outcome(mutate, 201, {"spec": {}}, []) == "waiting"
+    probe = _probe("deny")
+    assert probe.give_up("refused") and probe.rule == "s" and not probe.give_up("again")
+
+
+def test_holds():
+    assert holds({"tolerations": [{"key": "k"}], "env": {"c": [{"name": "X", "value": "1"}]}},
+                 {"spec": {"tolerations": [{"key": "k"}, {"key": "other"}],
+                           "containers": [{"name": "c", "env": [{"name": "Y"}, {"name": "X", "value": "1"}]}]}})
+    assert not holds({"runtimeClassName": "nvidia"}, {"spec": {}})
+
+
+def test_warning_header_text():
+    assert _warning_text('299 - "ValidatingAdmissionPolicy \'x\' with binding \'x\': a \\"b\\""') == \
+        "ValidatingAdmissionPolicy 'x' with binding 'x': a \"b\""
+    assert _warning_text("odd") == "odd"
