@@ -3,8 +3,10 @@ the webhook's Deployment, policy or certificate while admissions go on and count
 
 Each request is ``POST /api/v1/namespaces/<ns>/pods?dryRun=All`` with a one-GPU pod that names no accelerator,
 so the apiserver calls both webhooks (mutate, validate) through their Service and the answer carries the
-nodeSelector the policy in force injected. Requests leave at a fixed rate from a pacing thread, whatever the
-answers take; a few sender threads keep one kept-alive HTTPS connection each.
+nodeSelector the policy in force injected. ``pods`` replaces that pod: request ``index`` sends ``pods(index)``,
+a (namespace, pod) pair, so a test can mix pods the policy admits and refuses and judge each answer by its index.
+Requests leave at a fixed rate from a pacing thread, whatever the answers take; a few sender threads keep one
+kept-alive HTTPS connection each.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import ssl
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -29,6 +32,7 @@ class Result:
     status: int  # 0: no HTTP answer (connection error)
     accelerator: str | None  # the nodeSelector the webhook injected, when admitted
     error: str = ""
+    warnings: tuple[str, ...] = ()  # the answer's Warning headers (warn actions of the policy in force)
 
     @property
     def ok(self) -> bool:
@@ -80,12 +84,12 @@ class AdmissionLoad:
     """``with AdmissionLoad(url, token, ca_file) as load: ...``; ``load.report`` after the block."""
 
     def __init__(self, url: str, token: str, ca_file: Path, namespace: str = "default", rate: float = 15.0,
-                 senders: int = 6, timeout: float = 30.0):
+                 senders: int = 6, timeout: float = 30.0, pods: Callable[[int], tuple[str, dict]] | None = None):
         parts = urlsplit(url)
         self.host, self.port = parts.hostname or "", parts.port or 443
         self.token = token
         self.context = ssl.create_default_context(cafile=str(ca_file))
-        self.path = f"/api/v1/namespaces/{namespace}/pods?dryRun=All"
+        self.pods = pods or (lambda index: (namespace, gpu_pod(f"load-{index}")))
         self.rate = rate
         self.timeout = timeout
         self.senders = senders
@@ -153,14 +157,16 @@ class AdmissionLoad:
                 if connection is None:
                     connection = http.client.HTTPSConnection(self.host, self.port, context=self.context,
                                                              timeout=self.timeout)
-                body = json.dumps(gpu_pod(f"load-{index}")).encode()
+                namespace, document = self.pods(index)
+                body = json.dumps(document).encode()
                 try:
-                    connection.request("POST", self.path, body=body, headers={
+                    connection.request("POST", f"/api/v1/namespaces/{namespace}/pods?dryRun=All", body=body, headers={
                         "Authorization": f"Bearer {self.token}", "Content-Type": "application/json",
                         "Accept": "application/json"})
                     response = connection.getresponse()
                     data = response.read()
                     status = response.status
+                    warnings = tuple(response.headers.get_all("Warning") or ())
                 except (OSError, http.client.HTTPException) as exc:
                     connection.close()
                     connection = None
@@ -176,7 +182,7 @@ class AdmissionLoad:
                     accelerator = ((answer.get("spec") or {}).get("nodeSelector") or {}).get("accelerator")
                 else:
                     error = answer.get("message") or data[:300].decode(errors="replace")
-                self._record(Result(index, sent, done, status, accelerator, error or ""))
+                self._record(Result(index, sent, done, status, accelerator, error or "", warnings))
         finally:
             if connection is not None:
                 connection.close()
