@@ -517,9 +517,9 @@ def expected(configs: tuple[str, ...], policy: dict[str, Any] | None) -> dict[st
     """What the probe must see: refused by the webhook or the deny policy of the configuration's generator, the
     policy's default accelerator injected (the embedded default policy has none)."""
     injected = default_accelerator(policy)
-    who = {"none": "nobody", "webhook": "webhook", "params": "native:gpu-webhook-deny",
+    who = {"none": "nobody", "webhook": "webhook", "params": "native:gpu-webhook-live-deny",
            "inline": f"native:{INLINE_PREFIX}gpu-webhook-deny",
-           "hybrid": "native:gpu-webhook-deny", "native-before": f"native:{BEFORE_PREFIX}gpu-webhook-deny",
+           "hybrid": "native:gpu-webhook-live-deny", "native-before": f"native:{BEFORE_PREFIX}gpu-webhook-deny",
            "hybrid-before": f"native:{BEFORE_PREFIX}gpu-webhook-deny"}
     return {c: f"{who[c]}/{None if c == 'none' else injected}" for c in configs}
 

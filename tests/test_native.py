@@ -231,7 +231,7 @@ def test_a_kind_whose_templates_need_flatten_stays_with_the_webhook_before_1_35(
     policy = ("nativePolicies:\n  customKinds:\n  - {group: example.com, resource: grids, "
               "templates: ['spec.rows[*].cells[*].template']}\n")
     old = generate(parse_policy(policy), for_version("1.34"))
-    nodes = next(v["expression"] for o in old.objects if o["metadata"]["name"] == "gpu-webhook-custom-deny"
+    nodes = next(v["expression"] for o in old.objects if o["metadata"]["name"] == "gpu-webhook-custom-live-deny"
                  and o["kind"] == "ValidatingAdmissionPolicy" for v in o["spec"]["variables"]
                  if v["name"] == "candidate_nodes")
     assert "example.com/grids" not in nodes
@@ -372,7 +372,7 @@ def test_an_update_is_held_only_to_the_violations_the_old_object_did_not_have():
 
 def test_the_runtime_class_is_left_to_the_webhook_when_it_must_read_the_cluster():
     clustered = generate(parse_policy("isolation: {runtimeClass: nvidia}\ncluster: {enabled: true}\n"))
-    mutating = by_name(clustered.objects)["MutatingAdmissionPolicy/gpu-webhook"]
+    mutating = by_name(clustered.objects)["MutatingAdmissionPolicy/gpu-webhook-live"]
     assert "runtimeClass" not in mutating["metadata"]["annotations"][RULES_ANNOTATION]
     assert any(what == "mutation: isolation.runtimeClass" for what, _ in clustered.webhook_only)
 

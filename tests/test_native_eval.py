@@ -176,7 +176,7 @@ def test_an_ordinary_gpu_pod_skips_the_validating_policies_and_a_bad_one_stays_w
     target = for_version("1.37")
     requests = [Request(good, "default"), Request(bad, "default"), Request(cpu, "default")]
     builtin = [o for o in validating(target, parse_policy("{}")) if o["metadata"]["name"].startswith(
-        ("gpu-webhook-deny", "gpu-webhook-warn", "gpu-webhook-seed-", "default"))]
+        ("gpu-webhook-live-", "gpu-webhook-seed-", "default"))]
     ok, refused, plain = evaluate(builtin, requests, compatibility(target)).answers
     assert ok.allowed and ok.cost == {} and plain.cost == {}
     assert not refused.allowed and "2M" in refused.message

@@ -49,14 +49,14 @@ def test_every_probe_breaks_a_rule_of_its_policy_with_its_action(text):
     names = {p.policy for p in found}
     assert {n for n in by_name if n.startswith("gpu-webhook-") and "custom" not in n and
             by_name[n]["kind"] == "ValidatingAdmissionPolicy"} <= names, missing
-    assert ("gpu-webhook-custom-deny" in names) or ("gpu-webhook-custom-seed-deny" in names)
+    assert {"gpu-webhook-custom-deny", "gpu-webhook-custom-live-deny", "gpu-webhook-custom-seed-deny"} & names
 
 
 def test_without_a_served_custom_kind_the_custom_policies_have_no_probe():
     policies = load_policy(None)
     found, missing = probes(generate(policies), policies, "default", lambda kind: None)
     assert not [p for p in found if "custom" in p.policy]
-    assert missing["gpu-webhook-custom-deny"] == "no custom kind of the policy is served"
+    assert missing["gpu-webhook-custom-live-deny"] == "no custom kind of the policy is served"
 
 
 def test_the_mutating_policy_is_probed_where_the_policy_mutates():
@@ -65,7 +65,7 @@ def test_the_mutating_policy_is_probed_where_the_policy_mutates():
     (mutating,) = [p for p in found if p.action == "mutate"]
     assert mutating.expect == {"nodeSelector": {"accelerator": "nvidia-tesla-k80"}}
     _, missing = probes(generate(load_policy(None)), load_policy(None), "default", None)
-    assert "gpu-webhook" in missing  # the default policy changes no plain GPU pod
+    assert "gpu-webhook-live" in missing  # the default policy changes no plain GPU pod
 
 
 def _probe(act: str, policy: str = "gpu-webhook-deny") -> Probe:

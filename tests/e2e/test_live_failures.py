@@ -62,10 +62,10 @@ GPU = "nvidia.com/gpu"
 TENANT = "tenant"
 SYSTEM = "kube-system"
 LEASE = "default/gpu-webhook-status-failures"
-# The edit that makes a param-read rule bite: per-pod-limit, in gpu-webhook-deny, reads limits.perPod live.
+# The edit that makes a param-read rule bite: per-pod-limit, in gpu-webhook-live-deny, reads limits.perPod live.
 SPEC = {"limits": {"perPod": 1}}
 SEED = "gpu-webhook-custom-seed-deny"  # invalid-quantity of custom kinds: compiled, no params
-LIVE = "gpu-webhook-deny"  # per-pod-limit: reads GPUPolicy/default
+LIVE = "gpu-webhook-live-deny"  # per-pod-limit: reads GPUPolicy/default
 CPU_POD = pod(container(requests={"cpu": "100m"}), name="cpu")
 GPU_POD = pod(container(limits={GPU: 1}), name="gpu1")
 TWO_GPUS = pod(container(limits={GPU: 2}), name="gpu2")  # over limits.perPod 1: a param-read violation

@@ -108,7 +108,7 @@ def test_the_chart_installs_in_hybrid_mode_with_the_engines_the_version_allows(m
         while (result := cluster.kubectl(*shlex.split(command)[1:])).stderr.strip() != promised:
             assert time.monotonic() < deadline, f"never refused as the NOTES say:\n{result.stderr}\n{promised}"
             time.sleep(0.3)
-        assert "ValidatingAdmissionPolicy 'gpu-webhook-deny'" in promised
+        assert "ValidatingAdmissionPolicy 'gpu-webhook-live-deny'" in promised
         assert server.metric("gpu_webhook_requests_total", endpoint="validate") == validated
 
         # A GPU pod gets the accelerator selector from the engine the NOTES name.

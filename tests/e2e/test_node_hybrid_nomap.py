@@ -103,7 +103,7 @@ def test_hybrid_by_default_validates_natively_and_leaves_the_mutation_to_a_fail_
     returned = time.monotonic()
     names = node_bed.kubectl("get", "validatingadmissionpolicies", "-o", "name",
                              "-l", "app.kubernetes.io/component=admission-policies", check=True).stdout.split()
-    assert "validatingadmissionpolicy.admissionregistration.k8s.io/gpu-webhook-deny" in names, names
+    assert "validatingadmissionpolicy.admissionregistration.k8s.io/gpu-webhook-live-deny" in names, names
     assert not node_bed.kubectl("get", "mutatingadmissionpolicies").returncode == 0
     policies = _failure_policies(node_bed)
     assert policies.pop("mutate.gpu-webhook.io") == "Fail"

@@ -472,7 +472,7 @@ def test_helm_upgrade_from_the_previous_release_under_load(release: NodeBed, ima
     FIGURES["GPUPolicy/default Accepted True, after the load ended (s)"] = round(time.monotonic() - waited, 1)
 
     # The upgrade went where it should: live native policies (params from GPUPolicy/default), this tree's image.
-    deny = bed.kubectl_json("get", "validatingadmissionpolicy", "gpu-webhook-deny")
+    deny = bed.kubectl_json("get", "validatingadmissionpolicy", "gpu-webhook-live-deny")
     assert (deny["spec"].get("paramKind") or {}).get("kind") == gpupolicy.KIND, deny["spec"].get("paramKind")
     assert {p["spec"]["containers"][0]["image"] for p in _pods(bed)} == {images["current"]}
 

@@ -125,35 +125,17 @@ def _delete(kube: Kube, kind: str, name: str, version: str = "v1") -> None:
 
 
 def _ordered(objects: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """Each policy with its bindings, ordered so that no moment pairs a policy that reads params with a binding
-    that names none: the apiserver evaluates such a pair with null params, the built-in defaults. A policy that
-    reads params goes after its bindings (a paramRef is ignored while the stored policy has no paramKind, and a
-    binding whose policy is not there yet does nothing); one that reads none goes before them."""
-    items = list(objects)
-    bindings: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for obj in items:
-        if str(obj["kind"]).endswith("Binding"):
-            bindings.setdefault((str(obj["kind"]), str(obj["spec"]["policyName"])), []).append(obj)
-    out: list[Mapping[str, Any]] = []
-    for obj in items:
-        kind = str(obj["kind"])
-        if kind.endswith("Binding"):
-            continue
-        own = bindings.pop((f"{kind}Binding", str(obj["metadata"]["name"])), [])
-        out.extend([*own, obj] if (obj.get("spec") or {}).get("paramKind") else [obj, *own])
-    return out + [b for group in bindings.values() for b in group]
+    """Policies before their bindings: a binding whose paramRef names GPUPolicy/default is authorized against its
+    stored policy's paramKind (without it, against every kind), and a policy without a binding does nothing."""
+    order = list(RESOURCES)
+    return sorted(objects, key=lambda o: order.index(o["kind"]) if o["kind"] in order else len(order))
 
 
 def apply(kube: Kube, objects: Iterable[Mapping[str, Any]], pruning: bool = True) -> Outcome:
     """Apply ``objects`` and (``pruning``) delete the labelled objects not among them."""
     outcome = Outcome()
     objects = list(objects)
-    names = {(str(o["kind"]), str(o["metadata"]["name"])) for o in objects}
     for obj in _ordered(objects):
-        if (obj.get("spec") or {}).get("paramKind"):
-            # A binding of the old set left on a policy that now reads params would evaluate it with null params
-            # until the prune: it goes first.
-            outcome.pruned += _drop_stale_bindings(kube, f"{obj['kind']}Binding", str(obj["metadata"]["name"]), names)
         kind, name = str(obj["kind"]), str(obj["metadata"]["name"])
         version = str(obj["apiVersion"]).rpartition("/")[2]
         path = _path(kind, name, version)
@@ -168,16 +150,6 @@ def apply(kube: Kube, objects: Iterable[Mapping[str, Any]], pruning: bool = True
     if pruning:
         outcome.pruned = prune(kube, objects)
     return outcome
-
-
-def _drop_stale_bindings(kube: Kube, kind: str, policy: str, names: set[tuple[str, str]]) -> list[str]:
-    dropped = []
-    for version, item in _labelled_items(kube, kind):
-        name = str(item["metadata"]["name"])
-        if (kind, name) not in names and (item.get("spec") or {}).get("policyName") == policy:
-            _delete(kube, kind, name, version)
-            dropped.append(f"{kind}/{name}")
-    return dropped
 
 
 def prune(kube: Kube, objects: Iterable[Mapping[str, Any]]) -> list[str]:

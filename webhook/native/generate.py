@@ -12,6 +12,11 @@ policy for the requests it matches):
 - ``gpu-webhook-claims-deny``, ``gpu-webhook-claims-warn``: ResourceClaims and ResourceClaimTemplates
   (``resource.k8s.io/v1``, Kubernetes 1.34+).
 
+Those are the names of ``nativePolicies.params: inline``, where the policy's values are written into the CEL. Read
+live (the default), each family's policies are ``…-seed-deny`` (the hard rules, no params) and ``…-live-deny``,
+``…-live-warn`` (every other rule, reading GPUPolicy/default through params), each cut into ``-2``, ``-3``… to stay
+within :data:`MAX_BYTES`, and the MutatingAdmissionPolicy is ``gpu-webhook-live``.
+
 A deny policy holds every rule whose setting is ``deny`` in some namespace, in one validation whose message
 lists every violation with its field path, as the webhook's denial does (only the first denying validation
 reaches the user). It is bound with ``[Deny]``, and with ``[Warn]`` in the namespaces whose ``enforcement``
@@ -396,6 +401,7 @@ def _mutating_policy(policies: PolicySet, exclude: Sequence[str], target: Target
         constraints["namespaceSelector"] = _excluded(exclude)
     names = [name for name, _ in patches]
     api = f"admissionregistration.k8s.io/{target.mutating}"
+    name = f"{NAME}-live" if ctx.live else NAME
     variables = mutations.variables(ctx)
     if ctx.live:
         texts = [e for _, e in variables] + [text for _, text in patches if text] + [mutations.matters(ctx)]
@@ -403,7 +409,7 @@ def _mutating_policy(policies: PolicySet, exclude: Sequence[str], target: Target
     policy: dict[str, Any] = {
         "apiVersion": api,
         "kind": "MutatingAdmissionPolicy",
-        "metadata": _metadata(NAME, names, target, policies),
+        "metadata": _metadata(name, names, target, policies),
         "spec": {
             # /mutate never denies: a mutation that cannot evaluate leaves the pod as it is.
             "failurePolicy": "Ignore",
@@ -418,7 +424,7 @@ def _mutating_policy(policies: PolicySet, exclude: Sequence[str], target: Target
         },
     }
     binding: dict[str, Any] = {"apiVersion": api, "kind": "MutatingAdmissionPolicyBinding",
-               "metadata": _metadata(NAME, names, target, policies), "spec": {"policyName": NAME}}
+               "metadata": _metadata(name, names, target, policies), "spec": {"policyName": name}}
     if ctx.live:
         policy["spec"] = {"paramKind": dict(params.PARAM_KIND), **policy["spec"]}
         binding["spec"]["paramRef"] = dict(params.PARAM_REF)
@@ -446,7 +452,12 @@ def generate(policies: PolicySet, target: Target = DEFAULT) -> Generated:
     objects: list[dict[str, Any]] = []
     native: list[str] = []
     # Live: the seed's policies (no params), then the ones that read GPUPolicy/default.
-    modes = [(SEED, "seed-"), (LIVE, "")] if live(policies) else [(INLINE, "")]
+    # Live, the seed's policies (no params), then the ones that read GPUPolicy/default. Their names are never the
+    # inline ones: a policy that gains paramKind in place would meet its old binding, which names no param (the
+    # apiserver then evaluates it with null params, the built-in defaults), and a binding gains paramRef only from
+    # who may read every kind while its stored policy names none. So a change of mode adds the new set beside the
+    # old, which goes once the new one acts.
+    modes = [(SEED, "seed-"), (LIVE, "live-")] if live(policies) else [(INLINE, "")]
     for family in families:
         if family is CUSTOM and not custom_kinds:
             continue
