@@ -275,8 +275,10 @@ def run_pod_on_host(cluster: ControlPlane, root: Path) -> PodOnHost:
     args = [on_host(arg, mounts) for arg in main["args"]]
     log = root / "webhook.log"
     with log.open("wb") as out:
+        # The pod's credentials (the chart gives it a token: it reads GPUPolicy/default), as the bed's kubeconfig.
         proc = subprocess.Popen([*GPU_WEBHOOK, *args, "--host", cluster_ip], stdout=out, stderr=subprocess.STDOUT,
-                                env={**NO_PROXY_ENV, "TMPDIR": str(mounts["/tmp"])})
+                                env={**NO_PROXY_ENV, "TMPDIR": str(mounts["/tmp"]),
+                                     "KUBECONFIG": str(cluster.kubeconfig)})
     server = PodOnHost(service["ports"][0]["port"], mounts["/tls"] / "ca.crt", mounts["/tls"] / "tls.crt",
                        mounts["/tls"] / "tls.key", log, proc, args, host=cluster_ip,
                        metrics_port=container_ports["metrics"])
