@@ -19,9 +19,10 @@ adding and removing the one a probe Pod selects, each followed by server-side dr
 ~20 ms until its verdict flips; p50 and p99 are printed beside the issue's 2 s goal, and p99 must be within 5 s.
 
 Run time: the differential costs 20-28 s a time here (454 objects), so all six edits and the latency take about
-5.5 min a bed on this shared 2-core machine (measured on 1.37, tests/e2e/README.md). So the six edits run on the
-oldest and the newest beds (1.30, 1.37, ``FULL``); the others (1.34 with MutatingAdmissionPolicy v1beta1, 1.36) run
-one edit (``ONE``: a namespace override that loosens, what the live mode adds) and the latency test.
+5.5 min a bed on this shared 2-core machine (measured on 1.37, tests/e2e/README.md), and 1.30 answers each request
+several times slower (its differential took 100-160 s). So the six edits run on the newest bed (``FULL``); the
+others (1.30, 1.34 with MutatingAdmissionPolicy v1beta1, 1.36) run one edit (``ONE``: a namespace override that
+loosens, what the live mode adds) and the latency test.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ PROBE_ACCELERATOR = "nvidia-h100"
 LATENCY_EDITS = 24
 POLL = 0.02
 GOAL, BOUND = 2.0, 5.0
-FULL = ("1.30", "1.37")
+FULL = ("1.37",)
 ONE = "namespace-loosens"
 
 
