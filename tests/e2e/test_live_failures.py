@@ -21,8 +21,7 @@ every Pod of a matched namespace in (b), and for about 30 s after each restart i
 referenced by paramKind". One thing does not hold, and (c) asserts its measured shape (docs/native-policies.md,
 "When GPUPolicy/default is missing, stale or wrong", has the figures): after a restart the admission-policy plugin
 refuses every request, in kube-system too, with "not yet ready to handle request" until it has compiled the
-policies; the control and inline tests make the same restart without them and with the inline ones. Run with ``-s``
-for the figures.
+policies; the control test makes the same restart without them. Run with ``-s`` for the figures.
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.e2e import gpupolicy as gp
 from tests.e2e.cluster import ADMIN_TOKEN, ControlPlane
@@ -499,36 +497,6 @@ def test_e_two_apiservers_see_an_edit_at_different_moments(bed):
     eventually("the spec again", bed.enforced, timeout=30)
 
 
-def test_c_inline_the_same_restart_with_the_policies_generated_inline(bed):
-    """Attributes (c) between the modes: the same restart and load with the same policy generated inline (values
-    written in, no params: a deny and a warn policy per family) in place of the live ones. On the newest bed (run
-    time)."""
-    if bed.cluster.bed is not None and bed.cluster.bed.id != "1.37":
-        pytest.skip("the comparison runs on 1.37")
-    inline = generate(parse_policy(yaml.safe_dump({**SPEC, "nativePolicies": {"params": "inline"}})),
-                      discover(bed.kube)).objects
-    bed.delete_policies()
-    bed.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=to_yaml(inline), check=True)
-    eventually("the inline policies enforced",
-               lambda: bed.api.create(TWO_GPUS, TENANT).by(LIVE) and bed.api.create(FRACTIONAL, TENANT).by(
-                   "gpu-webhook-custom-deny"), timeout=120)
-    bed.figures["c inline: objects, bytes as JSON"] = [len(inline), len(json.dumps(inline))]
-    bed.figures["c live: objects, bytes as JSON"] = [len(bed.policies()), len(json.dumps(bed.policies()))]
-    bed.cluster.stop_apiserver()
-    bed.cluster.restart_apiserver()
-    ready = time.monotonic()
-    seen = load(bed.api, ready, 45.0)
-    bed.figures["c inline: 45 s from /readyz, 4 clients"] = timeline(seen)
-    bed.figures["c inline: first admitted (s after /readyz): cpu tenant, cpu kube-system"] = [
-        first_admitted(seen, "cpu tenant"), first_admitted(seen, "cpu kube-system")]
-    bed.kube.close()
-    bed.kube = Kube.connect(str(bed.cluster.kubeconfig))
-    bed.cluster.kubectl("delete", "--ignore-not-found", "--wait", "-f", "-", stdin=to_yaml(inline), check=True)
-    bed.apply_policies()
-    eventually("the live policies enforced again", bed.enforced, timeout=120)
-    assert first_admitted(seen, "cpu kube-system") is not None, timeline(seen)
-
-
 def test_c_control_the_same_restart_without_the_generated_policies(bed):
     """Attributes (c): the same restart and load with none of the generated policies applied."""
     bed.delete_policies()
@@ -540,7 +508,8 @@ def test_c_control_the_same_restart_without_the_generated_policies(bed):
     assert all(t.answer.admitted for t in seen if t.case == "cpu kube-system"), timeline(seen)
     started = time.monotonic()
     bed.apply_policies()
-    took = eventually("enforced again", bed.enforced, timeout=120)
+    # Applying 40-odd policies took 20-75 s on the loaded 2-core bed.
+    took = eventually("enforced again", bed.enforced, timeout=240)
     bed.figures["c control: policies applied again, enforced (s, with the apply)"] = round(
         time.monotonic() - started, 1)
-    assert took < 120
+    assert took < 240
