@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from webhook.core import gpupolicy
@@ -87,3 +88,25 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
         if c.get("type") == type_:
             return c
     return None
+
+
+def eventually(what: str, check: Callable[[], bool], timeout: float = 60.0, every: float = 0.1) -> float:
+    """Seconds until ``check()`` held; fails after ``timeout``."""
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < timeout, f"{what}: not within {timeout} s"
+        time.sleep(every)
+    return time.monotonic() - started
+
+
+def eventually_status(kube: Kube, check: Callable[[dict], bool], timeout: float = 30.0) -> dict:
+    """GPUPolicy/default once ``check`` holds of its status."""
+    found: dict = {}
+
+    def done() -> bool:
+        nonlocal found
+        found = get(kube) or {}
+        return check(found.get("status") or {})
+
+    eventually("the status written", done, timeout=timeout, every=0.2)
+    return found

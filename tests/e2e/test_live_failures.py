@@ -33,7 +33,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ import pytest
 from tests.e2e import gpupolicy as gp
 from tests.e2e.cluster import ADMIN_TOKEN, ControlPlane
 from tests.e2e.conftest import MATRIX_BEDS
+from tests.e2e.gpupolicy import eventually
 from tests.manifests import admission_review, container, pod
 from tests.server import WebhookProcess, make_certs, start_webhook
 from webhook.cli.policies import discover
@@ -128,14 +129,6 @@ class Api:
             return Answer(exc.code, str(body.get("message", "")), time.monotonic() - started)
         except OSError as exc:  # the apiserver going or not yet listening
             return Answer(0, f"connection: {exc}", time.monotonic() - started)
-
-
-def eventually(what: str, check: Callable[[], bool], timeout: float = 60.0, every: float = 0.1) -> float:
-    started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < timeout, f"{what}: not within {timeout} s"
-        time.sleep(every)
-    return time.monotonic() - started
 
 
 # --- the bed ------------------------------------------------------------------------------------------------------
@@ -261,18 +254,6 @@ def test_d_a_glob_whose_domain_is_only_inside_brackets_is_refused_at_write_time(
     assert "spec.resources[1]" in str(refused.value) and "only inside [...]" in str(refused.value)
     assert gp.get(bed.kube)["metadata"]["generation"] == good
     assert bed.enforced() and bed.system_admitted()
-
-
-def eventually_status(kube: Kube, check: Callable[[dict], bool], timeout: float = 30.0) -> dict:
-    found: dict = {}
-
-    def done() -> bool:
-        nonlocal found
-        found = gp.get(kube) or {}
-        return check(found.get("status") or {})
-
-    eventually("the status written", done, timeout=timeout, every=0.2)
-    return found
 
 
 def test_a_the_object_deleted(bed):

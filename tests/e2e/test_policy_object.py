@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable
 
 import pytest
 
 from tests.e2e import gpupolicy as gp
+from tests.e2e.gpupolicy import eventually, eventually_status
 from tests.manifests import admission_review, container, pod
 from tests.server import WebhookProcess, make_certs, start_webhook
 from webhook.core.policy import parse_policy
@@ -29,15 +29,6 @@ def allowed(server: WebhookProcess, accelerator: str) -> bool:
     answer = server.post("/validate", review)
     assert answer.status == 200, answer.body
     return bool(answer.json()["response"]["allowed"])
-
-
-def eventually(what: str, check: Callable[[], bool], timeout: float = 15.0, every: float = 0.05) -> float:
-    """Seconds until ``check()`` held; fails after ``timeout``."""
-    started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < timeout, f"{what}: not within {timeout} s"
-        time.sleep(every)
-    return time.monotonic() - started
 
 
 def start(tmp, *args: str, cluster) -> WebhookProcess:
@@ -95,18 +86,6 @@ def test_an_edit_is_enforced_within_seconds(live_webhook, kube):
     assert accepted is not None and accepted["status"] == "True", status
     rules = status["status"]["rules"]
     assert rules["native"] and rules["webhook"] and rules["target"].startswith("Kubernetes 1.")
-
-
-def eventually_status(kube: Kube, check: Callable[[dict], bool], timeout: float = 15.0) -> dict:
-    found: dict = {}
-
-    def done() -> bool:
-        nonlocal found
-        found = gp.get(kube) or {}
-        return check(found.get("status") or {})
-
-    eventually("the status written", done, timeout=timeout, every=0.2)
-    return found
 
 
 def test_an_invalid_spec_is_refused_and_the_last_good_policy_stays(live_webhook, kube):
