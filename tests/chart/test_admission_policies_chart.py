@@ -269,7 +269,7 @@ def test_the_notes_say_which_engine_carries_what_and_show_the_policys_denial(hel
 
     text = notes(helm, *values_args({"admissionPolicies": {"enabled": True}}))
     assert "Validation: ValidatingAdmissionPolicies gpu-webhook-deny and gpu-webhook-warn" in text
-    assert "Mutation: MutatingAdmissionPolicy gpu-webhook (v1)" in text
+    assert "Mutation: MutatingAdmissionPolicy gpu-webhook-live (v1)" in text
     denial = next(ln.strip() for ln in text.splitlines() if "denied request" in ln)
     assert denial.startswith('Error from server (Forbidden): pods "gpu-test" is forbidden: ValidatingAdmissionPolicy '
                              "'gpu-webhook-deny' with binding 'gpu-webhook-deny' denied request: 1 GPU violation: ")
