@@ -268,13 +268,15 @@ def test_the_notes_say_which_engine_carries_what_and_show_the_policys_denial(hel
     from webhook.native.target import for_version
 
     text = notes(helm, *values_args({"admissionPolicies": {"enabled": True}}))
-    assert "Validation: ValidatingAdmissionPolicies gpu-webhook-deny and gpu-webhook-warn" in text
+    assert ("Validation: ValidatingAdmissionPolicies gpu-webhook-seed-deny, gpu-webhook-live-deny and "
+            "gpu-webhook-live-warn") in text
     assert "Mutation: MutatingAdmissionPolicy gpu-webhook-live (v1)" in text
     denial = next(ln.strip() for ln in text.splitlines() if "denied request" in ln)
     assert denial.startswith('Error from server (Forbidden): pods "gpu-test" is forbidden: ValidatingAdmissionPolicy '
-                             "'gpu-webhook-deny' with binding 'gpu-webhook-deny' denied request: 1 GPU violation: ")
+                             "'gpu-webhook-live-deny' with binding 'gpu-webhook-live-deny' denied request: "
+                             "1 GPU violation: ")
     # The policies the hook Job applies are named as the notes name them.
     names = {o["metadata"]["name"] for o in generate(parse_policy("{}"), for_version("1.37")).objects}
-    assert {"gpu-webhook-deny", "gpu-webhook-warn", "gpu-webhook"} <= names
+    assert {"gpu-webhook-seed-deny", "gpu-webhook-live-deny", "gpu-webhook-live-warn", "gpu-webhook-live"} <= names
     # (helm install --dry-run=client takes no --kube-version: the branch for a cluster without a
     # MutatingAdmissionPolicy is read on the version matrix's installs, tests/e2e/test_native_chart.py.)
