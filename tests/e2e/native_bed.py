@@ -323,7 +323,7 @@ def probes(bed: NativeBed, policies: PolicySet | None = None, most: int = 12) ->
     return found, idle
 
 
-def wait_until_enforced(bed: NativeBed, timeout: float = 60) -> float:
+def wait_until_enforced(bed: NativeBed, timeout: float = 240) -> float:
     """Policies reach the apiserver's admission asynchronously, each compiled on its own: wait until every
     generated ValidatingAdmissionPolicy acts on a probe and (where MutatingAdmissionPolicy is served) a GPU pod
     gets the accelerator selector. A probe the apiserver's own validation refuses (a Pod asking 0.5 GPU) never

@@ -61,7 +61,7 @@ from webhook.rules import admission
 # The oldest and the newest bed: the differential after an edit is the same CEL on the others
 # (tests/e2e/test_native_policies.py runs the corpus on all four), and each bed costs its start and policies (CI time).
 EDIT_BEDS = [bed for bed in BEDS if bed.id in ("1.30", "1.37")]
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300),
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600),
               pytest.mark.parametrize("matrix_cluster", EDIT_BEDS, ids=[b.id for b in EDIT_BEDS], indirect=True)]
 
 BASE = written(POLICY)

@@ -71,7 +71,7 @@ from webhook.native import params
 from webhook.native.generate import RULES_ANNOTATION, TARGET_ANNOTATION
 from webhook.rules import admission
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300),
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600),
               pytest.mark.parametrize("matrix_cluster", BEDS, ids=[b.id for b in BEDS], indirect=True)]
 
 
