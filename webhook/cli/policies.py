@@ -333,8 +333,6 @@ def run(policies: PolicySet | None, kubeconfig: str | None, delete: bool = False
         applied = apply(kube, generated.objects, pruning=False)
         for name in applied.applied:
             print(f"applied {name}", file=out)
-        for name in applied.pruned:
-            print(f"pruned {name}", file=out)
         report(generated, err)
         enforcement = wait_enforced(kube, generated, policies, probe_namespace, wait) if wait > 0 else None
         # What the new objects replace goes only once they act: a policy of the old set may still be all that
