@@ -135,11 +135,14 @@ def test_apply_returns_once_every_policy_is_enforced(bed):
     assert len(not_probed) + len(acted) == len(found) + len(missing), (not_probed, seen)
 
 
-def test_without_the_policy_object_the_live_policies_are_not_probed(bed):
+def test_without_the_policy_object_apply_creates_it_and_waits_for_the_live_policies(bed):
+    """--apply creates GPUPolicy/default from --policy when it is missing (never changing one that exists), so the
+    policies that read it are probed like the others."""
     cluster, policy_file = bed
     cluster.kubectl("delete", f"{gpupolicy.PLURAL}.{gpupolicy.GROUP}/{gpupolicy.NAME}", "--ignore-not-found",
                     check=True)
     done = cli(policy_file, cluster.kubeconfig, "--apply")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "not probed: gpu-webhook-live-deny: GPUPolicy/default does not exist" in done.stderr, done.stderr
-    assert "enforced: " in done.stdout  # the seed's policies (no params) were waited for
+    assert f"created {gpupolicy.KIND}/{gpupolicy.NAME}" in done.stdout, done.stdout
+    assert "not probed: gpu-webhook-live-deny:" not in done.stderr, done.stderr
+    assert "enforced: " in done.stdout
