@@ -6,9 +6,13 @@ that preserves unknown fields for the invalid-spec test)."""
 
 from __future__ import annotations
 
+import io
 import json
+import subprocess
+import tarfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from webhook.core import gpupolicy
@@ -110,3 +114,17 @@ def eventually_status(kube: Kube, check: Callable[[dict], bool], timeout: float 
 
     eventually("the status written", done, timeout=timeout, every=0.2)
     return found
+
+
+def chart_of(commit: str, into: Path, root: Path) -> Path:
+    """The chart of ``commit`` of the repository at ``root``, unpacked under ``into``; skips the test when this clone
+    does not hold that commit."""
+    import pytest
+
+    done = subprocess.run(["git", "archive", commit, "charts/gpu-webhook"], cwd=root, capture_output=True,
+                          timeout=60, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"the chart of {commit} is not in this clone: {done.stderr.decode()[:200]}")
+    with tarfile.open(fileobj=io.BytesIO(done.stdout)) as archive:
+        archive.extractall(into, filter="data")
+    return into / "charts" / "gpu-webhook"

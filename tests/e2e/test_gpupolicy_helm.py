@@ -9,16 +9,14 @@ created while they exist; each release is uninstalled, and the CRD deleted, at t
 
 from __future__ import annotations
 
-import io
 import json
-import subprocess
-import tarfile
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.e2e.bed import CHART
+from tests.e2e.gpupolicy import chart_of
 from tests.e2e.test_helm import Helm
 from tests.tools import ROOT
 from webhook.core import gpupolicy
@@ -54,14 +52,7 @@ def clean(cluster):
 
 @pytest.fixture(scope="module")
 def old_chart(tmp_path_factory) -> Path:
-    done = subprocess.run(["git", "archive", OLD_CHART_COMMIT, "charts/gpu-webhook"], cwd=ROOT, capture_output=True,
-                          timeout=60, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"the chart of {OLD_CHART_COMMIT} is not in this clone: {done.stderr.decode()[:200]}")
-    target = tmp_path_factory.mktemp("old-chart")
-    with tarfile.open(fileobj=io.BytesIO(done.stdout)) as archive:
-        archive.extractall(target, filter="data")
-    return target / "charts" / "gpu-webhook"
+    return chart_of(OLD_CHART_COMMIT, tmp_path_factory.mktemp("old-chart"), ROOT)
 
 
 def get(cluster, *args: str) -> dict:

@@ -28,10 +28,8 @@ previous image's tag, so the other node modules find the bed as before.
 from __future__ import annotations
 
 import base64
-import io
 import json
 import subprocess
-import tarfile
 import threading
 import time
 from collections import Counter
@@ -42,6 +40,7 @@ import pytest
 import yaml
 
 from tests.e2e.bed import forget_policy_crd
+from tests.e2e.gpupolicy import chart_of
 from tests.e2e.load import AdmissionLoad, LoadReport, Result
 from tests.e2e.node import NodeBed, until
 from tests.e2e.test_node_release import _dry_run, _secret
@@ -153,14 +152,7 @@ def images(node_bed: NodeBed, webhook_image: str) -> Iterator[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def previous_chart(tmp_path_factory) -> Path:
-    done = subprocess.run(["git", "archive", PREVIOUS_COMMIT, "charts/gpu-webhook"], cwd=ROOT, capture_output=True,
-                          timeout=60, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"the chart of {PREVIOUS_COMMIT} is not in this clone: {done.stderr.decode()[:200]}")
-    target = tmp_path_factory.mktemp("previous-chart")
-    with tarfile.open(fileobj=io.BytesIO(done.stdout)) as archive:
-        archive.extractall(target, filter="data")
-    return target / "charts" / "gpu-webhook"
+    return chart_of(PREVIOUS_COMMIT, tmp_path_factory.mktemp("previous-chart"), ROOT)
 
 
 def _pods(bed: NodeBed) -> list[dict]:
