@@ -79,4 +79,4 @@ def test_before_objects_keep_to_their_namespaces():
     # embedded default policy.
     assert expected(("none", "native-before", "hybrid"), None) == {
         "none": "nobody/None", "native-before": "native:before-gpu-webhook-deny/None",
-        "hybrid": "native:gpu-webhook-deny/None"}
+        "hybrid": "native:gpu-webhook-live-deny/None"}

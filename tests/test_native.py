@@ -408,8 +408,10 @@ def test_the_command_writes_the_objects_on_stdout_and_the_webhook_rules_on_stder
     done = run("--policy", str(policy))
     assert done.returncode == 0, done.stderr
     documents = [d for d in yaml.safe_load_all(done.stdout) if d]
+    live = generate(parse_policy(POLICY), for_version("1.37"))
+    assert live.policy_object is not None
     assert [f"{d['kind']}/{d['metadata']['name']}" for d in documents] == [
-        f"{d['kind']}/{d['metadata']['name']}" for d in objects()]
+        f"{d['kind']}/{d['metadata']['name']}" for d in [*live.objects, live.policy_object]]
     assert "left to the webhook: exceeds-node-capacity: " in done.stderr
     assert "left to the webhook: process-count-mismatch: " in done.stderr
 

@@ -14,6 +14,7 @@ import shutil
 import signal
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -354,7 +355,12 @@ current-context: e2e
         return result
 
     def stop(self) -> None:
+        for process in self.processes:
+            if process.proc.poll() is not None:  # died under a test: its last words go to the test's report
+                print(f"--- {process.name} exited ({process.proc.returncode}) before the bed stopped:\n"
+                      f"{process.log.read_text(errors='replace')[-4000:]}", file=sys.stderr)
         for process in reversed(self.processes):
             process.stop()
         self.processes.clear()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        if not os.environ.get("GPU_WEBHOOK_E2E_KEEP"):  # set it to read a bed's logs after the run
+            shutil.rmtree(self.workdir, ignore_errors=True)

@@ -51,7 +51,8 @@ from tests.manifests import container, pod, pytorch_job, seed_pod
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(420), pytest.mark.usefixtures("release")]
 
 VAP = "ValidatingAdmissionPolicy 'gpu-webhook-live-deny'"
-CUSTOM_VAP = "ValidatingAdmissionPolicy 'gpu-webhook-custom-live-deny'"  # the custom kinds' deny policy
+# The custom kinds' hard quantity rules: compiled in, no params, so they hold with or without GPUPolicy/default.
+CUSTOM_VAP = "ValidatingAdmissionPolicy 'gpu-webhook-custom-seed-deny'"
 RATE = 16.0  # dry-run GPU pod creations a second, as in the measurement this reproduces
 FIGURES: dict[str, object] = {}
 
@@ -212,7 +213,7 @@ def test_hybrid_the_hook_job_applies_the_native_policies(node_bed):
     names = node_bed.kubectl("get", "validatingadmissionpolicies,mutatingadmissionpolicies", "-o", "name",
                              "-l", "app.kubernetes.io/component=admission-policies", check=True).stdout.split()
     assert "validatingadmissionpolicy.admissionregistration.k8s.io/gpu-webhook-live-deny" in names, names
-    assert "mutatingadmissionpolicy.admissionregistration.k8s.io/gpu-webhook" in names, names
+    assert "mutatingadmissionpolicy.admissionregistration.k8s.io/gpu-webhook-live" in names, names
     for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
         for hook in node_bed.kubectl_json("get", kind, RELEASE)["webhooks"]:
             assert hook["failurePolicy"] == "Ignore", hook["name"]

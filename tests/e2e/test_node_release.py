@@ -522,7 +522,13 @@ def test_the_container_runs_read_only_as_65532_without_capabilities(node_bed, re
         container_id = p["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
         lines = node_bed.ctr("tasks", "ps", container_id).stdout.split("\n")[1:]
         pids = [int(line.split()[0]) for line in lines if line.strip()]
-        assert len(pids) >= 3, f"gunicorn's master and two workers expected: {pids}"  # server.workers=2
+        commands = {pid: Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ") for pid in pids}
+        # gunicorn's master and two workers (server.workers=2), and the policy status writer the master started
+        # (policyObject.enabled): nothing else.
+        served = [pid for pid, command in commands.items() if "gpu-webhook serve" in command]
+        assert len(served) >= 3, f"gunicorn's master and two workers expected: {commands}"
+        assert all(pid in served or " -m webhook.serving.policystatus " in command
+                   for pid, command in commands.items()), commands
         for pid in pids:
             status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
                           if ":\t" in line)
@@ -530,7 +536,6 @@ def test_the_container_runs_read_only_as_65532_without_capabilities(node_bed, re
             for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
                 assert int(status[cap], 16) == 0, (pid, cap, status[cap])
             assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2", status  # 2: a filter (RuntimeDefault)
-            assert "gpu-webhook serve" in Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
         mounts = {}
         for line in Path(f"/proc/{pids[0]}/mountinfo").read_text().splitlines():
             fields = line.split(" ")
