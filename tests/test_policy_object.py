@@ -430,13 +430,38 @@ def test_a_worker_is_not_ready_before_its_first_list_and_then_serves_the_object(
     assert list(state.served_policy().default.allowed) == ["nvidia-l4"]
 
 
-def test_the_first_list_decides_cluster_checks_and_a_later_toggle_takes_a_restart(worker, capsys):
+def test_the_first_list_decides_cluster_checks_and_a_later_edit_switches_them_live(worker, capsys):
+    """helm upgrade --set policy.cluster.enabled=true restarts the pods before its post-upgrade hook writes the new
+    spec: the new pods list the old one (off), then see the edit. The view follows the edit, on and off."""
     state = worker()
     state.live.replace([gpupolicy(1, {"cluster": {"enabled": True}})])
     assert state.cluster is not None and len(state.informers) == 6
-    assert state.readiness().startswith("waiting for the first list of nodes")
+    assert state.readiness().startswith("waiting for the first list of nodes")  # decided at start: it gates
+    first = state.informers
     state.live.apply("MODIFIED", gpupolicy(2, {"cluster": {"enabled": False}}))
-    assert state.cluster is not None  # still on
+    assert state.cluster is None and state.informers == [] and state.cluster_view() is None
+    assert all(informer._stop.is_set() for informer in first)
+    assert state.readiness() is None
+    state.live.apply("MODIFIED", gpupolicy(3, {"cluster": {"enabled": True}}))
+    assert state.cluster is not None and len(state.informers) == 6 and state.informers[0] is not first[0]
+    assert state.readiness() is None  # switched on by an edit: no replica leaves the Service for it
+    assert state.cluster_view() is None  # the checks wait for the first lists
+    logged = capsys.readouterr().err
+    assert logged.count('"event":"policy_cluster_toggled"') == 2 and "policy_cluster_toggle\"" not in logged
+
+
+@pytest.mark.process
+def test_with_a_policy_file_switching_cluster_checks_takes_a_restart(tmp_path, capsys):
+    from webhook.serving import certs, server
+
+    paths = certs.write(certs.generate(["localhost"], days=1), str(tmp_path / "tls"))
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("cluster: {enabled: false}\n")
+    state = server._WorkerState(server.ServeConfig(cert_file=str(paths["cert"]), key_file=str(paths["key"]),
+                                                   policy_file=str(policy)))
+    assert state.cluster is None
+    state._check_cluster_toggle(parse_policy("cluster: {enabled: true}\n"))
+    assert state.cluster is None
     assert '"event":"policy_cluster_toggle"' in capsys.readouterr().err
 
 

@@ -585,11 +585,17 @@ def test_cluster_checks_follow_the_nodes_with_the_charts_token_and_rbac(node_bed
         volumes = {v["name"]: v for v in p["spec"]["volumes"]}
         assert volumes["kube-api-access"]["projected"]["sources"][0]["serviceAccountToken"]
         assert p["spec"]["serviceAccountName"] == RELEASE and p["spec"]["automountServiceAccountToken"] is False
-        events = [json.loads(m) for _, m in _log_messages(node_bed, p)]
-        listed = [e for e in events if e["event"] == "informer_listed"]
-        assert any(e["resource"] == "nodes" for e in listed), events  # /readyz waits for this list
-    refused = _dry_run(node_bed, l4)
-    assert refused.returncode and "no node has accelerator=nvidia-l4" in refused.stderr, refused.stderr
+
+        def nodes_listed(p: dict = p) -> bool:
+            events = [json.loads(m) for _, m in _log_messages(node_bed, p)]
+            return any(e["event"] == "informer_listed" and e["resource"] == "nodes" for e in events)
+
+        # The new pods start on GPUPolicy/default as it was (cluster checks off); the post-upgrade hook then writes
+        # the new spec, and each pod's view follows that edit.
+        until(f"{p['metadata']['name']} listing the nodes", nodes_listed, 30, interval=0.5)
+    refused = until("the pod asking for an absent accelerator refused",
+                    lambda: (r := _dry_run(node_bed, l4)).returncode != 0 and r, 30, interval=0.5)
+    assert "no node has accelerator=nvidia-l4" in refused.stderr, refused.stderr
     try:
         node_bed.kubectl("create", "-f", "-", check=True, stdin=json.dumps({
             "apiVersion": "v1", "kind": "Node",

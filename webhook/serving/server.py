@@ -133,6 +133,11 @@ class _WorkerState:
         self.informers: list[Informer] = []
         self._cluster_lock = threading.Lock()
         self._cluster_decided = False
+        # Set to stop this cluster view's watches, its refresher and its gauges (cluster.enabled turned off live).
+        self._cluster_stop = threading.Event()
+        # Readiness waits for the view decided at start only: one switched on later by an edit of the policy
+        # object must not take every replica out of the Service at once (the checks wait for the view anyway).
+        self._cluster_gates_readiness = True
         if self.live is None:
             self._decide_cluster(self.policy.value)
 
@@ -149,16 +154,18 @@ class _WorkerState:
             if self._cluster_decided:
                 return
             self._cluster_decided = True
-            initial = policy.default
-            if not initial.cluster_enabled:
-                return
-            cluster = ClusterState(initial.node_label)
-            # One list+watch per kind the view reads, all over one connection pool.
-            source = KubeSource(self.config.kubeconfig, kube=self._kube)
-            self.informers = [Informer(kind, source, cluster.indices[kind.name]) for kind in CLUSTER_KINDS]
-            self.cluster = cluster
-            if self._running:
-                self._start_cluster()
+            if policy.default.cluster_enabled:
+                self._new_cluster(policy)
+
+    def _new_cluster(self, policy: PolicySet) -> None:
+        """The cluster view and its watches (under the lock): one list+watch per kind, one connection pool."""
+        cluster = ClusterState(policy.default.node_label)
+        source = KubeSource(self.config.kubeconfig, kube=self._kube)
+        self._cluster_stop = threading.Event()
+        self.informers = [Informer(kind, source, cluster.indices[kind.name]) for kind in CLUSTER_KINDS]
+        self.cluster = cluster
+        if self._running:
+            self._start_cluster()
 
     def _object_changed(self) -> None:
         if self.live is not None and self.live.listed and not self._cluster_decided:
@@ -175,10 +182,26 @@ class _WorkerState:
         if not self._cluster_decided:
             return
         enabled = policy.default.cluster_enabled
-        if enabled != (self.cluster is not None):
+        if enabled == (self.cluster is not None):
+            return
+        if self.live is None:
+            # A policy file: the chart gives the pod its token and the reader's RBAC with cluster.enabled only.
             logs.event("policy_cluster_toggle", logging.WARNING, cluster_enabled=enabled,
                        message="cluster.enabled changed: that takes a restart of the webhook's pods; until then "
                        f"cluster checks stay {'on' if self.cluster is not None else 'off'}")
+            return
+        # The policy object: its client is there, so the view follows the edit (the RBAC to read the cluster is
+        # the chart's policy.cluster.enabled; without it the watches fail and the view stays stale, as alerted).
+        with self._cluster_lock:
+            if enabled:
+                self._cluster_gates_readiness = False
+                self._new_cluster(policy)
+            else:
+                self._cluster_stop.set()
+                for informer in self.informers:
+                    informer.stop()
+                self.cluster, self.informers = None, []
+        logs.event("policy_cluster_toggled", cluster_enabled=enabled)
 
     _running = False
 
@@ -199,7 +222,8 @@ class _WorkerState:
 
     def _start_cluster(self) -> None:
         assert self.cluster is not None
-        self.cluster.start_refresher(self._stop)
+        stop = self._cluster_stop
+        self.cluster.start_refresher(stop)
         for informer in self.informers:
             informer.start()
         if self.informers:
@@ -211,7 +235,7 @@ class _WorkerState:
                     metrics.NODE_INDEX_AGE.set(time.time() - nodes.last_sync)
                 metrics.NODE_INDEX_STALE.set(1 if nodes.stale else 0)
 
-            report_forever(self.informers, self._stop, legacy_node_gauges)
+            report_forever(self.informers, stop, legacy_node_gauges)
 
     def cluster_view(self) -> ClusterView | None:
         return self.cluster.view() if self.cluster is not None else None
@@ -222,8 +246,9 @@ class _WorkerState:
         if self.live is not None and not (self.live.listed and self._cluster_decided):
             if time.monotonic() - self.started < self.config.policy_object_wait:
                 return f"waiting for the first list of GPUPolicy/{self.live.name}"
-        if self.cluster is not None and not self.cluster.loaded:
-            return f"waiting for the first list of {', '.join(self.cluster.waiting_for())}"
+        cluster = self.cluster
+        if cluster is not None and self._cluster_gates_readiness and not cluster.loaded:
+            return f"waiting for the first list of {', '.join(cluster.waiting_for())}"
         return None
 
 
