@@ -17,7 +17,7 @@ from typing import Any
 from webhook.core.podspecs import group_of
 from webhook.core.policy import PolicySet
 from webhook.native.generate import Generated
-from webhook.native.pods import CUSTOM_ONLY
+from webhook.native.rules import CUSTOM_ONLY
 from webhook.rules import admission
 
 NS, RESEARCH, LAB, OPEN, HIDE, TRUSTED, ADMIN, RUNTIME = (

@@ -16,10 +16,11 @@ from webhook.core import catalog
 from webhook.core import resources as registry
 from webhook.core.kinds import RAY_CLUSTER_SPECS
 from webhook.core.policy import CLUSTER_RULES, PolicyError, parse_policy
-from webhook.native import claims, hybrid, kinds, pods, snippets
+from webhook.native import hybrid, kinds, pods, snippets
 from webhook.native.celtext import one_line
 from webhook.native.generate import CEL_FIELDS, LABELS, RULES_ANNOTATION, TARGET_ANNOTATION, generate, to_yaml
-from webhook.native.rules import BUILDERS, native_rules
+from webhook.native.registry import NEVER, native
+from webhook.native.rules import BUILDERS, matters, native_rules
 from webhook.native.target import for_version
 from webhook.rules import isolation
 from webhook.rules.crossfield import REPLICA_KINDS
@@ -390,7 +391,8 @@ def test_the_generator_and_the_webhook_read_one_definition_of_the_device_names()
     for name in ("VISIBLE_DEVICES", "DEVICE_VARIABLES", "NO_DEVICES", "DEVICE_DIRECTORIES", "NVIDIA_DEVICE_PREFIX",
                  "DEVICE_LIST_DIRECTORIES", "CDI_PREFIXES", "CDI_KEYS", "NVIDIA_RUNTIME_PREFIX"):
         assert getattr(pods, name) is getattr(isolation, name) is getattr(registry, name), name
-    assert set(claims.BUILDERS) <= set(BUILDERS)
+    # One record per rule: the per-pod cap's findings in pod templates and in claims.
+    assert BUILDERS["per-pod-limit"].pods and BUILDERS["per-pod-limit"].claims
 
 
 # --- the command ----------------------------------------------------------------------------------------------
@@ -449,17 +451,20 @@ def test_each_policy_asks_first_whether_anything_in_a_pod_can_make_its_rules_fir
 def test_every_pod_rule_says_what_can_make_it_fire():
     """A builder declares its rule with what can make it fire: none, or a second builder, is refused at import."""
     with pytest.raises(ValueError, match="say what can make it fire"):
-        pods.native("new-rule", reads=())
+        native("new-rule", fires=())
     with pytest.raises(ValueError, match="two builders"):
-        pods.native("privileged-gpu", reads=("privileged",))(pods.privileged_gpu)
-    assert all(pods.READS[rule] for rule in pods.BUILDERS)
+        native("privileged-gpu", fires=(NEVER,))(BUILDERS["privileged-gpu"].pods)
+    with pytest.raises(ValueError, match="two builders"):
+        native("admin-access", claims=True)(BUILDERS["admin-access"].claims)
+    assert all(entry.fires for entry in BUILDERS.values() if entry.pods)
+    assert not any(entry.fires for entry in BUILDERS.values() if not entry.pods)
     with pytest.raises(KeyError):
-        pods.matters(snippets.Ctx(parse_policy(POLICY)), ["no-such-rule"])
+        matters(snippets.Ctx(parse_policy(POLICY)), ["no-such-rule"])
 
 
 def test_a_rules_own_trigger_joins_the_policys_match_conditions():
     """host-pid-gpu declares its trigger inline: a GPU pod with hostPID reaches the warn policy, one without skips
     it (the GPU pod's plain count triggers nothing else there)."""
     ctx = snippets.Ctx(parse_policy("{}"))
-    assert "t.spec.hostPID" in pods.matters(ctx, ["host-pid-gpu"])
-    assert "t.spec.hostPID" not in pods.matters(ctx, ["privileged-gpu"])
+    assert "t.spec.hostPID" in matters(ctx, ["host-pid-gpu"])
+    assert "t.spec.hostPID" not in matters(ctx, ["privileged-gpu"])

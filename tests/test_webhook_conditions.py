@@ -27,8 +27,9 @@ from tests.celeval import PLURALS, Request, evaluate
 from webhook.core.kinds import BLOCK_KINDS, KNOWN_KINDS
 from webhook.core.podspecs import group_of
 from webhook.core.policy import EXCLUDED_NAMESPACES, PolicySet, parse_policy
-from webhook.native import hybrid, pods, webhooks
+from webhook.native import hybrid, webhooks
 from webhook.native.generate import generate
+from webhook.native.rules import BUILDERS, trigger_expression
 from webhook.native.snippets import Ctx
 from webhook.native.target import Target
 from webhook.rules import admission
@@ -231,14 +232,15 @@ def test_the_any_pod_triggers_read_no_policy_value() -> None:
     must be the same under any other."""
     for document in POLICIES.values():
         policies = parse_policy(json.dumps(document))
-        assert pods.trigger_expression(Ctx(policies), list(webhooks.ANY_POD)) == webhooks.any_pod_triggers()
+        assert trigger_expression(Ctx(policies), list(webhooks.ANY_POD)) == webhooks.any_pod_triggers()
 
 
 def test_every_rule_is_placed() -> None:
     """A rule the registry gains is sent by its triggers unless it is said to need a GPU: never silently skipped."""
     placed = webhooks.GPU_ONLY | webhooks.OWN_CLAUSE | webhooks.UNSENT
-    assert placed <= set(pods.READS)
-    assert set(webhooks.ANY_POD) | placed == set(pods.READS)
+    pod_rules = {rule for rule, entry in BUILDERS.items() if entry.pods}
+    assert placed <= pod_rules
+    assert set(webhooks.ANY_POD) | placed == pod_rules
     assert webhooks.UNSENT == {"visible-devices-unread"}, "a rule the webhook-only chart never sees for itself"
 
 

@@ -52,7 +52,7 @@ from webhook.core.policy import PolicySet, parse_policy
 from webhook.core.policycrd import as_spec, crd
 from webhook.kube.client import Kube
 from webhook.native.generate import NAME, RULES_ANNOTATION, Generated, generate, live, to_yaml
-from webhook.native.pods import CUSTOM_ONLY
+from webhook.native.rules import CUSTOM_ONLY
 from webhook.native.target import Target
 from webhook.rules import admission
 

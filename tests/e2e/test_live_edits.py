@@ -56,7 +56,7 @@ from tests.e2e.native_bed import (
 from tests.native_corpus import BUILTIN, NS, POLICY, Case, as_pod, compare, corpus, gpu, spec
 from webhook.core.podspecs import group_of
 from webhook.core.policy import PolicySet
-from webhook.native.pods import CUSTOM_ONLY
+from webhook.native.rules import CUSTOM_ONLY
 from webhook.rules import admission
 
 # The oldest and the newest bed: the differential after an edit is the same CEL on the others

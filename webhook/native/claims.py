@@ -8,12 +8,11 @@ request asks for, each ``{path, stable, q}`` (``exactly``, a v1beta1-shaped requ
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from webhook.core.policy import Policy
 from webhook.native import params
 from webhook.native.celtext import boolean, globs_regex, lit, matches, record
 from webhook.native.findings import Each, Finding
+from webhook.native.registry import native
 from webhook.native.snippets import Ctx, guarded, quoted, stable_item
 
 REQUESTS = Each("r", "variables.requests")
@@ -46,9 +45,6 @@ def requests(root: str, two_variable: bool) -> str:
     return f"[{spec}].map(S, [{base}].map(B, {listed})[0])[0]"
 
 
-Builder = Callable[[Ctx], list[Finding]]
-
-
 def _policies(ctx: Ctx) -> list[Policy]:
     return [ctx.policies.default, *ctx.policies.by_namespace.values()]
 
@@ -63,6 +59,7 @@ def _class() -> str:
     return "d.q.?deviceClassName.orValue(null)"
 
 
+@native("device-class-not-allowed", claims=True)
 def device_class_not_allowed(ctx: Ctx) -> list[Finding]:
     def allowed(policy: Policy) -> str:
         if not policy.allowed_device_classes:
@@ -76,6 +73,7 @@ def device_class_not_allowed(ctx: Ctx) -> list[Finding]:
                     "d.path + '.deviceClassName'", "d.stable + '.deviceClassName'", "n", message, (("n", _class()),))]
 
 
+@native("allocation-mode-all", claims=True)
 def allocation_mode_all(ctx: Ctx) -> list[Finding]:
     message = lit("allocationMode: All takes every matching device on the node (and fails while any is in use); "
                   "ask for a count instead")
@@ -87,6 +85,7 @@ def allocation_mode_all(ctx: Ctx) -> list[Finding]:
                     "d.path + '.allocationMode'", "d.stable + '.allocationMode'", lit("All"), message)]
 
 
+@native("admin-access", claims=True)
 def admin_access(ctx: Ctx) -> list[Finding]:
     namespaces = ctx.policy.admin_access_namespaces
     allowed = matches("request.namespace", globs_regex(namespaces)) if namespaces else "false"
@@ -99,6 +98,7 @@ def admin_access(ctx: Ctx) -> list[Finding]:
                     "d.path + '.adminAccess'", "d.stable + '.adminAccess'", lit("true"), message)]
 
 
+@native("blanket-device-toleration", claims=True)
 def blanket_device_toleration(ctx: Ctx) -> list[Finding]:
     key_set = "x.?key.orValue('') != ''"
     effect = "x.?effect.orValue('')"
@@ -155,21 +155,14 @@ def _live_cap(rule: str) -> str:
     return f"({smaller} ? 0 : {pod})"
 
 
+@native("per-container-limit", claims=True)
 def per_container_limit(ctx: Ctx) -> list[Finding]:
     return _count_cap(ctx, "per-container-limit")
 
 
+@native("per-pod-limit", claims=True)
 def per_pod_limit(ctx: Ctx) -> list[Finding]:
     return _count_cap(ctx, "per-pod-limit")
 
 
-BUILDERS: dict[str, Builder] = {
-    "device-class-not-allowed": device_class_not_allowed,
-    "allocation-mode-all": allocation_mode_all,
-    "admin-access": admin_access,
-    "blanket-device-toleration": blanket_device_toleration,
-    "per-container-limit": per_container_limit,
-    "per-pod-limit": per_pod_limit,
-}
-
-__all__ = ["BUILDERS", "guarded", "requests"]
+__all__ = ["guarded", "requests"]

@@ -45,7 +45,7 @@ from webhook.core.policycrd import as_spec
 from webhook.native import celtext, claims, kinds, mutations, params, pods
 from webhook.native.celtext import boolean, layout, lit
 from webhook.native.findings import SEPARATOR, Dialect, Finding, exists, found, joined, keys, variable
-from webhook.native.rules import BUILDERS, native_rules, setting, webhook_rules
+from webhook.native.rules import BUILDERS, matters, native_rules, setting, webhook_rules
 from webhook.native.snippets import Ctx, Shape
 from webhook.native.target import DEFAULT, LIBRARIES, Target, every_version
 
@@ -308,7 +308,7 @@ def _validating_policy(name: str, policies: PolicySet, family: Family, action: s
         spec["paramKind"] = dict(params.PARAM_KIND)
     if family is BUILTIN:
         spec["matchConditions"] = [{"name": "may-concern-gpus",
-                                    "expression": pods.matters(ctx, [r.rule for r in rules])}]
+                                    "expression": matters(ctx, [r.rule for r in rules])}]
     spec["variables"] = [{"name": n, "expression": e} for n, e in variables]
     spec["validations"] = validations
     policy = {

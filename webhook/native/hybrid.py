@@ -4,7 +4,8 @@ Each of the chart's webhooks gets matchConditions that let through only what is 
 everything its own conditions let through):
 
 - ``validate`` (Pods and built-in workloads): the pods whose claims the webhook follows (the DRA rules that read
-  other objects), and what can make a rule fire that the target's CEL cannot carry (:data:`webhook.native.pods.NEEDS`);
+  other objects), and what can make a rule fire that the target's CEL cannot carry
+  (:data:`webhook.native.registry.REGISTRY`);
 - ``dra`` (ResourceClaims, ResourceClaimTemplates, DeviceClasses): nothing where ``resource.k8s.io/v1`` is served;
 - ``custom``: the custom kinds the policies do not know;
 - ``mutate``: nothing where a MutatingAdmissionPolicy is served (unless the runtime class must read the cluster).
@@ -20,10 +21,10 @@ from __future__ import annotations
 
 from webhook.core.catalog import CROSS_REPLICA, RULES
 from webhook.core.policy import Policy, PolicySet
-from webhook.native import kinds, pods
+from webhook.native import kinds
 from webhook.native.celtext import lits
 from webhook.native.generate import DRA_MINOR, live
-from webhook.native.rules import BUILDERS, native_rules
+from webhook.native.rules import BUILDERS, BUILTIN_TEMPLATE, native_rules, trigger_expression
 from webhook.native.snippets import Ctx
 from webhook.native.target import NEWEST, OLDEST, Target
 from webhook.rules.crossfield import REPLICA_KINDS
@@ -83,9 +84,9 @@ def carries_all_from() -> int:
 
 def validate_condition(policies: PolicySet, target: Target) -> str:
     """The CEL of what Pods and built-in workloads must still bring to the webhook on this target."""
-    triggers = pods.trigger_expression(Ctx(policies), lacking(target))
+    triggers = trigger_expression(Ctx(policies), lacking(target))
     template = f"has(t.spec) && (({FOLLOWS_CLAIMS})" + (f" || {triggers}" if triggers != "false" else "") + ")"
-    return f"({pods.BUILTIN_TEMPLATE}).exists(t, {template})"
+    return f"({BUILTIN_TEMPLATE}).exists(t, {template})"
 
 
 def custom_condition(custom: list[kinds.CustomKind], replicas: bool) -> str:

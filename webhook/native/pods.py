@@ -44,6 +44,7 @@ from webhook.core.resources import (
 from webhook.native import params
 from webhook.native.celtext import boolean, lit, lits, matches, record
 from webhook.native.findings import SEPARATOR, Each, Finding
+from webhook.native.registry import NEVER, Trigger, native
 from webhook.native.snippets import (
     DIGITS,
     MONITORING,
@@ -312,9 +313,6 @@ LISTS_WITH_CLAIMS = ("containers", "initContainers")
 
 # --- the builders -----------------------------------------------------------------------------------------------
 
-Builder = Callable[[Ctx], list[Finding]]
-
-
 def _policies(ctx: Ctx) -> list[Policy]:
     return [ctx.policies.default, *ctx.policies.by_namespace.values()]
 
@@ -342,60 +340,29 @@ def _per_name(r: Reads, rule: str, sections: tuple[str, ...], names: str, where:
     return [Finding(rule, loops, where, path, stable, value, message, (("x", f"{names_loop.over}[k]"), *let))]
 
 
-# --- the registry: each builder declares its rule ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Trigger:
-    """A cheap test that is true whenever a rule could find a violation in a template: on the template ``t``, on a
-    container ``c`` of list ``l``, or on a resource name ``k`` with a domain (value ``v``) of a container's limits or
-    requests. Tests of one level are evaluated in one pass (matches)."""
-
-    level: str  # "template", "container" or "name"
-    test: str
-
-
-@dataclass(frozen=True)
-class PodRule:
-    """A native rule's CEL for pod templates, and what the generator must know of it."""
-
-    build: Builder
-    # What can make it fire on a Pod or built-in template: _triggers' names, a Trigger of its own, or "never" (the
-    # apiserver refuses it there first). A template none of a policy's rules can fire on skips the policy.
-    reads: tuple[str | Trigger, ...]
-    needs: tuple[str, ...] = ()  # CEL libraries beyond the 1.30 floor (target.LIBRARIES); else left to the webhook
-    custom_only: bool = False  # the apiserver enforces it on Pods and built-in templates (validateResourceRequirements)
-
-
-REGISTRY: dict[str, PodRule] = {}
-
-
-def native(rule: str, *, reads: tuple[str | Trigger, ...], needs: tuple[str, ...] = (),
-           custom_only: bool = False) -> Callable[[Builder], Builder]:
-    """Declare ``rule``'s builder, the catalog row's CEL half: ``@native("privileged-gpu", reads=("privileged",))``.
-    What it reads is required: a rule that named no trigger would be skipped on every pod it could fire on."""
-    if not reads:
-        raise ValueError(f"{rule}: say what can make it fire (reads)")
-
-    def register(build: Builder) -> Builder:
-        if rule in REGISTRY:
-            raise ValueError(f"{rule}: two builders")
-        REGISTRY[rule] = PodRule(build, reads, needs, custom_only)
-        return build
-    return register
-
-
 # --- the quantity rules --------------------------------------------------------------------------------------
+# A Pod's and a built-in template's quantities are canonical: a count of at most six digits is whole, not negative
+# and sensible.
 
 
-@native("invalid-quantity", reads=('count',))
+def _odd_count(ctx: Ctx) -> str:
+    """A count that is no plain count of at most six digits (or is over the cap per container)."""
+    cap = ctx.ns(lambda p: str(p.per_container), live=params.expression("perContainer"))
+    over_cap = f" || ({cap} != 0 && int(v) > {cap})" if ctx.any(lambda p: p.per_container) else ""
+    return f"!{matches('v', DIGITS)}{over_cap}"
+
+
+ODD_COUNT = Trigger("name", _odd_count, "count")
+
+
+@native("invalid-quantity", fires=(ODD_COUNT,))
 def invalid_quantity(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     return _per_name(r, "invalid-quantity", ("limits", "requests"), "k in variables.gpus", "e != ''",
                      f"{r.label} + ': ' + e", r.about("x"), (("e", r.error("x")),), template="t.uses")
 
 
-@native("requests-without-limits", reads=('never',), custom_only=True)
+@native("requests-without-limits", fires=(NEVER,), custom_only=True)
 def requests_without_limits(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     message = f"{r.label} + ': ' + k + ' is requested without a limit, set it in limits (requests default to limits)'"
@@ -404,7 +371,7 @@ def requests_without_limits(ctx: Ctx) -> list[Finding]:
                      template="t.uses")
 
 
-@native("requests-differ", reads=('never',), custom_only=True)
+@native("requests-differ", fires=(NEVER,), custom_only=True)
 def requests_differ(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     message = f"{r.label} + ': ' + k + ' requests (' + {r.about('x')} + ') must equal limits (' + {r.about('y')} + ')'"
@@ -414,7 +381,7 @@ def requests_differ(ctx: Ctx) -> list[Finding]:
                      (("y", f"{r.section('limits')}[k]"),), template="t.uses")
 
 
-@native("per-container-limit", reads=('count',))
+@native("per-container-limit", fires=(ODD_COUNT,))
 def per_container_limit(ctx: Ctx) -> list[Finding]:
     if not ctx.any(lambda p: p.per_container):
         return []
@@ -453,7 +420,19 @@ def _total(name: str) -> str:
     return f"([{running}] + {peaks}).max()"
 
 
-@native("per-pod-limit", reads=("pod-over-cap",))
+def _pod_over_cap(ctx: Ctx) -> str:
+    """The pod's GPU counts, every plain count of every container summed (more than any name's total, so never less
+    than the rule's), over the cap; other spellings are the count trigger's."""
+    per_pod = ctx.ns(lambda p: str(p.per_pod), live=params.expression("perPod"))
+    limits = "c.resources.limits"
+    plain_sum = (f"has(c.resources) && has({limits}) ? ([0] + {limits}.filter(k, {is_gpu(ctx, 'k')} && "
+                 f"{matches(limits + '[k]', DIGITS)}).map(k, int({limits}[k]))).sum() : 0")
+    return (f"{per_pod} != 0 && ([0] + {lits(('containers', 'initContainers'))}"
+            f".map(l, l in t.spec ? ([0] + t.spec[l].map(c, {plain_sum})).sum() : 0))"
+            f".sum() > {per_pod}")
+
+
+@native("per-pod-limit", fires=(Trigger("template", _pod_over_cap, "pod-over-cap"),))
 def per_pod_limit(ctx: Ctx) -> list[Finding]:
     if not ctx.any(lambda p: p.per_pod):
         return []
@@ -498,7 +477,20 @@ def _selector_path(ctx: Ctx, base: str = "t.path") -> str:
     return base + " + " + lit(".nodeSelector[" + ctx.policy.node_label + "]")
 
 
-@native("accelerator-not-allowed", reads=("annotation", "selector-not-allowed"))
+ANNOTATED = Trigger("template", lambda ctx: f"has(t.metadata.annotations) && {lit(ctx.policy.annotation)} in "
+                                            f"t.metadata.annotations", "annotation")
+
+
+def _selector_not_allowed(ctx: Ctx) -> str:
+    """A selected accelerator outside the namespace's allowed list (the mutation's own default is allowed)."""
+    label = lit(ctx.policy.node_label)
+    allowed = ctx.ns(lambda p: lits(p.allowed), live=params.expression("allowed"))
+    return (f"has(t.spec.nodeSelector) && {label} in t.spec.nodeSelector && size({allowed}) > 0 "
+            f"&& !(t.spec.nodeSelector[{label}] in {allowed})")
+
+
+@native("accelerator-not-allowed",
+        fires=(ANNOTATED, Trigger("template", _selector_not_allowed, "selector-not-allowed")))
 def accelerator_not_allowed(ctx: Ctx) -> list[Finding]:
     if not ctx.any(lambda p: p.allowed):
         return []
@@ -513,7 +505,7 @@ def accelerator_not_allowed(ctx: Ctx) -> list[Finding]:
                                         (_selector_path(ctx), _selector_path(ctx, "t.stable"), _selected(r)))]
 
 
-@native("accelerator-conflict", reads=("annotation",))
+@native("accelerator-conflict", fires=(ANNOTATED,))
 def accelerator_conflict(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     annotation, label = ctx.policy.annotation, ctx.policy.node_label
@@ -538,7 +530,7 @@ def _not_a_mapping(loops: tuple[Each, ...], parent: str, key: str, base: str, st
                    (("v", value),))
 
 
-@native("structure", reads=('never',), custom_only=True)
+@native("structure", fires=(NEVER,), custom_only=True)
 def structure(ctx: Ctx) -> list[Finding]:
     """``structure``: in custom resources (Pods have a schema): lists and mappings of the wrong type."""
     r = Reads(ctx)
@@ -597,7 +589,7 @@ def _held(r: Reads, nonzero: bool) -> str:
     return f"{_sorted(r.ctx, counts)}.map(x, string(x.count) + ' ' + x.name).join(', ')"
 
 
-@native("ephemeral-gpu", reads=('ephemeral',))
+@native("ephemeral-gpu", fires=(Trigger("name", "l == 'ephemeralContainers'", "ephemeral"),))
 def ephemeral_gpu(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     loops = (Each("t", "variables.templates", "t.uses"), *r.containers(("ephemeralContainers",)))
@@ -605,7 +597,11 @@ def ephemeral_gpu(ctx: Ctx) -> list[Finding]:
                     lit("ephemeral containers may not use GPUs"), (("h", _held(r, False)),))]
 
 
-@native("pod-level-gpu", reads=('pod-level',))
+POD_LEVEL = " || ".join(f"(has(t.spec.resources.{s}) && t.spec.resources.{s}.exists(k, k.contains('/')))"
+                      for s in ("limits", "requests"))
+
+
+@native("pod-level-gpu", fires=(Trigger("template", f"has(t.spec.resources) && ({POD_LEVEL})", "pod-level"),))
 def pod_level_gpu(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     out = []
@@ -622,7 +618,7 @@ def pod_level_gpu(ctx: Ctx) -> list[Finding]:
 # --- the opt-in cross-field checks -------------------------------------------------------------------------
 
 
-@native("mixed-gpu-and-mig", reads=('mig',))
+@native("mixed-gpu-and-mig", fires=(Trigger("name", "k.startsWith('nvidia.com/mig-')", "mig"),))
 def mixed_gpu_and_mig(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     slices = _sorted(ctx, "G.filter(x, x.name.startsWith('nvidia.com/mig-'))")
@@ -633,7 +629,7 @@ def mixed_gpu_and_mig(ctx: Ctx) -> list[Finding]:
                     (("G", r.counts()), ("S", f"{slices}.map(x, x.name).join(', ')")))]
 
 
-@native("init-container-gpus", reads=('init',))
+@native("init-container-gpus", fires=(Trigger("name", "l == 'initContainers'", "init"),))
 def init_container_gpus(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     loops = (Each("t", "variables.templates", "t.uses && !t.trusted"),
@@ -643,7 +639,21 @@ def init_container_gpus(ctx: Ctx) -> list[Finding]:
                     (("h", _held(r, True)),))]
 
 
-@native("cpu-pod-on-gpu-nodes", reads=('gpu-nodes',))
+def _on_gpu_nodes(ctx: Ctx) -> str:
+    """A template that tolerates a GPU taint or selects the accelerator label and names no GPU: cpu-pod-on-gpu-nodes
+    speaks only of pods that name none (a GPU pod carries the accelerator selector the MutatingAdmissionPolicy
+    injected)."""
+    taints = sorted({t.key for t in ctx.policy.gpu_taints})
+    toleration = "has(x.key) && (x.key.contains('/')" + (f" || x.key in {lits(taints)}" if taints else "") + ")"
+    gpu_named = " || ".join(f"(has(c.resources.{s}) && c.resources.{s}.exists(k, {is_gpu(ctx, 'k')}))"
+                            for s in ("limits", "requests"))
+    label = lit(ctx.policy.node_label)
+    return (f"((has(t.spec.tolerations) && t.spec.tolerations.exists(x, {toleration})) || "
+            f"(has(t.spec.nodeSelector) && {label} in t.spec.nodeSelector)) && "
+            f"!{_any_container(f'has(c.resources) && ({gpu_named})')}")
+
+
+@native("cpu-pod-on-gpu-nodes", fires=(Trigger("template", _on_gpu_nodes, "gpu-nodes"),))
 def cpu_pod_on_gpu_nodes(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     cpu_pod = Each("t", "variables.templates", "!t.uses && !t.declares && !t.holds && !t.trusted")
@@ -699,7 +709,8 @@ def _untrusted_without_gpu(r: Reads, where: str = "") -> tuple[Each, ...]:
     return (Each("t", "variables.templates", "!t.trusted"), *r.containers(where=test))
 
 
-@native("visible-devices-without-gpu", reads=('devices',))
+@native("visible-devices-without-gpu",
+        fires=(Trigger("container", f"has(c.env) && c.env.exists(e, e.name in {lits(DEVICE_VARIABLES)})", "devices"),))
 def visible_devices_without_gpu(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     value = "e.?value.orValue('')" if r.typed else "('value' in e ? e.value : '')"
@@ -716,7 +727,9 @@ def visible_devices_without_gpu(ctx: Ctx) -> list[Finding]:
                     f"{r.stable} + '.env[name=' + e.name + '].value'", shown("v"), message, (("v", value),))]
 
 
-@native("visible-devices-unread", reads=('unread',))
+@native("visible-devices-unread", fires=(Trigger(
+    "container", f"(has(c.envFrom) && size(c.envFrom) > 0) || (has(c.env) && c.env.exists(e, "
+                 f"e.name in {lits(DEVICE_VARIABLES)} && has(e.valueFrom)))", "unread"),))
 def visible_devices_unread(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     computed = "has(e.valueFrom)" if r.typed else "'valueFrom' in e && e.valueFrom != null"
@@ -746,7 +759,8 @@ def visible_devices_unread(ctx: Ctx) -> list[Finding]:
     return [from_value, imports]
 
 
-@native("zero-gpu-limit", reads=('zero',))
+# A value that is not a positive count of at most 6 digits (a 0, an odd spelling): what zero-gpu-limit reads.
+@native("zero-gpu-limit", fires=(Trigger("name", "!" + matches("v", "^[1-9][0-9]{0,5}$"), "zero"),))
 def zero_gpu_limit(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     message = (f"{r.label} + ': ' + k + ': 0 allocates no GPU but may still tolerate GPU taints and select GPU "
@@ -779,7 +793,8 @@ def _gpu_node_reasons(r: Reads) -> str:
     return f"([{selects}] + {blanket} + {tolerates}).filter(s, s != '').join(', ')"
 
 
-@native("privileged-gpu", reads=('privileged',))
+@native("privileged-gpu", fires=(Trigger("container", "has(c.securityContext) && has(c.securityContext.privileged) && "
+                                                          "c.securityContext.privileged", "privileged"),))
 def privileged_gpu(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     privileged = r.at("c", "securityContext.privileged", "bool", "false")
@@ -818,7 +833,10 @@ def _under(path: str, directories: tuple[str, ...]) -> str:
     return " || ".join(f"({path} == {lit(d)} || {path}.startsWith({lit(d + '/')}))" for d in directories)
 
 
-@native("gpu-device-mount", reads=('host-paths', 'mounts'), needs=('lists', 'two-variable comprehensions'))
+@native("gpu-device-mount", needs=("lists", "two-variable comprehensions"), fires=(
+    Trigger("template", "has(t.spec.volumes) && t.spec.volumes.exists(v, has(v.hostPath))", "host-paths"),
+    Trigger("container", "has(c.volumeMounts) && c.volumeMounts.exists(v, "
+                         "v.mountPath.contains('nvidia-container-devices'))", "mounts")))
 def gpu_device_mount(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     host = r.at("x", "hostPath.path", "string", "null")
@@ -846,22 +864,25 @@ def gpu_device_mount(ctx: Ctx) -> list[Finding]:
     return [host_paths, mount_list]
 
 
-@native("cdi-annotation", reads=('cdi',))
+CDI_KEY = " || ".join([f"k.startsWith({lit(p)})" for p in CDI_PREFIXES] + [f"k == {lit(k)}" for k in CDI_KEYS])
+
+
+@native("cdi-annotation", fires=(
+    Trigger("template", f"has(t.metadata.annotations) && t.metadata.annotations.exists(k, {CDI_KEY})", "cdi"),))
 def cdi_annotation(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     annotations = r.get("t.meta", "annotations", "map", "{}")
-    is_cdi = " || ".join([f"k.startsWith({lit(p)})" for p in CDI_PREFIXES] + [f"k == {lit(k)}" for k in CDI_KEYS])
     extra = ("(type(x) == string && x.contains('management.nvidia.com/') ? "
              "' (management.nvidia.com/gpu opens every GPU of the node)' : '')")
     message = (f"'annotation ' + k + '=' + {shown('x')} + ' asks the container runtime to inject CDI devices' + "
                f"{extra} + ', outside the scheduler\\'s accounting; only trusted namespaces and service accounts "
                f"(isolation.trusted) may'")
     path = "t.metaPath + '.annotations[' + k + ']'"
-    loops = (Each("t", "variables.templates", "!t.trusted"), Each("k", annotations, is_cdi))
+    loops = (Each("t", "variables.templates", "!t.trusted"), Each("k", annotations, CDI_KEY))
     return [Finding("cdi-annotation", loops, "", path, path, shown("x"), message, (("x", f"{annotations}[k]"),))]
 
 
-@native("host-pid-gpu", reads=(Trigger("template", "has(t.spec.hostPID) && t.spec.hostPID"),))
+@native("host-pid-gpu", fires=(Trigger("template", "has(t.spec.hostPID) && t.spec.hostPID"),))
 def host_pid_gpu(ctx: Ctx) -> list[Finding]:
     host_pid = Reads(ctx).get("t.spec", "hostPID", "bool", "false")
     loops = (Each("t", "variables.templates", f"!t.trusted && t.holds && {host_pid} == true"),)
@@ -869,7 +890,9 @@ def host_pid_gpu(ctx: Ctx) -> list[Finding]:
                     lit(HOST_PID_GPU))]
 
 
-@native("runtime-class-without-gpu", reads=('runtime',))
+@native("runtime-class-without-gpu", fires=(Trigger(
+    "template", f"has(t.spec.runtimeClassName) && t.spec.runtimeClassName.startsWith({lit(NVIDIA_RUNTIME_PREFIX)})",
+    "runtime"),))
 def runtime_class_without_gpu(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     name = r.get("t.spec", "runtimeClassName", "string", "''")
@@ -883,7 +906,11 @@ def runtime_class_without_gpu(ctx: Ctx) -> list[Finding]:
 # --- the vendor names (webhook.rules.sharing) -------------------------------------------------------------
 
 
-@native("shared-gpu-over-one", reads=('vendor',))
+# A name the vendor-name checks may read: anything but the policy's plain GPU names.
+VENDOR_NAME = Trigger("name", lambda ctx: f"!(k in {lits(_literal_gpu_names(ctx))})", "vendor")
+
+
+@native("shared-gpu-over-one", fires=(VENDOR_NAME,))
 def shared_gpu_over_one(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     message = (f"{r.label} + ': ' + string({count('x')}) + ' ' + k + ' asks for several replicas of a shared GPU, "
@@ -901,7 +928,7 @@ def _seen(r: Reads) -> str:
     return f"({lim}.filter(k, {test}) + {req}.filter(k, !(k in {lim}) && {test}))"
 
 
-@native("fractional-gpu-request", reads=('vendor',))
+@native("fractional-gpu-request", fires=(VENDOR_NAME,))
 def fractional_gpu_request(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     message = f"{r.label} + ': ' + k + ' is a percentage, 0 to 100, not ' + {r.shown('x')}"
@@ -924,7 +951,7 @@ def fractional_gpu_request(ctx: Ctx) -> list[Finding]:
     return out
 
 
-@native("gpu-monitoring-resource", reads=('vendor',))
+@native("gpu-monitoring-resource", fires=(VENDOR_NAME,))
 def gpu_monitoring_resource(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     message = (f"{r.label} + ': ' + k + ' gives access to every GPU of the node; only trusted namespaces and "
@@ -945,7 +972,8 @@ def _declared(r: Reads) -> str:
     return f"{claims}.filter(x, type(x) == map && 'name' in x && type(x.name) == string).map(x, x.name)"
 
 
-@native("node-name-with-gpus", reads=('node-name',))
+@native("node-name-with-gpus",
+        fires=(Trigger("template", "has(t.spec.nodeName) && t.spec.nodeName != ''", "node-name"),))
 def node_name_with_gpus(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     node = r.get("t.spec", "nodeName", "string", "''")
@@ -961,7 +989,13 @@ def _truthy(field: str) -> str:
     return f"({lit(field)} in x && x.{field} != null && x.{field} != '' && x.{field} != false && x.{field} != 0)"
 
 
-@native("claim-source", reads=('claims', 'declared-claims'))
+CLAIMS_USED = Trigger("container", "l != 'ephemeralContainers' && has(c.resources) && has(c.resources.claims) && "
+                                   "size(c.resources.claims) > 0", "claims")
+CLAIMS_DECLARED = Trigger("template", "has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0",
+                          "declared-claims")
+
+
+@native("claim-source", fires=(CLAIMS_USED, CLAIMS_DECLARED))
 def claim_source(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     claims = r.get("t.spec", "resourceClaims", "list", "[]")
@@ -984,7 +1018,7 @@ def claim_source(ctx: Ctx) -> list[Finding]:
     ]
 
 
-@native("undeclared-claim", reads=('claims',))
+@native("undeclared-claim", fires=(CLAIMS_USED,))
 def undeclared_claim(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     declared = _declared(r)
@@ -1000,7 +1034,7 @@ def undeclared_claim(ctx: Ctx) -> list[Finding]:
                     message, (("D", declared), ("m", name)))]
 
 
-@native("unused-claim", reads=('declared-claims',))
+@native("unused-claim", fires=(CLAIMS_DECLARED,))
 def unused_claim(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     claims = r.get("t.spec", "resourceClaims", "list", "[]")
@@ -1015,22 +1049,6 @@ def unused_claim(ctx: Ctx) -> list[Finding]:
              Each("x", claims, "type(x) == map && 'name' in x && type(x.name) == string", "i"))
     return [Finding("unused-claim", loops, f"{first} && !{used}", "t.path + '.resourceClaims[' + string(i) + ']'",
                     "t.stable + '.resourceClaims[name=' + x.name + ']'", "x.name", message)]
-
-
-# The registry, as the builders above declared themselves.
-BUILDERS: dict[str, Builder] = {rule: entry.build for rule, entry in REGISTRY.items()}
-READS: dict[str, tuple[str | Trigger, ...]] = {rule: entry.reads for rule, entry in REGISTRY.items()}
-NEEDS: dict[str, tuple[str, ...]] = {rule: entry.needs for rule, entry in REGISTRY.items() if entry.needs}
-CUSTOM_ONLY = frozenset(rule for rule, entry in REGISTRY.items() if entry.custom_only)
-
-
-# --- what can matter at all (matchConditions) -------------------------------------------------------------------
-
-BUILTIN_TEMPLATE = (
-    "request.kind.kind == 'Pod' ? [object] : request.kind.kind == 'PodTemplate' ? (has(object.template) ? "
-    "[object.template] : []) : request.kind.kind == 'CronJob' ? (has(object.spec.jobTemplate.spec.template) ? "
-    "[object.spec.jobTemplate.spec.template] : []) : (has(object.spec.template) ? [object.spec.template] : [])"
-)
 
 
 def _any_container(test: str, lists: tuple[str, ...] = CONTAINER_LISTS) -> str:
@@ -1051,100 +1069,3 @@ def _literal_gpu_names(ctx: Ctx) -> list[str]:
     names = set.intersection(*(set(p.resources) for p in _policies(ctx)))
     return sorted(n for n in names if not any(c in n for c in "*?[") and not re.fullmatch(READ_BY_SHARING_PY, n))
 
-
-def _triggers(ctx: Ctx) -> dict[str, Trigger]:
-    """What can make each kind of rule fire in a Pod or built-in template. A Pod's and a built-in template's
-    quantities are canonical: a count of at most six digits is whole, not negative and sensible."""
-    taints = sorted({t.key for t in ctx.policy.gpu_taints})
-    toleration = "has(x.key) && (x.key.contains('/')" + (f" || x.key in {lits(taints)}" if taints else "") + ")"
-    cdi = " || ".join([f"k.startsWith({lit(p)})" for p in CDI_PREFIXES] + [f"k == {lit(k)}" for k in CDI_KEYS])
-    cap = ctx.ns(lambda p: str(p.per_container), live=params.expression("perContainer"))
-    over_cap = f" || ({cap} != 0 && int(v) > {cap})" if ctx.any(lambda p: p.per_container) else ""
-    gpu_named = " || ".join(f"(has(c.resources.{s}) && c.resources.{s}.exists(k, {is_gpu(ctx, 'k')}))"
-                            for s in ("limits", "requests"))
-    annotation, label = lit(ctx.policy.annotation), lit(ctx.policy.node_label)
-    allowed = ctx.ns(lambda p: lits(p.allowed), live=params.expression("allowed"))
-    per_pod = ctx.ns(lambda p: str(p.per_pod), live=params.expression("perPod"))
-    limits = "c.resources.limits"
-    plain_sum = (f"has(c.resources) && has({limits}) ? ([0] + {limits}.filter(k, {is_gpu(ctx, 'k')} && "
-                 f"{matches(limits + '[k]', DIGITS)}).map(k, int({limits}[k]))).sum() : 0")
-    pod_level = " || ".join(f"(has(t.spec.resources.{s}) && t.spec.resources.{s}.exists(k, k.contains('/')))"
-                            for s in ("limits", "requests"))
-    return {
-        "gpu": Trigger("name", "true"),
-        # A count that is no plain count of at most six digits (or is over the cap per container).
-        "count": Trigger("name", f"!{matches('v', DIGITS)}{over_cap}"),
-        # A name the vendor-name checks may read: anything but the policy's plain GPU names.
-        "vendor": Trigger("name", f"!(k in {lits(_literal_gpu_names(ctx))})"),
-        # A value that is not a positive count of at most 6 digits (a 0, an odd spelling): what zero-gpu-limit reads.
-        "zero": Trigger("name", "!" + matches("v", "^[1-9][0-9]{0,5}$")),
-        "mig": Trigger("name", "k.startsWith('nvidia.com/mig-')"),
-        "init": Trigger("name", "l == 'initContainers'"),
-        "ephemeral": Trigger("name", "l == 'ephemeralContainers'"),
-        "devices": Trigger("container", f"has(c.env) && c.env.exists(e, e.name in {lits(DEVICE_VARIABLES)})"),
-        "unread": Trigger("container", f"(has(c.envFrom) && size(c.envFrom) > 0) || (has(c.env) && c.env.exists(e, "
-                                       f"e.name in {lits(DEVICE_VARIABLES)} && has(e.valueFrom)))"),
-        "privileged": Trigger("container", "has(c.securityContext) && has(c.securityContext.privileged) && "
-                                           "c.securityContext.privileged"),
-        "mounts": Trigger("container", "has(c.volumeMounts) && c.volumeMounts.exists(v, "
-                                       "v.mountPath.contains('nvidia-container-devices'))"),
-        "claims": Trigger("container", "l != 'ephemeralContainers' && has(c.resources) && has(c.resources.claims) && "
-                                       "size(c.resources.claims) > 0"),
-        "host-paths": Trigger("template", "has(t.spec.volumes) && t.spec.volumes.exists(v, has(v.hostPath))"),
-        "declared-claims": Trigger("template", "has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0"),
-        "annotation": Trigger("template", f"has(t.metadata.annotations) && {annotation} in t.metadata.annotations"),
-        # A selected accelerator outside the namespace's allowed list (the mutation's own default is allowed).
-        "selector-not-allowed": Trigger("template", f"has(t.spec.nodeSelector) && {label} in t.spec.nodeSelector "
-                                                    f"&& size({allowed}) > 0 "
-                                                    f"&& !(t.spec.nodeSelector[{label}] in {allowed})"),
-        # The pod's GPU counts, every plain count of every container summed (more than any name's total, so never
-        # less than the rule's), over the cap; other spellings are the count trigger's.
-        "pod-over-cap": Trigger("template", f"{per_pod} != 0 && ([0] + {lits(('containers', 'initContainers'))}"
-                                            f".map(l, l in t.spec ? ([0] + t.spec[l].map(c, {plain_sum})).sum() : 0))"
-                                            f".sum() > {per_pod}"),
-        "pod-level": Trigger("template", f"has(t.spec.resources) && ({pod_level})"),
-        "cdi": Trigger("template", f"has(t.metadata.annotations) && t.metadata.annotations.exists(k, {cdi})"),
-        "runtime": Trigger("template", f"has(t.spec.runtimeClassName) && "
-                                       f"t.spec.runtimeClassName.startsWith({lit(NVIDIA_RUNTIME_PREFIX)})"),
-        # cpu-pod-on-gpu-nodes speaks only of pods that name no GPU (a GPU pod carries the accelerator selector the
-        # MutatingAdmissionPolicy injected).
-        "gpu-nodes": Trigger("template", f"((has(t.spec.tolerations) && t.spec.tolerations.exists(x, {toleration})) || "
-                                         f"(has(t.spec.nodeSelector) && {label} in t.spec.nodeSelector)) && "
-                                         f"!{_any_container(f'has(c.resources) && ({gpu_named})')}"),
-        "node-name": Trigger("template", "has(t.spec.nodeName) && t.spec.nodeName != ''"),
-    }
-
-
-def trigger_expression(ctx: Ctx, rules: list[str]) -> str:
-    """Whether anything in template ``t`` can make one of ``rules`` fire (their triggers, :data:`READS`), tested in
-    one pass over the containers; ``false`` for none."""
-    triggers = _triggers(ctx)
-    missing = [rule for rule in rules if rule not in READS]
-    if missing:
-        raise KeyError(f"rules without a READS entry (what can make them fire, for matchConditions): {missing}")
-    named = {n for rule in rules for n in READS[rule] if isinstance(n, str)} - {"never"}
-    own = [n for rule in rules for n in READS[rule] if isinstance(n, Trigger)]
-    wanted = [triggers[name] for name in sorted(named)] + list(dict.fromkeys(own))
-
-    def tests(level: str) -> list[str]:
-        return [f"({t.test})" for t in wanted if t.level == level]
-
-    names = tests("name")
-    per_container = tests("container")
-    if names:
-        sections = " || ".join(f"(has(c.resources.{s}) && c.resources.{s}.exists(k, k.contains('/') && "
-                               f"[c.resources.{s}[k]].exists(v, {' || '.join(names)})))"
-                               for s in ("limits", "requests"))
-        per_container.append(f"(has(c.resources) && ({sections}))")
-    per_template = tests("template")
-    if per_container:
-        per_template.append(f"{lits(CONTAINER_LISTS)}.exists(l, l in t.spec && t.spec[l].exists(c, "
-                            f"{' || '.join(per_container)}))")
-    return "(" + " || ".join(per_template) + ")" if per_template else "false"
-
-
-def matters(ctx: Ctx, rules: list[str]) -> str:
-    """The ``matchConditions`` expression of a policy on Pods and built-in workloads holding ``rules``: false when
-    nothing in the template can make one of them fire, so CPU pods and ordinary GPU pods (plain counts, no isolation
-    field) cost the policy one pass over their containers. Every rule says what can make it fire (:data:`READS`)."""
-    return f"({BUILTIN_TEMPLATE}).exists(t, has(t.spec) && {trigger_expression(ctx, rules)})"

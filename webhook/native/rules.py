@@ -1,43 +1,22 @@
 """Which rules the native policies carry: exactly the rules ``webhook.core.catalog`` marks ``native``, each
-with one builder of findings (for pod templates, for claims, or both), what its CEL needs beyond the oldest
-target, and the reasons the others stay with the webhook."""
+with its builders of findings (for pod templates, for claims, or both) in the one registry, what can make it fire
+on a Pod or built-in template (``matchConditions``), what its CEL needs beyond the oldest target, and the reasons
+the others stay with the webhook."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 from webhook.core.catalog import RULES, Rule
+from webhook.core.podspecs import CONTAINER_LISTS
 from webhook.core.policy import CLUSTER_RULES, Policy
-from webhook.native import claims, pods
-from webhook.native.findings import Finding
+from webhook.native import claims, pods  # noqa: F401 (their builders declare themselves in the registry)
+from webhook.native.celtext import lits
+from webhook.native.registry import NEVER, REGISTRY, NativeRule
 from webhook.native.snippets import Ctx
 
-FindingsBuilder = Callable[[Ctx], list[Finding]]
-
-
-@dataclass(frozen=True)
-class Builder:
-    """The findings of one rule: its violations in pod templates, in a claim's device requests, or both."""
-
-    rule: str
-    pods: FindingsBuilder | None = None
-    claims: FindingsBuilder | None = None
-    custom_only: bool = False  # the apiserver enforces it on Pods and built-in templates itself
-    needs: tuple[str, ...] = ()  # CEL libraries beyond the oldest target (webhook.native.target.LIBRARIES)
-
-
-def _builders() -> dict[str, Builder]:
-    ids = list(dict.fromkeys([*pods.BUILDERS, *claims.BUILDERS]))
-    return {
-        rule: Builder(rule, pods.BUILDERS.get(rule), claims.BUILDERS.get(rule), rule in pods.CUSTOM_ONLY,
-                      pods.NEEDS.get(rule, ()))
-        for rule in ids
-    }
-
-
-# One builder per rule id; tests/test_native.py holds its keys to the catalog's native rules.
-BUILDERS: dict[str, Builder] = _builders()
+# One record per rule id; tests/test_native.py holds its keys to the catalog's native rules.
+BUILDERS: dict[str, NativeRule] = REGISTRY
+# The rules the apiserver enforces on Pods and built-in templates itself: only custom kinds get them from us.
+CUSTOM_ONLY = frozenset(rule for rule, entry in BUILDERS.items() if entry.custom_only)
 
 
 def native_rules() -> list[Rule]:
@@ -55,3 +34,46 @@ def setting(policy: Policy, rule: str) -> str:
     if value == "off" or (rule in CLUSTER_RULES and not policy.cluster_enabled):
         return "off"
     return value
+
+
+# --- what can matter at all (matchConditions) -------------------------------------------------------------------
+
+BUILTIN_TEMPLATE = (
+    "request.kind.kind == 'Pod' ? [object] : request.kind.kind == 'PodTemplate' ? (has(object.template) ? "
+    "[object.template] : []) : request.kind.kind == 'CronJob' ? (has(object.spec.jobTemplate.spec.template) ? "
+    "[object.spec.jobTemplate.spec.template] : []) : (has(object.spec.template) ? [object.spec.template] : [])"
+)
+
+
+def trigger_expression(ctx: Ctx, rules: list[str]) -> str:
+    """Whether anything in template ``t`` can make one of ``rules`` fire (what each declared it ``fires`` on),
+    tested in one pass over the containers; ``false`` for none."""
+    missing = [rule for rule in rules if rule not in BUILDERS or not BUILDERS[rule].fires]
+    if missing:
+        raise KeyError(f"rules without triggers (what can make them fire, for matchConditions): {missing}")
+    fires = [t for rule in rules for t in BUILDERS[rule].fires if t is not NEVER]
+    shared = {t.key: t for t in fires if t.key}
+    wanted = [shared[key] for key in sorted(shared)] + list(dict.fromkeys(t for t in fires if not t.key))
+
+    def tests(level: str) -> list[str]:
+        return [f"({t.text(ctx)})" for t in wanted if t.level == level]
+
+    names = tests("name")
+    per_container = tests("container")
+    if names:
+        sections = " || ".join(f"(has(c.resources.{s}) && c.resources.{s}.exists(k, k.contains('/') && "
+                               f"[c.resources.{s}[k]].exists(v, {' || '.join(names)})))"
+                               for s in ("limits", "requests"))
+        per_container.append(f"(has(c.resources) && ({sections}))")
+    per_template = tests("template")
+    if per_container:
+        per_template.append(f"{lits(CONTAINER_LISTS)}.exists(l, l in t.spec && t.spec[l].exists(c, "
+                            f"{' || '.join(per_container)}))")
+    return "(" + " || ".join(per_template) + ")" if per_template else "false"
+
+
+def matters(ctx: Ctx, rules: list[str]) -> str:
+    """The ``matchConditions`` expression of a policy on Pods and built-in workloads holding ``rules``: false when
+    nothing in the template can make one of them fire, so CPU pods and ordinary GPU pods (plain counts, no isolation
+    field) cost the policy one pass over their containers. Every rule says what can make it fire."""
+    return f"({BUILTIN_TEMPLATE}).exists(t, has(t.spec) && {trigger_expression(ctx, rules)})"

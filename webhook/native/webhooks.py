@@ -2,8 +2,8 @@
 
 The chart's webhook configurations send the webhook only the objects a rule can speak about. What "can speak about"
 means is the rules' own business, so the CEL is written here, from the same registry of triggers the native
-policies' matchConditions come from (:data:`webhook.native.pods.READS`), and the chart renders it from generated
-helpers (``_webhooks.tpl``, written by ``tests/chart/sync_schema.py`` with :func:`template`).
+policies' matchConditions come from (:data:`webhook.native.registry.REGISTRY`), and the chart renders it from
+generated helpers (``_webhooks.tpl``, written by ``tests/chart/sync_schema.py`` with :func:`template`).
 What depends on values the chart reads at install time (the policy's GPU names, hideGpus per namespace, the node
 label and GPU taints, whether cpuPodOnGpuNodes is on) is a parameter: the chart fills in data, never CEL.
 
@@ -22,8 +22,8 @@ from collections.abc import Iterable, Sequence
 
 from webhook.core.policy import CHECK_SETTINGS, DEFAULTS, PLATFORMS, PolicySet, parse_policy
 from webhook.core.resources import FRACTION_ANNOTATIONS, cel_pattern
-from webhook.native import pods
 from webhook.native.celtext import glob_to_regex
+from webhook.native.rules import BUILDERS, trigger_expression
 from webhook.native.snippets import Ctx
 
 # The prefix of a DRA device class's implicit extended resource name (Policy.is_gpu counts it).
@@ -50,7 +50,7 @@ OWN_CLAUSE = frozenset({"cpu-pod-on-gpu-nodes"})
 # another reason (a GPU, the device variable) it still warns, and in hybrid mode the native policies carry it.
 UNSENT = frozenset({"visible-devices-unread"})
 # The rest: a rule the webhook applies to any pod, its triggers sent as the native policies write them.
-ANY_POD = tuple(r for r in pods.READS if r not in GPU_ONLY | OWN_CLAUSE | UNSENT)
+ANY_POD = tuple(r for r, entry in BUILDERS.items() if entry.pods and r not in GPU_ONLY | OWN_CLAUSE | UNSENT)
 
 # Placeholders of the parameters (filled in by the chart's generated helpers, or by the functions below).
 GPU, HIDDEN, LABELS, TAINTS = "__GPU__", "__HIDDEN__", "__LABELS__", "__TAINTS__"
@@ -165,7 +165,7 @@ def checks_on(policies: PolicySet, rules: Iterable[str]) -> bool:
 def any_pod_triggers() -> str:
     """The triggers of the rules the webhook applies to any pod (on a template ``t`` with a spec). They read no
     policy value (tests/test_webhook_conditions.py checks it), so the default policy writes them."""
-    return pods.trigger_expression(Ctx(parse_policy("{}")), list(ANY_POD))
+    return trigger_expression(Ctx(parse_policy("{}")), list(ANY_POD))
 
 
 def _uses_gpu(names: str) -> str:
