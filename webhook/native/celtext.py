@@ -135,8 +135,9 @@ def by_namespace(policies: PolicySet, text: Callable[[Policy], str]) -> str:
     return expression
 
 
-def all_policies(policies: PolicySet) -> list[Policy]:
-    return [policies.default, *(policies.by_namespace[n] for n in sorted(policies.by_namespace))]
+def every_policy(policies: PolicySet) -> list[Policy]:
+    """The global policy and every namespace's."""
+    return [policies.default, *policies.by_namespace.values()]
 
 
 def either(condition: str, then: str, otherwise: str) -> str:

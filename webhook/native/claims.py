@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from webhook.core.policy import Policy
 from webhook.native import params
-from webhook.native.celtext import boolean, globs_regex, lit, matches, record
+from webhook.native.celtext import boolean, every_policy, globs_regex, lit, matches, record
 from webhook.native.findings import Each, Finding
 from webhook.native.registry import native
-from webhook.native.snippets import Ctx, guarded, quoted, stable_item
+from webhook.native.snippets import Ctx, quoted, stable_item
 
 REQUESTS = Each("r", "variables.requests")
 DEVICES = Each("d", "r.devices")
@@ -45,10 +45,6 @@ def requests(root: str, two_variable: bool) -> str:
     return f"[{spec}].map(S, [{base}].map(B, {listed})[0])[0]"
 
 
-def _policies(ctx: Ctx) -> list[Policy]:
-    return [ctx.policies.default, *ctx.policies.by_namespace.values()]
-
-
 def _trusted(ctx: Ctx) -> str:
     """Whether the claim's namespace is trusted (``isolation.trusted``, ``isolation.platformNamespaces``): the
     platform's node agents there may take every device and watch devices in use."""
@@ -65,7 +61,7 @@ def device_class_not_allowed(ctx: Ctx) -> list[Finding]:
         if not policy.allowed_device_classes:
             return "true"
         return matches("n", globs_regex(policy.allowed_device_classes))
-    if all(allowed(p) == "true" for p in _policies(ctx)):
+    if all(allowed(p) == "true" for p in every_policy(ctx.policies)):
         return []
     listed = ctx.compiled(lambda p: lit(", ".join(p.allowed_device_classes)))
     message = f"'device class ' + {quoted('n')} + ' is not allowed here (allowed: ' + {listed} + ')'"
@@ -164,5 +160,3 @@ def per_container_limit(ctx: Ctx) -> list[Finding]:
 def per_pod_limit(ctx: Ctx) -> list[Finding]:
     return _count_cap(ctx, "per-pod-limit")
 
-
-__all__ = ["guarded", "requests"]

@@ -43,7 +43,7 @@ from webhook.core import gpupolicy
 from webhook.core.policy import PolicySet
 from webhook.core.policycrd import as_spec
 from webhook.native import celtext, claims, kinds, mutations, params, pods
-from webhook.native.celtext import boolean, layout, lit
+from webhook.native.celtext import boolean, every_policy, layout, lit
 from webhook.native.findings import SEPARATOR, Dialect, Finding, exists, found, joined, keys, variable
 from webhook.native.rules import BUILDERS, matters, native_rules, setting, webhook_rules
 from webhook.native.snippets import Ctx, Shape
@@ -543,8 +543,7 @@ def _left_to_webhook(policies: PolicySet, target: Target, all_kinds: Sequence[ki
         out.append(("mutation (accelerator, tolerations, hideGpus, runtimeClass)",
                     f"Kubernetes {target.version} serves no MutatingAdmissionPolicy (v1 from 1.36, v1beta1 in 1.34 and "
                     f"1.35 when turned on)"))
-    elif policies.default.cluster_enabled and any(p.runtime_class for p in [policies.default,
-                                                                            *policies.by_namespace.values()]):
+    elif policies.default.cluster_enabled and any(p.runtime_class for p in every_policy(policies)):
         out.append(("mutation: isolation.runtimeClass",
                     "with cluster.enabled the webhook injects it only when the RuntimeClass exists and agrees with "
                     "the pod's selector, which CEL cannot read"))

@@ -20,9 +20,9 @@ is on, those kinds go to the webhook too. The chart renders the same from its ge
 from __future__ import annotations
 
 from webhook.core.catalog import CROSS_REPLICA, RULES
-from webhook.core.policy import Policy, PolicySet
+from webhook.core.policy import PolicySet
 from webhook.native import kinds
-from webhook.native.celtext import lits
+from webhook.native.celtext import every_policy, lits
 from webhook.native.generate import DRA_MINOR, live
 from webhook.native.rules import BUILDERS, BUILTIN_TEMPLATE, native_rules, trigger_expression
 from webhook.native.snippets import Ctx
@@ -60,9 +60,8 @@ def replica_checks_on(policies: PolicySet) -> bool:
     read live (an edit of GPUPolicy/default may turn one on, and no webhook configuration follows the edit)."""
     if live(policies):
         return True
-    every: list[Policy] = [policies.default, *policies.by_namespace.values()]
     webhook_only = [r.id for r in RULES.values() if r.why == CROSS_REPLICA and r.section == "checks"]
-    return any(p.checks(rule) for p in every for rule in webhook_only)
+    return any(p.checks(rule) for p in every_policy(policies) for rule in webhook_only)
 
 
 def replica_kinds() -> list[str]:
@@ -107,7 +106,7 @@ def conditions(policies: PolicySet, target: Target) -> dict[str, list[Condition]
               if k.templates and not k.blocks and (kinds.wildcards(k) <= FLAT_WILDCARDS or target.has("lists"))]
     # With cluster checks the webhook injects isolation.runtimeClass (the native mutation cannot read the cluster):
     # wherever a namespace sets one, or may once the object is edited.
-    runtime_class = live(policies) or any(p.runtime_class for p in [policies.default, *policies.by_namespace.values()])
+    runtime_class = live(policies) or any(p.runtime_class for p in every_policy(policies))
     mutate_native = bool(target.mutating) and not (policies.default.cluster_enabled and runtime_class)
     out: dict[str, list[Condition] | None] = {
         "mutate": [(NAMES["mutate"], NOTHING)] if mutate_native else None,

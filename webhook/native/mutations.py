@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from webhook.core.policy import Policy
 from webhook.core.resources import FRACTION_ANNOTATIONS, VISIBLE_DEVICES
 from webhook.native import params
 from webhook.native.celtext import boolean, lit, lits, matches
-from webhook.native.snippets import SCHEDULER, Ctx, holds_name, is_gpu, is_zero
+from webhook.native.pods import trusted
+from webhook.native.snippets import SCHEDULER, Ctx, holds_gpu, holds_name, is_gpu, is_zero, ranked
 
 SPEC = "object.spec"
 # The containers and init containers of the Pod (ephemeral containers are never mutated).
@@ -58,7 +58,7 @@ def variables(ctx: Ctx) -> list[tuple[str, str]]:
         # Joined and split again (a resource name has no comma): one flat list, then sorted by rank.
         flat = f"{first}.map(L, L.map(n, n.join(',')).filter(s, s != '').join(',')).filter(s, s != '').join(',')"
         unsorted = f"[{flat}].map(s, s == '' ? [] : s.split(','))[0]"
-        names = f"[{unsorted}].map(L, L.map(x, L.filter(y, size(L.filter(z, z < y)) == L.indexOf(x))[0]))[0]"
+        names = ranked(unsorted)
     annotations = "object.metadata.?annotations.orValue({})"
     scheduler = (f"[{containers}, {inits}, object.spec.?ephemeralContainers.orValue([])].exists(L, L.exists(c, "
                  + " || ".join(f"c.?resources.?{s}.orValue({{}}).exists(k, k.contains('/') && "
@@ -69,22 +69,7 @@ def variables(ctx: Ctx) -> list[tuple[str, str]]:
     gpu = (f"[{containers}, {inits}].exists(L, L.exists(c, " + " || ".join(
         f"c.?resources.?{s}.orValue({{}}).exists(k, k.contains('/') && {is_gpu(ctx, 'k')} && "
         f"!{is_zero(f'c.resources.{s}[k]')})" for s in ("limits", "requests")) + "))")
-    return [("used", names), ("gpu", gpu), ("fractional", fractional), ("trusted", _trusted(ctx))]
-
-
-# The pod's service account.
-ACCOUNT = ("(object.spec.?serviceAccountName.orValue('') != '' ? object.spec.serviceAccountName : "
-           "object.spec.?serviceAccount.orValue('') != '' ? object.spec.serviceAccount : 'default')")
-
-
-def _trusted(ctx: Ctx) -> str:
-    def text(policy: Policy) -> str:
-        if policy.trusted:
-            return "true"
-        if policy.trusted_accounts:
-            return f"({ACCOUNT} in {lits(sorted(policy.trusted_accounts))})"
-        return "false"
-    return ctx.ns(text, live=params.trusted_pod(ACCOUNT))
+    return [("used", names), ("gpu", gpu), ("fractional", fractional), ("trusted", trusted(ctx, SPEC))]
 
 
 def accelerator(ctx: Ctx) -> str | None:
@@ -146,9 +131,10 @@ def tolerations(ctx: Ctx) -> str | None:
 
 
 def _holds(ctx: Ctx, c: str) -> str:
-    sections = [f"{c}.?resources.?{s}.orValue({{}}).exists(k, k.contains('/') && {holds_name(ctx, 'k')} && "
-                f"!{is_zero(f'{c}.resources.{s}[k]')})" for s in ("limits", "requests")]
-    return f"({' || '.join(sections)} || size({c}.?resources.?claims.orValue([])) > 0)"
+    def held(section: str) -> tuple[str, str]:
+        return (f"{c}.?resources.?{section}.orValue({{}})",
+                f"k.contains('/') && {holds_name(ctx, 'k')} && !{is_zero(f'{c}.resources.{section}[k]')}")
+    return holds_gpu(held, f"{c}.?resources.?claims.orValue([])")
 
 
 def hide_gpus(ctx: Ctx) -> str | None:
@@ -185,10 +171,6 @@ MUTATIONS: dict[str, Callable[[Ctx], str | None]] = {
     "hideGpus": hide_gpus,
     "runtimeClass": runtime_class,
 }
-
-
-def _policies(ctx: Ctx) -> list[Policy]:
-    return [ctx.policies.default, *ctx.policies.by_namespace.values()]
 
 
 def matters(ctx: Ctx) -> str:

@@ -42,7 +42,7 @@ from webhook.core.resources import (
     VOLCANO_COUNT,
 )
 from webhook.native import params
-from webhook.native.celtext import boolean, lit, lits, matches, record
+from webhook.native.celtext import boolean, every_policy, lit, lits, matches, record
 from webhook.native.findings import SEPARATOR, Each, Finding
 from webhook.native.registry import NEVER, Trigger, native
 from webhook.native.snippets import (
@@ -56,6 +56,7 @@ from webhook.native.snippets import (
     about,
     count,
     escaped,
+    holds_gpu,
     holds_name,
     is_gpu,
     is_zero,
@@ -63,6 +64,8 @@ from webhook.native.snippets import (
     quantity_error,
     quantity_reason,
     quoted,
+    ranked,
+    service_account,
     shown,
     stable_item,
     tolerates_gpu_taint,
@@ -196,9 +199,6 @@ class Reads:
             "type(c.resources[s]) == map ? c.resources[s] : {})"
         return Each("s", "['limits', 'requests']"), Each("k", values, where)
 
-    SECTION = "(type(c) == map && 'resources' in c && type(c.resources) == map && s in c.resources && " \
-        "type(c.resources[s]) == map ? c.resources[s] : {})"
-
     def counts(self, container: str = "c") -> str:
         """The container's policy GPUs with a valid count, each once, as ``{name, count}``: requests, else limits
         (what the scheduler holds)."""
@@ -210,12 +210,10 @@ class Reads:
     def holds(self, container: str = "c") -> str:
         """The container holds a GPU of some kind (``context.container_gpus``): a holding name not a valid 0, or a
         claim."""
-        sections = [f"{self.section(s, container)}.exists(k, k in variables.holding && "
-                    f"!{self.zero(self.section(s, container) + '[k]')})" for s in ("limits", "requests")]
-        return f"({' || '.join(sections)} || size({self.claims(container)}) > 0)"
-
-
-TEMPLATES = Each("t", "variables.templates")
+        def held(section: str) -> tuple[str, str]:
+            values = self.section(section, container)
+            return values, f"k in variables.holding && !{self.zero(values + '[k]')}"
+        return holds_gpu(held, self.claims(container))
 
 
 # --- names and templates: what is computed once per object --------------------------------------------------
@@ -261,25 +259,18 @@ def _some_container(r: Reads, spec: str, test: str, lists: tuple[str, ...] = CON
     return f"{containers}.exists(L, L.exists(c, {test}))"
 
 
-def _account(r: Reads, spec: str) -> str:
-    if r.typed:
-        return (f"({spec}.?serviceAccountName.orValue('') != '' ? {spec}.serviceAccountName : "
-                f"{spec}.?serviceAccount.orValue('') != '' ? {spec}.serviceAccount : 'default')")
-    name = f"{spec}.serviceAccountName"
-    first = f"('serviceAccountName' in {spec} && type({name}) == string && {name} != '')"
-    second = f"('serviceAccount' in {spec} && type({spec}.serviceAccount) == string && {spec}.serviceAccount != '')"
-    return f"({first} ? {spec}.serviceAccountName : {second} ? {spec}.serviceAccount : 'default')"
+def trusted(ctx: Ctx, spec: str) -> str:
+    """``Policy.trusts``: the namespace, or the service account of the pod spec ``spec``, is in
+    ``isolation.trusted``."""
+    account = service_account(ctx.shape, spec)
 
-
-def _trusted(r: Reads, spec: str) -> str:
-    """``Policy.trusts``: the namespace, or the pod's service account, is in ``isolation.trusted``."""
     def text(policy: Policy) -> str:
         if policy.trusted:
             return "true"
         if policy.trusted_accounts:
-            return f"({_account(r, spec)} in {lits(sorted(policy.trusted_accounts))})"
+            return f"({account} in {lits(sorted(policy.trusted_accounts))})"
         return "false"
-    return r.ctx.ns(text, live=params.trusted_pod(_account(r, spec)))
+    return ctx.ns(text, live=params.trusted_pod(account))
 
 
 def template_facts(ctx: Ctx, spec: str, meta: str) -> dict[str, str]:
@@ -301,7 +292,7 @@ def template_facts(ctx: Ctx, spec: str, meta: str) -> dict[str, str]:
         "uses": f"size(variables.gpus) > 0 && {_some_container(r, spec, names('k in variables.gpus'))}",
         "fractional": fractional,
         "holds": f"F || {_some_container(r, spec, r.holds())}",
-        "trusted": _trusted(r, spec),
+        "trusted": trusted(ctx, spec),
         "declares": f"size({declared}) > 0",
         "dra": f"size({declared}) > 0 || {_some_container(r, spec, f'size({claims}) > 0', LISTS_WITH_CLAIMS)}",
         "gpuCounts": gpu_counts(r, spec),
@@ -312,10 +303,6 @@ LISTS_WITH_CLAIMS = ("containers", "initContainers")
 
 
 # --- the builders -----------------------------------------------------------------------------------------------
-
-def _policies(ctx: Ctx) -> list[Policy]:
-    return [ctx.policies.default, *ctx.policies.by_namespace.values()]
-
 
 def _cap(ctx: Ctx, attribute: str) -> str:
     return ctx.ns(lambda p: str(getattr(p, attribute)),
@@ -577,10 +564,7 @@ def structure(ctx: Ctx) -> list[Finding]:
 
 def _sorted(ctx: Ctx, records: str) -> str:
     """Records with a ``name``, in the order of their names (distinct)."""
-    if ctx.lists:
-        return f"{records}.sortBy(x, x.name)"
-    # Without sortBy(): at each position, the record whose rank (how many names are smaller) is that position.
-    return f"[{records}].map(L, L.map(x, L.filter(y, size(L.filter(z, z.name < y.name)) == L.indexOf(x))[0]))[0]"
+    return f"{records}.sortBy(x, x.name)" if ctx.lists else ranked(records, "name")
 
 
 def _held(r: Reads, nonzero: bool) -> str:
@@ -1056,16 +1040,9 @@ def _any_container(test: str, lists: tuple[str, ...] = CONTAINER_LISTS) -> str:
     return f"{lits(lists)}.exists(l, l in t.spec && t.spec[l].exists(c, {test}))"
 
 
-def _extended(resources: str, value_test: str = "true") -> str:
-    """A resource map in ``resources`` (limits or requests) names an extended resource (every GPU name has a
-    domain) whose value ``v`` passes ``value_test``."""
-    return " || ".join(f"(has({resources}.{s}) && {resources}.{s}.exists(k, k.contains('/') && "
-                       f"[{resources}.{s}[k]].exists(v, {value_test})))" for s in ("limits", "requests"))
-
-
 def _literal_gpu_names(ctx: Ctx) -> list[str]:
     """The policy's GPU names written without a glob in every namespace that are no vendor name the sharing rules
     read: a container naming only these (with plain counts) gives those rules nothing to find."""
-    names = set.intersection(*(set(p.resources) for p in _policies(ctx)))
+    names = set.intersection(*(set(p.resources) for p in every_policy(ctx.policies)))
     return sorted(n for n in names if not any(c in n for c in "*?[") and not re.fullmatch(READ_BY_SHARING_PY, n))
 

@@ -10,12 +10,13 @@ is held only to the violations its old object did not have.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from webhook.core import quantity
 from webhook.core.policy import IMPLICIT_PREFIX, Policy, PolicySet
 from webhook.core.resources import REGISTRY, Kind
-from webhook.native.celtext import by_namespace, glob_to_regex, globs_regex, lit, matches, patterns_regex
+from webhook.native.celtext import by_namespace, every_policy, glob_to_regex, globs_regex, lit, matches, patterns_regex
 
 CEILING = quantity.CEILING
 MAX_LENGTH = quantity.MAX_LENGTH
@@ -114,7 +115,7 @@ class Ctx:
 
     def any(self, test) -> bool:  # type: ignore[no-untyped-def]
         """Whether ``test(policy)`` holds in some namespace; live, always (an edit may make it so)."""
-        return self.live or any(test(p) for p in (self.policies.default, *self.policies.by_namespace.values()))
+        return self.live or any(test(p) for p in every_policy(self.policies))
 
 
 # --- the vendor registry and the policy's GPU names ----------------------------------------------------------
@@ -163,6 +164,26 @@ def holds_name(ctx: Ctx, key: str) -> str:
 def zero_counting(ctx: Ctx, key: str) -> str:
     """A name ``zero-gpu-limit`` reads: a policy GPU, or a registered name that counts devices."""
     return f"({is_gpu(ctx, key)} || {matches(key, COUNTING_REGISTERED)})"
+
+
+def holds_gpu(held: Callable[[str], tuple[str, str]], claims: str) -> str:
+    """``context.container_gpus``: a container holds a GPU of some kind: a name ``k`` of its limits or requests that
+    holds one and is not a valid 0 (``held(section)``: the section's map and that test), or a claim (``claims``: the
+    container's list of them)."""
+    tests = [f"{values}.exists(k, {test})" for values, test in map(held, ("limits", "requests"))]
+    return f"({' || '.join(tests)} || size({claims}) > 0)"
+
+
+def service_account(shape: Shape, spec: str) -> str:
+    """The service account of the pod spec ``spec``: ``serviceAccountName``, else ``serviceAccount``, else
+    ``default``."""
+    if shape.typed:
+        return (f"({spec}.?serviceAccountName.orValue('') != '' ? {spec}.serviceAccountName : "
+                f"{spec}.?serviceAccount.orValue('') != '' ? {spec}.serviceAccount : 'default')")
+    name = f"{spec}.serviceAccountName"
+    first = f"('serviceAccountName' in {spec} && type({name}) == string && {name} != '')"
+    second = f"('serviceAccount' in {spec} && type({spec}.serviceAccount) == string && {spec}.serviceAccount != '')"
+    return f"({first} ? {spec}.serviceAccountName : {second} ? {spec}.serviceAccount : 'default')"
 
 
 def tolerates_gpu_taint(ctx: Ctx, t: str) -> str:
@@ -315,6 +336,13 @@ def guarded(parent: str, key: str, kind: str, default: str) -> str:
         return f"[{parent}].map(gv, {guarded('gv', key, kind, default)})[0]"
     value = f"{parent}[{lit(key)}]"
     return f"(type({parent}) == map && {lit(key)} in {parent} && type({value}) == {kind} ? {value} : {default})"
+
+
+def ranked(values: str, field: str = "") -> str:
+    """The distinct ``values`` in order (of their ``field`` when given) without sortBy() or sort(), which the oldest
+    targets lack: at each position, the value whose rank (how many are smaller) is that position."""
+    z, y = (f"z.{field}", f"y.{field}") if field else ("z", "y")
+    return f"[{values}].map(L, L.map(x, L.filter(y, size(L.filter(z, {z} < {y})) == L.indexOf(x))[0]))[0]"
 
 
 def stable_item(path: str, index: str, item: str, by: str) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 from webhook.core.policy import CHECK_SETTINGS, DEFAULTS, PLATFORMS, PolicySet, parse_policy
 from webhook.core.resources import FRACTION_ANNOTATIONS, cel_pattern
-from webhook.native.celtext import glob_to_regex
+from webhook.native.celtext import every_policy, glob_to_regex
 from webhook.native.rules import BUILDERS, trigger_expression
 from webhook.native.snippets import Ctx
 
@@ -156,8 +156,7 @@ def checks_on(policies: PolicySet, rules: Iterable[str]) -> bool:
     (``nativePolicies.params``, not inline): an edit may turn one on without the chart."""
     if (policies.document.get("nativePolicies") or {}).get("params", "live") != "inline":
         return True
-    every = [policies.default, *policies.by_namespace.values()]
-    return any(p.checks(rule) for p in every for rule in rules)
+    return any(p.checks(rule) for p in every_policy(policies) for rule in rules)
 
 
 # --- the expressions -------------------------------------------------------------------------------------------
