@@ -16,7 +16,8 @@ from webhook.core import catalog
 from webhook.core import resources as registry
 from webhook.core.kinds import RAY_CLUSTER_SPECS
 from webhook.core.policy import CLUSTER_RULES, PolicyError, parse_policy
-from webhook.native import hybrid, kinds, pods, snippets
+from webhook.native import hybrid, kinds, snippets
+from webhook.native import isolation as native_isolation
 from webhook.native.celtext import one_line
 from webhook.native.generate import CEL_FIELDS, LABELS, RULES_ANNOTATION, TARGET_ANNOTATION, generate, to_yaml
 from webhook.native.registry import NEVER, native
@@ -390,7 +391,7 @@ def test_the_generator_and_the_webhook_read_one_definition_of_the_device_names()
     """The isolation rules' device names live in the registry (webhook.core.resources), once for both engines."""
     for name in ("VISIBLE_DEVICES", "DEVICE_VARIABLES", "NO_DEVICES", "DEVICE_DIRECTORIES", "NVIDIA_DEVICE_PREFIX",
                  "DEVICE_LIST_DIRECTORIES", "CDI_PREFIXES", "CDI_KEYS", "NVIDIA_RUNTIME_PREFIX"):
-        assert getattr(pods, name) is getattr(isolation, name) is getattr(registry, name), name
+        assert getattr(native_isolation, name) is getattr(isolation, name) is getattr(registry, name), name
     # One record per rule: the per-pod cap's findings in pod templates and in claims.
     assert BUILDERS["per-pod-limit"].pods and BUILDERS["per-pod-limit"].claims
 

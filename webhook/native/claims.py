@@ -1,9 +1,11 @@
-"""The DRA rules on ResourceClaims and ResourceClaimTemplates themselves, as findings.
+"""The DRA rules of ``webhook.rules.claims`` as findings: on ResourceClaims and ResourceClaimTemplates themselves, and
+on the pod's own DRA fields (what needs no other object).
 
-Every finding starts from ``variables.requests``: the object's device requests as records, ``r.path`` and
-``r.stable`` (``spec.devices.requests[0]``, in a template under ``spec.spec``), and ``r.devices``: what the
-request asks for, each ``{path, stable, q}`` (``exactly``, a v1beta1-shaped request itself, or every
-``firstAvailable`` alternative), as ``webhook.rules.claims.check_claim_spec`` walks them.
+On a claim or a claim template, every finding starts from ``variables.requests``: the object's device requests as
+records, ``r.path`` and ``r.stable`` (``spec.devices.requests[0]``, in a template under ``spec.spec``), and
+``r.devices``: what the request asks for, each ``{path, stable, q}`` (``exactly``, a v1beta1-shaped request itself,
+or every ``firstAvailable`` alternative), as ``webhook.rules.claims.check_claim_spec`` walks them. On a pod, from
+``variables.templates`` (:mod:`webhook.native.reads`).
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from webhook.core.policy import Policy
 from webhook.native import params
 from webhook.native.celtext import boolean, every_policy, globs_regex, lit, matches, record
 from webhook.native.findings import Each, Finding
-from webhook.native.registry import native
-from webhook.native.snippets import Ctx, quoted, stable_item
+from webhook.native.reads import LISTS_WITH_CLAIMS, Reads
+from webhook.native.registry import Trigger, native
+from webhook.native.snippets import Ctx, plain, quoted, stable_item
 
 REQUESTS = Each("r", "variables.requests")
 DEVICES = Each("d", "r.devices")
@@ -160,3 +163,92 @@ def per_container_limit(ctx: Ctx) -> list[Finding]:
 def per_pod_limit(ctx: Ctx) -> list[Finding]:
     return _count_cap(ctx, "per-pod-limit")
 
+
+# --- the pod's own DRA fields (webhook.rules.claims, what needs no other object) ---------------------------
+
+
+def _declared(r: Reads) -> str:
+    """``spec.resourceClaims[].name``."""
+    claims = r.get("t.spec", "resourceClaims", "list", "[]")
+    if r.typed:
+        return f"{claims}.map(x, x.name)"
+    return f"{claims}.filter(x, type(x) == map && 'name' in x && type(x.name) == string).map(x, x.name)"
+
+
+@native("node-name-with-gpus",
+        fires=(Trigger("template", "has(t.spec.nodeName) && t.spec.nodeName != ''", "node-name"),))
+def node_name_with_gpus(ctx: Ctx) -> list[Finding]:
+    r = Reads(ctx)
+    node = r.get("t.spec", "nodeName", "string", "''")
+    lost = "(t.declares ? 'its claims are never allocated' : 'no GPU capacity is checked')"
+    message = (f"'nodeName ' + n + ' bypasses the scheduler, so ' + {lost} + '; use nodeSelector "
+               f"kubernetes.io/hostname: ' + n")
+    return [Finding("node-name-with-gpus", (Each("t", "variables.templates", "!t.trusted"),),
+                    "n != '' && (t.uses || t.declares)", "t.path + '.nodeName'",
+                    "t.stable + '.nodeName'", "n", message, (("n", node),))]
+
+
+def _truthy(field: str) -> str:
+    return f"({lit(field)} in x && x.{field} != null && x.{field} != '' && x.{field} != false && x.{field} != 0)"
+
+
+CLAIMS_USED = Trigger("container", "l != 'ephemeralContainers' && has(c.resources) && has(c.resources.claims) && "
+                                   "size(c.resources.claims) > 0", "claims")
+CLAIMS_DECLARED = Trigger("template", "has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0",
+                          "declared-claims")
+
+
+@native("claim-source", fires=(CLAIMS_USED, CLAIMS_DECLARED))
+def claim_source(ctx: Ctx) -> list[Finding]:
+    r = Reads(ctx)
+    claims = r.get("t.spec", "resourceClaims", "list", "[]")
+    named = f"[{_truthy('resourceClaimName')}, {_truthy('resourceClaimTemplateName')}].filter(b, b)"
+    name = "('name' in x ? x.name : null)"
+    # claims.moved_source: the keys the pre-1.31 source: names as non-empty strings; one of them is told to move up.
+    source = "('source' in x && type(x.source) == map ? x.source : {})"
+    moved = "['resourceClaimName', 'resourceClaimTemplateName'].filter(k, k in S && type(S[k]) == string && S[k] != '')"
+    message = (f"'claim ' + {quoted('m')} + ' names ' + w + ' of resourceClaimName and resourceClaimTemplateName; "
+               f"exactly one is required'")
+    moved_message = (f"'claim ' + {quoted('m')} + ' uses source:, the pre-1.31 form Kubernetes removed; move the "
+                     f"name up into the entry: ' + K[0] + ': ' + S[K[0]]")
+    loops = (Each("t", "variables.templates", "t.dra"), Each("x", claims, "type(x) == map", "i"))
+    path = "t.path + '.resourceClaims[' + string(i) + ']'"
+    stable = stable_item("t.stable + '.resourceClaims'", "i", "x", "name")
+    lets = (("n", f"size({named})"), ("w", "n == 2 ? 'both' : 'neither'"), ("S", source), ("K", moved), ("m", name))
+    return [
+        Finding("claim-source", loops, "n != 1 && !(n == 0 && size(K) == 1)", path, stable, "w", message, lets),
+        Finding("claim-source", loops, "n == 0 && size(K) == 1", path, stable, lit("source"), moved_message, lets),
+    ]
+
+
+@native("undeclared-claim", fires=(CLAIMS_USED,))
+def undeclared_claim(ctx: Ctx) -> list[Finding]:
+    r = Reads(ctx)
+    declared = _declared(r)
+    listed = "(size(D) > 0 ? D.join(', ') : 'none')"
+    name = "('name' in x ? x.name : null)"
+    message = (f"'claim ' + {quoted('m')} + ' is not declared in ' + t.path + '.resourceClaims (declared: ' + "
+               f"{listed} + ')'")
+    claims = Each("x", r.claims(), "type(x) == map", "k")
+    loops = (Each("t", "variables.templates", "t.dra"), *r.containers(LISTS_WITH_CLAIMS), claims)
+    return [Finding("undeclared-claim", loops, "!(m in D)",
+                    f"{Reads.PATH} + '.resources.claims[' + string(k) + '].name'",
+                    stable_item(f"{r.stable} + '.resources.claims'", "k", "x", "name") + " + '.name'", plain("m"),
+                    message, (("D", declared), ("m", name)))]
+
+
+@native("unused-claim", fires=(CLAIMS_DECLARED,))
+def unused_claim(ctx: Ctx) -> list[Finding]:
+    r = Reads(ctx)
+    claims = r.get("t.spec", "resourceClaims", "list", "[]")
+    lists = f"[{r.get('t.spec', 'containers', 'list', '[]')}, {r.get('t.spec', 'initContainers', 'list', '[]')}]"
+    is_map = "" if r.typed else "type(c) == map && "
+    used = (f"{lists}.exists(L, L.exists(c, {is_map}{r.claims('c')}.exists(y, type(y) == map && 'name' in y && "
+            f"y.name == x.name)))")
+    first = f"{claims}.filter(y, type(y) == map && 'name' in y && y.name == x.name)[0] == x"
+    message = ("'claim ' + " + quoted("x.name") + " + ' is declared but no container uses it; its devices would be "
+               "allocated for nothing'")
+    loops = (Each("t", "variables.templates", "t.dra"),
+             Each("x", claims, "type(x) == map && 'name' in x && type(x.name) == string", "i"))
+    return [Finding("unused-claim", loops, f"{first} && !{used}", "t.path + '.resourceClaims[' + string(i) + ']'",
+                    "t.stable + '.resourceClaims[name=' + x.name + ']'", "x.name", message)]

@@ -42,7 +42,7 @@ from webhook import __version__
 from webhook.core import gpupolicy
 from webhook.core.policy import PolicySet
 from webhook.core.policycrd import as_spec
-from webhook.native import celtext, claims, kinds, mutations, params, pods
+from webhook.native import celtext, claims, kinds, mutations, params, reads
 from webhook.native.celtext import boolean, every_policy, layout, lit
 from webhook.native.findings import SEPARATOR, Dialect, Finding, exists, found, joined, keys, variable
 from webhook.native.rules import BUILDERS, matters, native_rules, setting, webhook_rules
@@ -173,7 +173,7 @@ def _template_variables(ctx: Ctx, family: Family, custom_kinds: Sequence[kinds.C
     if family is CUSTOM:
         out.append(("group_resource", kinds.KIND))
     read = " ".join(texts)
-    every = pods.template_facts(ctx, "n.spec", "n.meta")
+    every = reads.template_facts(ctx, "n.spec", "n.meta")
     facts = {k: v for k, v in every.items() if re.search(rf"\bt\.{k}\b", read)}
     if "holds" in facts:
         facts["fractional"] = "F"  # computed once, below
@@ -190,7 +190,7 @@ def _template_variables(ctx: Ctx, family: Family, custom_kinds: Sequence[kinds.C
     out.append(("pod_specs", f"variables.candidate_nodes.map(N, N.filter(n, {kinds.is_node('n.node')})"
                         f".map(n, {kinds.node_record('n')}))"))
     # Names are classified once, from the object (an old violation matters only when the object has it too).
-    out.extend(pods.name_variables(ctx, "variables.pod_specs[0]"))
+    out.extend(reads.name_variables(ctx, "variables.pod_specs[0]"))
     out.append(("all_templates", f"variables.pod_specs.map(P, P.map(n, {record_}))"))
     out.append(("templates", "variables.all_templates[0]"))
     out.append(("old_templates", "variables.update ? variables.all_templates[1] : []"))

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from webhook.core.resources import FRACTION_ANNOTATIONS, VISIBLE_DEVICES
 from webhook.native import params
 from webhook.native.celtext import boolean, lit, lits, matches
-from webhook.native.pods import trusted
+from webhook.native.reads import trusted
 from webhook.native.snippets import SCHEDULER, Ctx, holds_gpu, holds_name, is_gpu, is_zero, ranked
 
 SPEC = "object.spec"

@@ -8,7 +8,9 @@ from __future__ import annotations
 from webhook.core.catalog import RULES, Rule
 from webhook.core.podspecs import CONTAINER_LISTS
 from webhook.core.policy import CLUSTER_RULES, Policy
-from webhook.native import claims, pods  # noqa: F401 (their builders declare themselves in the registry)
+
+# The rule families' modules: their builders declare themselves in the registry as they are imported.
+from webhook.native import claims, crossfield, isolation, pods, sharing  # noqa: F401
 from webhook.native.celtext import lits
 from webhook.native.registry import NEVER, REGISTRY, NativeRule
 from webhook.native.snippets import Ctx
