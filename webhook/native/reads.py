@@ -220,9 +220,8 @@ def name_variables(ctx: Ctx, pods: str = "variables.pod_specs[0]") -> list[tuple
                      f".join({sep})")
     found = (f"{pods}.map(n, {lists}.map(L, L.map(c, {per_container}).join({sep})).join({sep})).join({sep})"
              f".split({sep}).filter(k, k != '')")
-    once = f"{found}.distinct()" if ctx.lists else f"[{found}].map(N, N.all(k, k == N[0]) ? N.slice(0, 1) : N)[0]"
-    if not ctx.lists:
-        once = f"[{found}].map(N, size(N) > 0 && N.all(k, k == N[0]) ? [N[0]] : N)[0]"
+    once = (f"{found}.distinct()" if ctx.lists
+            else f"[{found}].map(N, size(N) > 0 && N.all(k, k == N[0]) ? [N[0]] : N)[0]")
     return [("resource_names", once)] + [(name, f"variables.resource_names.filter(k, {test(ctx)})")
                                          for name, test in CLASSES.items()]
 
@@ -310,6 +309,7 @@ def per_name(r: Reads, rule: str, sections: tuple[str, ...], names: str, where: 
 
 
 def selector_path(ctx: Ctx, base: str = "t.path") -> str:
+    """Where the accelerator label stands in the nodeSelector of the pod spec at ``base``."""
     return base + " + " + lit(".nodeSelector[" + ctx.policy.node_label + "]")
 
 
