@@ -378,7 +378,7 @@ def inline_document(policy: dict[str, Any] | None) -> dict[str, Any]:
 def generate_here(plane: Any, document: dict[str, Any]) -> list[dict[str, Any]]:
     """Today's generator on ``document``, for what the bed's apiserver serves (offline: nothing applied)."""
     from webhook.cli.policies import discover
-    from webhook.core.policy import parse_policy
+    from webhook.core.policyfile import parse_policy
     from webhook.kube.client import Kube
     from webhook.native.generate import generate
 
@@ -394,7 +394,7 @@ def install_policy_object(plane: Any, policy: dict[str, Any] | None) -> dict[str
     """The GPUPolicy CRD (``webhook.core.policycrd.crd()``, as the chart installs it) and GPUPolicy/default holding
     ``policy`` (as the generator writes it, through ``policycrd.as_spec``), which the live policies read."""
     from webhook.core import policycrd
-    from webhook.core.policy import parse_policy
+    from webhook.core.policyfile import parse_policy
     from webhook.native.generate import policy_object
 
     definition = policycrd.crd()

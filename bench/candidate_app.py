@@ -8,7 +8,7 @@ import tempfile
 
 os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="gpu-webhook-candidate-metrics-"))
 
-from webhook.core.policy import load_policy  # noqa: E402
+from webhook.core.policyfile import load_policy  # noqa: E402
 from webhook.rules.admission import allow_all  # noqa: E402
 from webhook.serving.app import DEFAULT_HANDLERS, create_app  # noqa: E402
 

@@ -112,7 +112,7 @@ def effect(obj: dict[str, Any], response: dict[str, Any]) -> Any:
 
 def intended(obj: dict[str, Any]) -> Any:
     """What /mutate should make of ``obj`` under the default policy: our own rules, in process."""
-    from webhook.core.policy import load_policy
+    from webhook.core.policyfile import load_policy
     from webhook.rules.mutate import mutated_pod
 
     if obj.get("kind") != "Pod" or obj.get("apiVersion") != "v1":

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.modes:
             # Today's generator both ways: inline (the values written in) and params (live, GPUPolicy/default read
             # through params; every case holds the object).
-            from webhook.core.policy import parse_policy
+            from webhook.core.policyfile import parse_policy
             from webhook.native.generate import generate
 
             result["generators"].pop("after", None)

@@ -149,7 +149,7 @@ def found(obj: dict, policy: Any = None, namespace: str = "default", view: Any =
     checks off). The object's group and kind come from it unless given. A set; with ``sort``, a sorted list;
     with ``drop_off``, without the rules the namespace's policy sets off (admission drops them too)."""
     from webhook.core.podspecs import group_of
-    from webhook.core.policy import parse_policy
+    from webhook.core.policyfile import parse_policy
     from webhook.rules.pods import violations
 
     if policy is None:

@@ -11,14 +11,15 @@ from typing import Any
 
 import yaml
 
-from webhook.core.policy import DEFAULTS, PLATFORMS, PolicyError, parse_policy
+from webhook.core.policyfile import PolicyError, parse_policy
+from webhook.core.policyschema import DEFAULTS, PLATFORMS
 
 ROOT = Path(__file__).resolve().parent.parent
 _FENCED = re.compile(r"^```ya?ml\n(?P<body>.*?)^```$", re.MULTILINE | re.DOTALL)
 
 
 def _loads(text: str) -> Any:
-    from webhook.core.policy import _loader
+    from webhook.core.policyfile import _loader
 
     return yaml.load(text, Loader=_loader())
 

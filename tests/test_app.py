@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.manifests import admission_review, container, pod, seed_pod
-from webhook.core.policy import load_policy
+from webhook.core.policyfile import load_policy
 from webhook.rules import admission
 from webhook.serving.app import create_app
 from webhook.telemetry import metrics

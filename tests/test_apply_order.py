@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from webhook.cli.policies import _ordered
-from webhook.core.policy import parse_policy
+from webhook.core.policyfile import parse_policy
 from webhook.native.generate import generate
 from webhook.native.target import for_version
 

@@ -21,7 +21,7 @@ from webhook.audit import scan as audit
 from webhook.audit.loop import AuditLoop, LoopSettings, parse_duration
 from webhook.audit.scan import Audit, AuditError, ReportWriter, Resource, discover, pages, pod_bearing
 from webhook.cli import audit as auditcmd
-from webhook.core.policy import parse_policy
+from webhook.core.policyfile import parse_policy
 from webhook.kube.client import ApiError
 from webhook.kube.lease import FINISHED, Lease, LeaseState, micro_time
 

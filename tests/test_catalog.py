@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from webhook.core import catalog
-from webhook.core.policy import CHECK_SETTINGS, DEFAULTS, PolicyError, parse_policy
+from webhook.core.policyfile import PolicyError, parse_policy
+from webhook.core.policyschema import CHECK_SETTINGS, DEFAULTS
 
 PACKAGE = Path(__file__).resolve().parent.parent / "webhook"
 

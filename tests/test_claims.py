@@ -10,7 +10,7 @@ import pytest
 from tests import manifests
 from tests.manifests import container, pod, pytorch_job
 from webhook.core.cluster import ClusterState
-from webhook.core.policy import parse_policy
+from webhook.core.policyfile import parse_policy
 from webhook.rules.admission import decide
 from webhook.rules.mutate import pod_patch
 

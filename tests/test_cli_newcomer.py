@@ -212,7 +212,7 @@ def test_a_kube_version_newer_than_known_says_which_version_it_assumed(capsys):
 @pytest.mark.parametrize("minor", [30, 34, 37])
 def test_every_generated_object_names_the_gpu_webhook_version_that_made_it(minor):
     from webhook import __version__
-    from webhook.core.policy import load_policy
+    from webhook.core.policyfile import load_policy
     from webhook.native.generate import generate
     from webhook.native.target import for_version
 

@@ -6,7 +6,7 @@ import pytest
 
 from tests.manifests import container, pod, seed_pod
 from webhook.core.cluster import ClusterState, node_info, summarize
-from webhook.core.policy import parse_policy
+from webhook.core.policyfile import parse_policy
 from webhook.rules.admission import decide
 
 GPU = "nvidia.com/gpu"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.manifests import container, found, pod, pytorch_job, ray_cluster, ray_job, ray_service, seed_pod
-from webhook.core.policy import parse_policy
+from webhook.core.policyfile import parse_policy
 from webhook.rules.admission import decide
 
 GPU = "nvidia.com/gpu"

@@ -30,7 +30,7 @@ from tests.day_one import (
 )
 from webhook.cli import check
 from webhook.core.kinds import BLOCK_KINDS
-from webhook.core.policy import load_policy, parse_policy
+from webhook.core.policyfile import load_policy, parse_policy
 from webhook.native.generate import generate
 from webhook.native.target import for_version
 from webhook.rules import admission

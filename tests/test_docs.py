@@ -23,12 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _policy_module():
     """The module with the policy's DEFAULTS and CHECK_SETTINGS, wherever the package keeps it."""
-    for name in ("webhook.core.policy", "webhook.policy"):
+    for name in ("webhook.core.policyschema", "webhook.core.policy", "webhook.policy"):
         try:
             return importlib.import_module(name)
         except ModuleNotFoundError:
             continue
-    raise AssertionError("no policy module with DEFAULTS (webhook.core.policy or webhook.policy)")
+    raise AssertionError("no policy module with DEFAULTS (webhook.core.policyschema, core.policy or webhook.policy)")
 
 
 # --- generated blocks -----------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from webhook.core.policy import SCHEMA
+from webhook.core.policyschema import SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "webhook"

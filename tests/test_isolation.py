@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.manifests import container, found, pod, runtime_class_view, workload
-from webhook.core.policy import parse_policy
+from webhook.core.policyfile import parse_policy
 from webhook.rules.admission import decide
 
 GPU = "nvidia.com/gpu"

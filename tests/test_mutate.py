@@ -10,7 +10,7 @@ import jsonpatch
 import pytest
 
 from tests.manifests import admission_request, container, pod, runtime_class_view, seed_pod, workload
-from webhook.core.policy import parse_policy
+from webhook.core.policyfile import parse_policy
 from webhook.rules import admission
 from webhook.rules.mutate import mutated_pod, pod_patch
 

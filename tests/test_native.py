@@ -15,7 +15,8 @@ import yaml
 from webhook.core import catalog
 from webhook.core import resources as registry
 from webhook.core.kinds import RAY_CLUSTER_SPECS
-from webhook.core.policy import CLUSTER_RULES, PolicyError, parse_policy
+from webhook.core.policy import CLUSTER_RULES
+from webhook.core.policyfile import PolicyError, parse_policy
 from webhook.native import hybrid, kinds, snippets
 from webhook.native import isolation as native_isolation
 from webhook.native.celtext import one_line

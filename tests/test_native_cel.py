@@ -101,7 +101,7 @@ def test_literals_are_cel_strings_and_values_by_namespace_fall_back_to_the_globa
     assert celtext.lit("a b") == "'a b'"
     assert celtext.lit("it's") == '"it\'s"'
     assert celtext.lit('a "b"\n') == '"a \\"b\\"\\n"'
-    from webhook.core.policy import parse_policy
+    from webhook.core.policyfile import parse_policy
 
     policies = parse_policy("limits: {perPod: 2}\nnamespaces: {a: {limits: {perPod: 4}}, b: {limits: {perPod: 4}}, "
                             "c: {limits: {perPod: 8}}, d: {enforcement: warn}}\n")

@@ -31,7 +31,8 @@ from tests.native_corpus import (
     mutation_pods,
     spec,
 )
-from webhook.core.policy import PolicySet, parse_policy
+from webhook.core.policy import PolicySet
+from webhook.core.policyfile import parse_policy
 from webhook.native.generate import generate
 from webhook.native.target import Target, every_version, for_version
 from webhook.rules import admission

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from webhook.core.policy import load_policy, parse_policy
+from webhook.core.policyfile import load_policy, parse_policy
 from webhook.native.generate import generate, to_yaml
 from webhook.native.target import DEFAULT, OLDEST, for_version
 

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from webhook.core.policy import PolicySet, load_policy, parse_policy
+from webhook.core.policy import PolicySet
+from webhook.core.policyfile import load_policy, parse_policy
 from webhook.native import generate as generator
 from webhook.native.celtext import WIDTH, layout, one_line
 from webhook.native.generate import CEL_FIELDS, generate, to_yaml

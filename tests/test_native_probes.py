@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from webhook.core.policy import load_policy, parse_policy
+from webhook.core.policyfile import load_policy, parse_policy
 from webhook.kube.client import _warning_text
 from webhook.native.generate import RULES_ANNOTATION, generate
 from webhook.native.probes import Probe, action, family, holds, outcome, probes

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.native_corpus import POLICY as CORPUS_POLICY
-from webhook.core.policy import load_policy, parse_policy
+from webhook.core.policyfile import load_policy, parse_policy
 from webhook.native.generate import MAX_BYTES, generate, size
 from webhook.native.target import every_version
 

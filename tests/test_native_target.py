@@ -116,7 +116,7 @@ def rows(table: str) -> dict[tuple[str, str], list[str]]:
 
 
 def test_the_versions_table_says_per_version_what_stays_with_the_webhook():
-    from webhook.core.policy import parse_policy
+    from webhook.core.policyfile import parse_policy
     from webhook.native.generate import versions_table
 
     table = versions_table(parse_policy("{}"))
@@ -136,7 +136,7 @@ def test_the_versions_table_says_per_version_what_stays_with_the_webhook():
 
 def test_the_command_prints_the_table_and_takes_no_cluster_flags(capsys):
     from webhook.cli.main import main
-    from webhook.core.policy import parse_policy
+    from webhook.core.policyfile import parse_policy
     from webhook.native.generate import versions_table
 
     assert main(["admission-policies", "--versions"]) == 0

@@ -9,7 +9,7 @@ from tests.manifests import container, pod
 from webhook.core.cluster import ClusterState
 from webhook.core.field import ROOT
 from webhook.core.podspecs import affinity_keys, container_label, read_containers
-from webhook.core.policy import parse_policy
+from webhook.core.policyfile import parse_policy
 from webhook.rules.pods import violations
 
 C0 = ROOT.child("spec").child("containers").index(0)

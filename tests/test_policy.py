@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from webhook.core.policy import DEFAULTS, PolicyError, build_policy, load_policy, parse_policy
+from webhook.core.policyfile import PolicyError, build_policy, load_policy, parse_policy
+from webhook.core.policyschema import DEFAULTS
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from webhook.core.policy import PolicyError, build_policy, parse_policy
+from webhook.core.policyfile import PolicyError, build_policy, parse_policy
 from webhook.kube.client import ApiError
 from webhook.kube.informer import Informer, KubeSource
 from webhook.native import generate as generate_mod

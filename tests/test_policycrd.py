@@ -1,4 +1,4 @@
-"""The GPUPolicy CRD (webhook.core.policycrd) and the GPUPolicy form of a policy file (core.policy.parse_policy).
+"""The GPUPolicy CRD (webhook.core.policycrd) and the GPUPolicy form of a policy file (core.policyfile.parse_policy).
 
 The schema is checked here in process: structural (what the apiserver demands of a CRD's schema), bounded, and
 accepting every valid policy we have. tests/e2e/test_gpupolicy_crd.py sends the same corpus to a real apiserver,
@@ -15,7 +15,6 @@ import yaml
 
 from tests.policy_corpus import INVALID, valid
 from webhook.core import gpupolicy
-from webhook.core.policy import SCHEMA, PolicyError, load_policy, parse_policy
 from webhook.core.policycrd import (
     MAX_ITEMS,
     MAX_NAMESPACES,
@@ -26,6 +25,8 @@ from webhook.core.policycrd import (
     crd,
     spec_schema,
 )
+from webhook.core.policyfile import PolicyError, load_policy, parse_policy
+from webhook.core.policyschema import SCHEMA
 
 VALID = valid()
 # What a structural schema may not hold (apiextensions' structural schema rules) or the policy's JSON schema says

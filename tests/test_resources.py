@@ -8,7 +8,7 @@ import pytest
 
 from tests.manifests import container, found, pod
 from webhook.core import resources
-from webhook.core.policy import parse_policy
+from webhook.core.policyfile import parse_policy
 from webhook.core.resources import Kind
 from webhook.rules.admission import decide
 

@@ -8,7 +8,7 @@ import pytest
 
 from tests.manifests import container, found, pod, pytorch_job, ray_cluster, seed_pod, workload
 from webhook.core.podspecs import group_of
-from webhook.core.policy import parse_policy
+from webhook.core.policyfile import parse_policy
 from webhook.rules.admission import decide
 
 GPU = "nvidia.com/gpu"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.manifests import admission_review, seed_pod
-from webhook.core.policy import PolicyError, _schema_problems, load_policy
+from webhook.core.policyfile import PolicyError, _schema_problems, load_policy
 from webhook.serving import policies
 from webhook.serving.watch import Reloader
 

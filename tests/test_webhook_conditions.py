@@ -26,7 +26,9 @@ from tests import day_one, native_corpus
 from tests.celeval import PLURALS, Request, evaluate
 from webhook.core.kinds import BLOCK_KINDS, KNOWN_KINDS
 from webhook.core.podspecs import group_of
-from webhook.core.policy import EXCLUDED_NAMESPACES, PolicySet, parse_policy
+from webhook.core.policy import PolicySet
+from webhook.core.policyfile import parse_policy
+from webhook.core.policyschema import EXCLUDED_NAMESPACES
 from webhook.native import hybrid, webhooks
 from webhook.native.generate import generate
 from webhook.native.rules import BUILDERS, trigger_expression

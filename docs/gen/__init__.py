@@ -381,7 +381,7 @@ def engines_table() -> str:
 def versions_table() -> str:
     """For the default policy: what each Kubernetes version serves, the engine of each half, what it leaves to the
     webhook (``gpu-webhook admission-policies --versions``)."""
-    from webhook.core.policy import parse_policy
+    from webhook.core.policyfile import parse_policy
     from webhook.native.generate import versions_table as table
 
     return table(parse_policy("{}"))

@@ -1,6 +1,6 @@
 """Keep the chart's copies of the webhook's facts equal to the webhook's own.
 
-- The ``policy`` section of values.schema.json is ``webhook.core.policy.SCHEMA``: the chart validates
+- The ``policy`` section of values.schema.json is ``webhook.core.policyschema.SCHEMA``: the chart validates
   ``values.policy`` (which becomes the policy file) with the webhook's schema, so a bad policy fails
   ``helm install`` instead of crash-looping the pods.
 - ``templates/_webhooks.tpl`` holds ``webhook.native.webhooks.template()``: the matchConditions of the webhooks,
@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from webhook.core.policy import SCHEMA
 from webhook.core.policycrd import chart_helper, crd
+from webhook.core.policyschema import SCHEMA
 from webhook.native.chart import helpers as native_helpers
 from webhook.native.webhooks import template as webhooks_template
 
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             VALUES_SCHEMA,
             current,
             render(synced(json.loads(current))),
-            "policy section differs from webhook.core.policy.SCHEMA",
+            "policy section differs from webhook.core.policyschema.SCHEMA",
         ),
         (
             WEBHOOKS_TEMPLATE,

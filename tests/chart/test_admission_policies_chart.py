@@ -263,7 +263,7 @@ def test_schema_refuses_bad_values(helm: Helm) -> None:
 
 def test_the_notes_say_which_engine_carries_what_and_show_the_policys_denial(helm: Helm) -> None:
     from tests.chart.test_chart import notes
-    from webhook.core.policy import parse_policy
+    from webhook.core.policyfile import parse_policy
     from webhook.native.generate import generate
     from webhook.native.target import for_version
 

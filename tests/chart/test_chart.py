@@ -31,7 +31,8 @@ from kubernetes.config import incluster_config
 
 from tests.chart import sync_schema
 from tests.tools import control_plane_bin, missing_binaries, unavailable, versions
-from webhook.core.policy import DEFAULTS, PolicyError, parse_policy
+from webhook.core.policyfile import PolicyError, parse_policy
+from webhook.core.policyschema import DEFAULTS
 from webhook.native.chart import registry_rules
 from webhook.rules.admission import decide
 
@@ -324,7 +325,7 @@ def test_documented_offline_renders_pass_a_kube_version() -> None:
 # --- the READMEs -------------------------------------------------------------------------------
 
 READMES = (INSTALL_PAGE, CHART / "README.md", ROOT / "certs" / "README.md")
-NOT_VALUES = {"webhook.core.policy.SCHEMA", "policy.yaml"}  # a module attribute and a file name
+NOT_VALUES = {"webhook.core.policyschema.SCHEMA", "policy.yaml"}  # a module attribute and a file name
 VALUES_THE_READMES_EXPLAIN = {
     "metrics.port",
     "metrics.serviceMonitor.enabled",

@@ -12,8 +12,8 @@ import yaml
 from tests.chart import test_chart
 from tests.chart.test_chart import CUSTOM_POLICY, FULLNAME, NAMESPACE, Helm, one, values_args
 from webhook.core import gpupolicy
-from webhook.core.policy import parse_policy
 from webhook.core.policycrd import as_spec, crd
+from webhook.core.policyfile import parse_policy
 
 # test_chart's session fixtures, found here by name.
 helm_bin, helm_env, helm = test_chart.helm_bin, test_chart.helm_env, test_chart.helm

@@ -13,7 +13,7 @@ import pytest
 from tests import test_webhook_conditions as conditions
 from tests.chart import test_chart
 from tests.chart.test_chart import Helm, values_args, webhooks
-from webhook.core.policy import parse_policy
+from webhook.core.policyfile import parse_policy
 from webhook.native import webhooks as generated
 
 helm_bin, helm_env, helm = test_chart.helm_bin, test_chart.helm_env, test_chart.helm

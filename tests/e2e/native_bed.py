@@ -48,8 +48,9 @@ from tests.native_corpus import (
 from webhook.cli.policies import discover
 from webhook.core import gpupolicy
 from webhook.core.podspecs import group_of
-from webhook.core.policy import PolicySet, parse_policy
+from webhook.core.policy import PolicySet
 from webhook.core.policycrd import as_spec, crd
+from webhook.core.policyfile import parse_policy
 from webhook.kube.client import Kube
 from webhook.native.generate import NAME, RULES_ANNOTATION, Generated, generate, live, to_yaml
 from webhook.native.rules import CUSTOM_ONLY

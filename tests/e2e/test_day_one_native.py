@@ -18,7 +18,7 @@ from tests.e2e.cluster import ControlPlane
 from tests.e2e.conftest import MATRIX_BEDS
 from tests.test_day_one import native_expected
 from webhook.cli.policies import discover
-from webhook.core.policy import load_policy
+from webhook.core.policyfile import load_policy
 from webhook.kube.client import Kube
 from webhook.native.generate import generate, to_yaml
 

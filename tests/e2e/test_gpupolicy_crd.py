@@ -14,8 +14,9 @@ import yaml
 
 from tests.policy_corpus import INVALID, valid
 from webhook.core import gpupolicy
-from webhook.core.policy import DEFAULTS, parse_policy
 from webhook.core.policycrd import MAX_ACCELERATORS, MAX_ITEMS, MAX_NAMESPACES, as_spec, crd
+from webhook.core.policyfile import parse_policy
+from webhook.core.policyschema import DEFAULTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

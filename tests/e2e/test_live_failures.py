@@ -48,7 +48,7 @@ from tests.manifests import admission_review, container, pod
 from tests.server import WebhookProcess, make_certs, start_webhook
 from webhook.cli.policies import discover
 from webhook.core import policycrd
-from webhook.core.policy import parse_policy
+from webhook.core.policyfile import parse_policy
 from webhook.kube.client import ApiError, Kube
 from webhook.native.generate import Generated, generate, to_yaml
 

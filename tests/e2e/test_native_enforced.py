@@ -24,7 +24,7 @@ import pytest
 
 from webhook.cli.policies import _live_policy, discover, resolver
 from webhook.core import gpupolicy, policycrd
-from webhook.core.policy import parse_policy
+from webhook.core.policyfile import parse_policy
 from webhook.kube.client import Kube
 from webhook.native.generate import generate
 from webhook.native.probes import outcome, probes

@@ -65,8 +65,8 @@ from tests.native_corpus import (
     spec,
 )
 from webhook.core import gpupolicy
-from webhook.core.policy import parse_policy
 from webhook.core.policycrd import as_spec
+from webhook.core.policyfile import parse_policy
 from webhook.native import params
 from webhook.native.generate import RULES_ANNOTATION, TARGET_ANNOTATION
 from webhook.rules import admission

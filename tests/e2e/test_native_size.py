@@ -14,7 +14,7 @@ import pytest
 
 from webhook.cli.policies import discover
 from webhook.core import policycrd
-from webhook.core.policy import load_policy
+from webhook.core.policyfile import load_policy
 from webhook.kube.client import Kube
 from webhook.native.generate import MAX_BYTES, generate, size
 

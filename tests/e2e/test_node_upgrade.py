@@ -47,7 +47,8 @@ from tests.e2e.test_node_release import _dry_run, _secret
 from tests.manifests import container, pod
 from tests.tools import ROOT, unavailable
 from webhook.core import gpupolicy
-from webhook.core.policy import PolicySet, parse_policy
+from webhook.core.policy import PolicySet
+from webhook.core.policyfile import parse_policy
 from webhook.rules.admission import decide
 from webhook.serving import certs
 

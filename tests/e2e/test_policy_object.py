@@ -13,7 +13,7 @@ from tests.e2e import gpupolicy as gp
 from tests.e2e.gpupolicy import eventually, eventually_status
 from tests.manifests import admission_review, container, pod
 from tests.server import WebhookProcess, make_certs, start_webhook
-from webhook.core.policy import parse_policy
+from webhook.core.policyfile import parse_policy
 from webhook.kube.client import Kube
 from webhook.native import params
 from webhook.native.generate import COMPILED_ANNOTATION, LABELS

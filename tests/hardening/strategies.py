@@ -9,7 +9,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from tests.manifests import admission_request, pytorch_job, ray_cluster, workload
-from webhook.core.policy import PolicySet, parse_policy
+from webhook.core.policy import PolicySet
+from webhook.core.policyfile import parse_policy
 
 GPU_NAMES = ("nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915", "nvidia.com/mig-1g.5gb")
 # Vendor names no default policy pattern lists: time-sliced replicas, HAMi shares, Intel monitoring.

@@ -30,7 +30,8 @@ from typing import Any
 from webhook.audit import reports
 from webhook.audit.scan import PAGE_SIZE, Audit, AuditError, Progress, ReportsUnavailable, ReportWriter, Stopped
 from webhook.core import gpupolicy
-from webhook.core.policy import PolicyError, PolicySet, build_policy, load_policy
+from webhook.core.policy import PolicySet
+from webhook.core.policyfile import PolicyError, build_policy, load_policy
 from webhook.kube.client import ApiError, ConfigError, Kube
 from webhook.kube.lease import Lease
 from webhook.telemetry import logs, metrics

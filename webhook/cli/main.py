@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from webhook import __version__
 from webhook.cli import check, formats
-from webhook.core.policy import PolicyError, PolicySet, load_policy
+from webhook.core.policy import PolicySet
+from webhook.core.policyfile import PolicyError, load_policy
 from webhook.kube.client import DEFAULT_CREDENTIALS
 from webhook.manifests import inputs
 from webhook.manifests.parts import UnreadableInput

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from webhook.core import gpupolicy
-from webhook.core.policy import PolicyError, PolicySet, parse_policy
+from webhook.core.policy import PolicySet
+from webhook.core.policyfile import PolicyError, parse_policy
 from webhook.kube.client import ApiError, ConfigError, Kube, NotServed
 from webhook.native import params
 from webhook.native.generate import LABELS, Generated, generate

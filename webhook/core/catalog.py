@@ -2,7 +2,7 @@
 
 A rule's id is what its violations carry; its setting (``section.key``) is where a policy turns it to
 ``deny``, ``warn`` or ``off``; rules without a setting follow ``enforcement``. From this table come the
-policy schema and defaults (``webhook.core.policy``), the hints for a key written in the wrong section, the
+policy schema and defaults (``webhook.core.policyschema``), the hints for a key written in the wrong section, the
 reference tables of the documentation, and the native admission policies (``webhook.native``), which
 generate exactly the rules whose ``engine`` is ``native``. A test holds every id a check reports to this
 table.

@@ -1,6 +1,6 @@
 """The CustomResourceDefinition of ``GPUPolicy``, its OpenAPI schema generated from the policy's JSON schema.
 
-``spec`` is :data:`webhook.core.policy.SCHEMA` made structural (every node typed) and bounded, as the apiserver
+``spec`` is :data:`webhook.core.policyschema.SCHEMA` made structural (every node typed) and bounded, as the apiserver
 wants a CRD's schema:
 
 - ``enum`` of the settings: strings only (``deny``, ``warn``, ``off``). The policy file accepts a bare ``off``,
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from webhook.core import gpupolicy
-from webhook.core.policy import SCHEMA
+from webhook.core.policyschema import SCHEMA
 
 # The bounds, chosen for the largest platform we know of with headroom: a list (resource patterns, taints,
 # trusted namespaces and accounts, device classes, custom kinds, template paths) up to 256 items; up to 1000
@@ -51,7 +51,7 @@ _BY_PLACE: dict[tuple[str, ...], int] = {
     ("resources", "*"): QUALIFIED_NAME,
 }
 
-# The words of gpu-webhook's own messages for the problems CEL can express (webhook.core.policy).
+# The words of gpu-webhook's own messages for the problems CEL can express (webhook.core.policyfile).
 NAMESPACE_NAME = "lowercase letters, digits and '-', at most 63"
 _NAMESPACE_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 NO_DOMAIN = "has no domain (GPUs are extended resources such as nvidia.com/gpu)"
@@ -72,7 +72,7 @@ _ACCELERATOR_RULE = {
 
 def _namespace_accelerator_ok(n: str) -> str:
     """CEL: namespace ``n``'s accelerator default is in its allowed list, each inherited from the policy's when
-    the namespace does not write it (as webhook.core.policy checks it)."""
+    the namespace does not write it (as webhook.core.policyfile checks it)."""
     own = f"self.namespaces[{n}].accelerator"
     allowed = (f"(has({own}.allowed) ? {own}.allowed : has(self.accelerator) && has(self.accelerator.allowed)"
                " ? self.accelerator.allowed : [])")

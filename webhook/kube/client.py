@@ -22,7 +22,7 @@ from urllib.parse import quote, urlencode
 
 import orjson
 
-from webhook.core.policy import yaml_error_line
+from webhook.core.policyfile import yaml_error_line
 
 JSON = "application/json"
 APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML: server-side apply takes a JSON body

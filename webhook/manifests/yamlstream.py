@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from yaml.composer import Composer
 
-from webhook.core.policy import yaml_error_line
+from webhook.core.policyfile import yaml_error_line
 from webhook.manifests.parts import Document, DuplicateKey, NotUtf8, Part
 from webhook.manifests.positions import YamlLocator
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 
 from webhook.core.kinds import BLOCK_KINDS, KNOWN_KINDS
-from webhook.core.policy import EXCLUDED_NAMESPACES, parse_policy
+from webhook.core.policyfile import parse_policy
+from webhook.core.policyschema import EXCLUDED_NAMESPACES
 from webhook.native import hybrid, kinds
 from webhook.native.generate import DRA_MINOR
 from webhook.native.target import GROUP, LIBRARIES, MAP, NEWEST, OLDEST, VAP, Target

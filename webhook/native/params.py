@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from webhook.core import gpupolicy
-from webhook.core.policy import CHECK_SETTINGS, DEFAULTS, PLATFORM_TRUSTS
+from webhook.core.policyschema import CHECK_SETTINGS, DEFAULTS, PLATFORM_TRUSTS
 from webhook.native.celtext import boolean, lit, lits
 
 PARAM_KIND = {"apiVersion": gpupolicy.API_VERSION, "kind": gpupolicy.KIND}

@@ -20,7 +20,9 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 
-from webhook.core.policy import CHECK_SETTINGS, DEFAULTS, PLATFORMS, PolicySet, parse_policy
+from webhook.core.policy import PolicySet
+from webhook.core.policyfile import parse_policy
+from webhook.core.policyschema import CHECK_SETTINGS, DEFAULTS, PLATFORMS
 from webhook.core.resources import FRACTION_ANNOTATIONS, cel_pattern
 from webhook.native.celtext import every_policy, glob_to_regex
 from webhook.native.rules import BUILDERS, trigger_expression

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import orjson
 
-from webhook.core.policy import PolicyError, PolicySet, build_policy, parse_policy
+from webhook.core.policy import PolicySet
+from webhook.core.policyfile import PolicyError, build_policy, parse_policy
 
 # Starting Python and importing the policy module takes well under a second; a child this late is stuck.
 CHECK_SECONDS = 60.0

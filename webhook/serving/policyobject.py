@@ -27,7 +27,8 @@ import orjson
 
 from webhook.core import gpupolicy
 from webhook.core.cluster import ClusterKind
-from webhook.core.policy import PolicyError, PolicySet, parse_policy
+from webhook.core.policy import PolicySet
+from webhook.core.policyfile import PolicyError, parse_policy
 from webhook.serving import policies
 from webhook.telemetry import logs, metrics
 

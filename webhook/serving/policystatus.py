@@ -46,7 +46,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from webhook.core import gpupolicy
-from webhook.core.policy import PolicyError, PolicySet, build_policy
+from webhook.core.policy import PolicySet
+from webhook.core.policyfile import PolicyError, build_policy
 from webhook.kube.client import ApiError, ConfigError, Kube, NotServed
 from webhook.kube.informer import Informer, KubeSource
 from webhook.kube.lease import Lease
