@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tests.manifests import container, pod, seed_pod
-from webhook.core.cluster import ClusterState, node_info, summarize
+from webhook.core.cluster import ClusterState
+from webhook.core.clusterindex import node_info
+from webhook.core.clusterview import summarize
 from webhook.core.policyfile import parse_policy
 from webhook.rules.admission import decide
 

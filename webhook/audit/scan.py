@@ -20,7 +20,8 @@ from typing import Any
 
 from webhook.audit import reports
 from webhook.audit.reports import Finding
-from webhook.core.cluster import CLUSTER_KINDS, ClusterState, ClusterView
+from webhook.core.cluster import CLUSTER_KINDS, ClusterState
+from webhook.core.clusterview import ClusterView
 from webhook.core.podspecs import as_mapping, is_builtin
 from webhook.core.policy import PolicySet
 from webhook.kube.client import ApiError, Kube

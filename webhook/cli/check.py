@@ -22,7 +22,7 @@ from typing import IO, Any, TextIO
 
 from webhook.cli import formats
 from webhook.cli.formats import Checked, Finding, Tally
-from webhook.core.cluster import ClusterView
+from webhook.core.clusterview import ClusterView
 from webhook.core.podspecs import as_mapping, group_of
 from webhook.core.policy import PolicySet
 from webhook.manifests.inputs import (

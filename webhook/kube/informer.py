@@ -39,7 +39,7 @@ class Source(Protocol):
 
 
 class Sink(Protocol):
-    """What an informer feeds: the index of one kind in ``webhook.core.cluster``."""
+    """What an informer feeds: the index of one kind in ``webhook.core.clusterindex``."""
 
     def replace(self, objects: list[Mapping[str, Any]]) -> None: ...
 

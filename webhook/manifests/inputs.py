@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from webhook.core.cluster import KIND_OF, ClusterState, ClusterView
+from webhook.core.cluster import KIND_OF, ClusterState
+from webhook.core.clusterview import ClusterView
 from webhook.core.podspecs import as_mapping, group_of
 from webhook.manifests.jsonstream import JSON_CHUNK, JsonInput, is_json
 from webhook.manifests.parts import NotUtf8, Part, UnreadableInput

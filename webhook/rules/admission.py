@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from webhook.core import review
-from webhook.core.cluster import ClusterView
+from webhook.core.clusterview import ClusterView
 from webhook.core.field import Violation
 from webhook.core.podspecs import as_mapping, group_of
 from webhook.core.policy import PolicySet

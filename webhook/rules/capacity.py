@@ -1,6 +1,6 @@
 """Cluster-aware capacity rules for one pod spec: pods that could never be scheduled.
 
-Capacity comes from the cluster view (``webhook.core.cluster``): device-plugin allocatable and DRA devices
+Capacity comes from the cluster view (``webhook.core.clusterview``): device-plugin allocatable and DRA devices
 together, so a GPU published only in ResourceSlices is not taken for missing.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from webhook.core.cluster import NodeSummary
+from webhook.core.clusterview import NodeSummary
 from webhook.core.field import FieldPath, Violation
 from webhook.core.policy import Policy
 

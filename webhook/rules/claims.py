@@ -7,7 +7,7 @@ the cluster view). Paths are the ones users write: ``spec.devices.requests[0].ex
 claim, ``spec.spec.devices…`` in a template, ``spec.containers[0].resources.claims[0].name`` in a pod.
 
 A pod names its claims (``spec.resourceClaims``) but their device requests live in other objects; the
-cluster view (``webhook.core.cluster``) holds those, so counting a pod's GPUs through claims, and the
+cluster view (``webhook.core.clusterview``) holds those, so counting a pod's GPUs through claims, and the
 checks built on it, need the view. Rules about the pod's own fields do not.
 """
 
@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.core.cluster import IMPLICIT_PREFIX, ClaimInfo, ClusterView, Request, cel_expressions, device_count
+from webhook.core.clusterindex import ClaimInfo, Request, cel_expressions, device_count
+from webhook.core.clusterview import IMPLICIT_PREFIX, ClusterView
 from webhook.core.field import ROOT, FieldPath, Violation
 from webhook.core.podspecs import Container, as_list, as_mapping, read_containers
 from webhook.core.policy import Policy

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from webhook.core import resources as registry
-from webhook.core.cluster import ClusterView
+from webhook.core.clusterview import ClusterView
 from webhook.core.field import FieldPath
 from webhook.core.podspecs import Container, PodSpecRef, as_mapping, read_containers
 from webhook.core.policy import Policy

@@ -20,7 +20,7 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
-from webhook.core.cluster import ClusterView
+from webhook.core.clusterview import ClusterView
 from webhook.core.field import Violation
 from webhook.core.podspecs import Container, PodSpecRef, affinity_keys, as_list, as_mapping
 from webhook.core.policy import Policy

@@ -15,7 +15,7 @@ from typing import Any
 from jsonpointer import JsonPointer
 
 from webhook.core import quantity
-from webhook.core.cluster import ClusterView
+from webhook.core.clusterview import ClusterView
 from webhook.core.podspecs import CONTAINER_LISTS, affinity_keys, as_mapping
 from webhook.core.policy import Policy, Taint, gpu_entries
 from webhook.rules.claims import claim_gpu_resources

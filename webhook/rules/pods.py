@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.core import resources as registry
-from webhook.core.cluster import ClusterView
+from webhook.core.clusterview import ClusterView
 from webhook.core.field import ROOT, FieldPath, Violation
 from webhook.core.podspecs import Container, PodSpecRef, find_pod_specs, read_containers, resource_blocks
 from webhook.core.policy import Policy, gpu_entries

@@ -17,7 +17,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
 from webhook.core import review
-from webhook.core.cluster import ClusterView
+from webhook.core.clusterview import ClusterView
 from webhook.core.podspecs import as_mapping, is_builtin
 from webhook.core.policy import PolicySet
 from webhook.rules import admission

@@ -30,7 +30,8 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 from gunicorn.workers.base import Worker
 
-from webhook.core.cluster import CLUSTER_KINDS, ClusterState, ClusterView
+from webhook.core.cluster import CLUSTER_KINDS, ClusterState
+from webhook.core.clusterview import ClusterView
 from webhook.core.policy import PolicySet
 from webhook.kube.client import Kube
 from webhook.kube.informer import Informer, KubeSource, report_forever
