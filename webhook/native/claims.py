@@ -1,10 +1,10 @@
-"""The DRA rules of ``webhook.rules.claims`` as findings: on ResourceClaims and ResourceClaimTemplates themselves, and
-on the pod's own DRA fields (what needs no other object).
+"""The DRA rules of ``webhook.rules.draobjects`` and ``webhook.rules.claims`` as findings: on ResourceClaims and
+ResourceClaimTemplates themselves, and on the pod's own DRA fields (what needs no other object).
 
 On a claim or a claim template, every finding starts from ``variables.requests``: the object's device requests as
 records, ``r.path`` and ``r.stable`` (``spec.devices.requests[0]``, in a template under ``spec.spec``), and
 ``r.devices``: what the request asks for, each ``{path, stable, q}`` (``exactly``, a v1beta1-shaped request itself,
-or every ``firstAvailable`` alternative), as ``webhook.rules.claims.check_claim_spec`` walks them. On a pod, from
+or every ``firstAvailable`` alternative), as ``webhook.rules.draobjects.check_claim_spec`` walks them. On a pod, from
 ``variables.templates`` (:mod:`webhook.native.reads`).
 """
 
@@ -76,7 +76,7 @@ def device_class_not_allowed(ctx: Ctx) -> list[Finding]:
 def allocation_mode_all(ctx: Ctx) -> list[Finding]:
     message = lit("allocationMode: All takes every matching device on the node (and fails while any is in use); "
                   "ask for a count instead")
-    # claims.check_allocation_mode: not with adminAccess (an admin-access allocation holds no device), nor where
+    # draobjects.check_allocation_mode: not with adminAccess (an admin-access allocation holds no device), nor where
     # the platform's agents are trusted
     where = (f"d.q.?allocationMode.orValue('') == 'All' && d.q.?adminAccess.orValue(false) != true && "
              f"!{_trusted(ctx)}")
@@ -120,7 +120,7 @@ def blanket_device_toleration(ctx: Ctx) -> list[Finding]:
 
 
 def _cap(policy: Policy) -> tuple[int, str]:
-    """``claims.check_request_count``: the smaller non-zero cap, and which rule it is."""
+    """``draobjects.check_request_count``: the smaller non-zero cap, and which rule it is."""
     cap = min((c for c in (policy.per_container, policy.per_pod) if c), default=0)
     return cap, "per-container-limit" if cap == policy.per_container else "per-pod-limit"
 

@@ -20,7 +20,7 @@ from webhook.core.field import ROOT, FieldPath, Violation
 from webhook.core.podspecs import Container, PodSpecRef, find_pod_specs, read_containers, resource_blocks
 from webhook.core.policy import Policy, gpu_entries
 from webhook.core.quantity import quoted, shown
-from webhook.rules import claims, sharing
+from webhook.rules import claims, draobjects, sharing
 from webhook.rules.capacity import check_cluster
 from webhook.rules.context import Named, PodContext, pod_context, resource_names
 from webhook.rules.crossfield import (
@@ -328,8 +328,8 @@ def violations(
 ) -> list[Violation]:
     """Every GPU violation in every pod spec of ``obj``, and across its replicas; or, for a ResourceClaim,
     ResourceClaimTemplate or DeviceClass, in its device requests."""
-    if claims.is_dra_object(group, kind):
-        return claims.object_violations(obj, kind, policy, view, namespace)
+    if draobjects.is_dra_object(group, kind):
+        return draobjects.object_violations(obj, kind, policy, view, namespace)
     out: list[Violation] = []
     named: list[tuple[PodSpecRef, str]] = []
     read: set[int] = set()  # the pod specs and resource blocks the rules read, by identity
@@ -349,7 +349,7 @@ def violations(
 def looks_into(obj: Mapping[str, Any], group: str, kind: str, policy: Policy) -> bool:
     """Whether the rules have something to read in ``obj``: a pod spec, a resource block, or device requests (a
     ResourceClaim, ResourceClaimTemplate or DeviceClass). A GPU quantity elsewhere is a finding of its own."""
-    if claims.is_dra_object(group, kind):
+    if draobjects.is_dra_object(group, kind):
         return True
     return any(True for _ in find_pod_specs(obj, group, kind)) or any(
         True for _ in resource_blocks(obj, group, kind, policy.kinds))
