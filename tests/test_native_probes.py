@@ -10,6 +10,7 @@ from webhook.core.policyfile import load_policy, parse_policy
 from webhook.kube.client import _warning_text
 from webhook.native.generate import RULES_ANNOTATION, generate
 from webhook.native.probes import Probe, action, family, holds, outcome, probes
+from webhook.native.target import for_version
 from webhook.rules import admission
 
 BENCH = """\
@@ -107,3 +108,15 @@ def test_warning_header_text():
     assert _warning_text('299 - "ValidatingAdmissionPolicy \'x\' with binding \'x\': a \\"b\\""') == \
         "ValidatingAdmissionPolicy 'x' with binding 'x': a \"b\""
     assert _warning_text("odd") == "odd"
+
+
+def test_a_pod_claim_is_the_last_resort_of_a_probe():
+    """1.30 serves no DynamicResourceAllocation by default and drops a Pod's resources.claims: a probe that only
+    had the undeclared claim never saw gpu-webhook-live-deny-2 act there (the chart's Job waited in vain)."""
+    policies = parse_policy("accelerator: {default: nvidia-l4}\n")
+    found, _ = probes(generate(policies, for_version("1.30")), policies, "default")
+    for probe in found:
+        rules = [rule for _, rule in probe.tries]
+        assert "undeclared-claim" not in rules[:-1], (probe.policy, rules)
+    [second] = [p for p in found if p.policy == "gpu-webhook-live-deny-2"]
+    assert [rule for _, rule in second.tries][0] == "cdi-annotation"

@@ -18,6 +18,7 @@ from tests.e2e.cluster import ControlPlane
 from tests.e2e.conftest import MATRIX_BEDS
 from tests.test_day_one import native_expected
 from webhook.cli.policies import discover
+from webhook.core import policycrd
 from webhook.core.policyfile import load_policy
 from webhook.kube.client import Kube
 from webhook.native.generate import generate, to_yaml
@@ -51,9 +52,15 @@ def native(matrix_cluster: ControlPlane):
     cluster.kubectl("label", "namespace", "gpu-operator", "resource.kubernetes.io/admin-access=true", check=True)
     target = discover(Kube.connect(str(cluster.kubeconfig)))
     generated = generate(load_policy(None), target)
-    cluster.kubectl("apply", "--server-side", "-f", "-", stdin=to_yaml(generated.objects), check=True)
+    # The live policies read GPUPolicy/default (the chart installs its CRD and the object); without them they are
+    # skipped (parameterNotFoundAction Allow) and only the seed policies act.
+    cluster.kubectl("apply", "--server-side", "-f", "-", stdin=to_yaml([policycrd.crd()]), check=True)
+    crd = policycrd.crd()["metadata"]["name"]
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}", check=True)
+    objects = [*generated.objects, *([generated.policy_object] if generated.policy_object else [])]
+    cluster.kubectl("apply", "--server-side", "-f", "-", stdin=to_yaml(objects), check=True)
     probe = next(c for c in corpus() if c.name == "tenant/visible-devices-all")
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 240  # met at once on an idle bed; a loaded one compiles for longer
     while dry_run(cluster, probe)[0]:
         assert time.monotonic() < deadline, "the generated policies never took effect"
         time.sleep(0.5)

@@ -27,6 +27,7 @@ from typing import Any
 from webhook.core.kinds import CustomKind
 from webhook.core.podspecs import group_of
 from webhook.core.policy import Policy, PolicySet
+from webhook.core.resources import CDI_PREFIXES
 from webhook.native.generate import NAME, RULES_ANNOTATION, Generated, settings
 from webhook.rules import admission
 from webhook.rules.mutate import mutated_pod
@@ -115,13 +116,17 @@ def candidates(policy: Policy) -> list[tuple[str, dict[str, Any], dict[str, str]
         ("NVIDIA_VISIBLE_DEVICES without a GPU", {"containers": [_container(
             "c", env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])]}, {}),
         ("a GPU and a MIG slice", {"containers": [_container("c", {**one, "nvidia.com/mig-1g.5gb": "1"})]}, {}),
-        ("a claim the pod does not declare", {"containers": [_container("c", one, resources={
-            "limits": one, "claims": [{"name": "undeclared"}]})]}, {}),
         ("a GPU init container", {"initContainers": [_container("i", one)], "containers": [_container("c")]}, {}),
         ("a zero GPU limit", {"containers": [_container("c", {gpu: "0"})]}, {}),
         ("a GPU pod with spec.nodeName", {"nodeName": "gpu-webhook-probe", "containers": [_container("c", one)]}, {}),
         ("a CPU pod on GPU nodes", {"containers": [_container("c", {"cpu": "100m"})],
                                     "nodeSelector": {policy.node_label: outside}}, {}),
+        ("a CDI device annotation", {"containers": [_container("c")]},
+         {f"{CDI_PREFIXES[0]}gpu-webhook-probe": "nvidia.com/gpu=0"}),
+        # Last: an apiserver without DynamicResourceAllocation (1.30's default) drops resources.claims, and the
+        # policy then has nothing to refuse.
+        ("a claim the pod does not declare", {"containers": [_container("c", one, resources={
+            "limits": one, "claims": [{"name": "undeclared"}]})]}, {}),
     ]
     return out
 
