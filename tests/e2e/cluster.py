@@ -354,11 +354,15 @@ current-context: e2e
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
         return result
 
+    def exited(self) -> str:
+        """The bed's processes that have exited, each with the end of its log ("" while all run)."""
+        return "".join(f"--- {process.name} exited ({process.proc.returncode}):\n"
+                       f"{process.log.read_text(errors='replace')[-6000:]}\n"
+                       for process in self.processes if process.proc.poll() is not None)
+
     def stop(self) -> None:
-        for process in self.processes:
-            if process.proc.poll() is not None:  # died under a test: its last words go to the test's report
-                print(f"--- {process.name} exited ({process.proc.returncode}) before the bed stopped:\n"
-                      f"{process.log.read_text(errors='replace')[-4000:]}", file=sys.stderr)
+        if dead := self.exited():  # died under a test: its last words go to the test's report
+            print(dead, file=sys.stderr)
         for process in reversed(self.processes):
             process.stop()
         self.processes.clear()

@@ -130,6 +130,7 @@ class Api:
     """POST, PUT and PATCH to the bed's apiserver, reading the status, the body and the Warning headers."""
 
     def __init__(self, cluster: ControlPlane):
+        self.cluster = cluster
         self.url = cluster.url
         context = ssl.create_default_context(cafile=str(cluster.ca_file))
         self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
@@ -151,11 +152,12 @@ class Api:
                                   response.headers.get_all("Warning") or [])
             except urllib.error.HTTPError as exc:
                 return Answer(exc.code, json.loads(exc.read() or b"{}"), exc.headers.get_all("Warning") or [])
-            except (http.client.RemoteDisconnected, ConnectionResetError) as exc:
-                # A loaded 2-core machine (the 1.30 bed in a full run) has seen the apiserver close a connection
-                # without an answer: dry runs, PUTs and merge patches are safe to send again.
-                if attempt == 2:
-                    raise
+            except (http.client.RemoteDisconnected, ConnectionResetError, urllib.error.URLError) as exc:
+                # The apiserver closed a connection without an answer: dry runs, PUTs and merge patches are safe to
+                # send again, unless the apiserver is gone, which the error then says with its last words.
+                dead = self.cluster.exited()
+                if dead or attempt == 2:
+                    raise AssertionError(f"{method} {path}: {exc!r}\n{dead}") from exc
                 print(f"{method} {path}: {exc!r}, sent again", file=sys.stderr)
                 time.sleep(1)
         raise AssertionError("unreachable")
@@ -452,6 +454,30 @@ def foreign_sources(result: Differential) -> list[str]:
     return out
 
 
+# kube-apiserver's own bug, open upstream (kubernetes/kubernetes issue 135757): CEL evaluation of an admission
+# policy reads a type provider's field map while another request writes it, and the Go runtime ends the process.
+# Seen on the 1.30 bed while its policies were first evaluated, about one bed start in five on this machine.
+UPSTREAM_CRASH = "fatal error: concurrent map read and map write"
+CRASHES: list[str] = []
+
+
+def upstream_crash(cluster: ControlPlane) -> bool:
+    """Whether the bed's kube-apiserver died of UPSTREAM_CRASH (then it is started again on the same etcd, and the
+    crash is printed and counted in CRASHES); any other death is the test's failure."""
+    logs = [p.log.read_text(errors="replace") for p in cluster.processes
+            if p.name == "kube-apiserver" and p.proc.poll() is not None]
+    log = next((text for text in logs if UPSTREAM_CRASH in text), "")
+    if not log:
+        return False
+    trace = log[log.index(UPSTREAM_CRASH):][:1500]
+    CRASHES.append(trace)
+    print(f"{cluster.bed.id if cluster.bed else '?'}: kube-apiserver crashed (kubernetes/kubernetes issue 135757), "
+          f"started again:\n{trace}", file=sys.stderr)
+    cluster.stop_apiserver()
+    cluster.restart_apiserver()
+    return True
+
+
 def native_bed(cluster: ControlPlane, policy_text: str, mode: str = LIVE) -> Iterator[NativeBed]:
     """The bed (the fixtures' body): ``policy_text`` in ``mode`` generated for what ``cluster`` serves, applied,
     and enforced."""
@@ -475,7 +501,12 @@ def native_bed(cluster: ControlPlane, policy_text: str, mode: str = LIVE) -> Ite
     assert live(policies) == (mode == LIVE) and (out.policy_object is not None) == (mode == LIVE)
     bed = NativeBed(cluster, Api(cluster), policies, target, out, mode)
     apply(cluster, out.objects + policy_object(out))
-    took = wait_until_enforced(bed)
+    try:
+        took = wait_until_enforced(bed)
+    except AssertionError:
+        if not upstream_crash(cluster):
+            raise
+        took = wait_until_enforced(bed)
     print(f"{cluster.bed.id if cluster.bed else '?'} ({mode}): {target.describe()}, {len(out.objects)} objects "
           f"enforced {took:.1f} s after kubectl apply; left to the webhook: "
           f"{', '.join(r for r, _ in out.webhook_only)}")
