@@ -456,7 +456,7 @@ def foreign_sources(result: Differential) -> list[str]:
 
 # kube-apiserver's own bug, open upstream (kubernetes/kubernetes issue 135757): CEL evaluation of an admission
 # policy reads a type provider's field map while another request writes it, and the Go runtime ends the process.
-# Seen on the 1.30 bed while its policies were first evaluated, about one bed start in five on this machine.
+# Seen on the 1.30 bed while its policies were first evaluated, about one bed start in four on this machine.
 UPSTREAM_CRASH = "fatal error: concurrent map read and map write"
 CRASHES: list[str] = []
 
