@@ -146,3 +146,17 @@ def test_the_command_prints_the_table_and_takes_no_cluster_flags(capsys):
     assert exc.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--versions covers every version: it takes "
                                                                      "--policy only")
+
+
+@pytest.mark.parametrize(("version", "mode", "warned"), [
+    ("1.30", "live", True), ("1.31", "live", False), ("1.37", "live", False), ("1.30", "inline", False)])
+def test_live_policies_for_1_30_come_with_the_known_crash(tmp_path, capsys, version, mode, warned):
+    """kube-apiserver 1.30 crashed evaluating the live policies (kubernetes/kubernetes issue 135757): the command
+    says so where it generates them, and names the way around it."""
+    from webhook.cli.main import main
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(f"nativePolicies: {{params: {mode}}}\n")
+    assert main(["admission-policies", "--policy", str(policy), "--kube-version", version]) == 0
+    err = capsys.readouterr().err
+    assert ("issue 135757" in err and "nativePolicies.params: inline avoids it" in err) is warned, err

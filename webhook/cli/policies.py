@@ -359,6 +359,11 @@ def run(policies: PolicySet | None, kubeconfig: str | None, delete: bool = False
     return EXIT_OK
 
 
+# The newest minor on which the live policies were seen to crash kube-apiserver (docs/native-policies.md, "Known
+# issue"): "fatal error: concurrent map read and map write" in CEL evaluation, open upstream.
+CRASHES_ON_PARAMS = 30
+
+
 def report(generated: Generated, err: TextIO) -> None:
     """On stderr: which engine carries which half on this target, and what stays with the webhook and why."""
     print(f"generated for {generated.target.describe()}", file=err)
@@ -366,5 +371,8 @@ def report(generated: Generated, err: TextIO) -> None:
         print(f"read live from {gpupolicy.KIND}/{gpupolicy.NAME} (kubectl edit {gpupolicy.SINGULAR} "
               f"{gpupolicy.NAME}); compiled in, so generate again after changing them: {', '.join(params.COMPILED)}",
               file=err)
+        if generated.target.minor <= CRASHES_ON_PARAMS:
+            print(f"warning: kube-apiserver 1.{generated.target.minor} has been seen to crash evaluating policies that "
+                  "read params (kubernetes/kubernetes issue 135757); nativePolicies.params: inline avoids it", file=err)
     for rule, why in generated.webhook_only:
         print(f"left to the webhook: {rule}: {why}", file=err)
