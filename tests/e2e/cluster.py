@@ -355,10 +355,18 @@ current-context: e2e
         return result
 
     def exited(self) -> str:
-        """The bed's processes that have exited, each with the end of its log ("" while all run)."""
-        return "".join(f"--- {process.name} exited ({process.proc.returncode}):\n"
-                       f"{process.log.read_text(errors='replace')[-6000:]}\n"
-                       for process in self.processes if process.proc.poll() is not None)
+        """The bed's processes that have exited, each with its last words ("" while all run): from a Go runtime's
+        fatal error or panic when there is one (the goroutine dump after it would push it out of a tail), else the
+        end of its log."""
+        out = []
+        for process in self.processes:
+            if process.proc.poll() is None:
+                continue
+            log = process.log.read_text(errors="replace")
+            cause = re.search(r"^(fatal error|panic): ", log, re.MULTILINE)
+            words = log[cause.start():][:6000] if cause else log[-6000:]
+            out.append(f"--- {process.name} exited ({process.proc.returncode}):\n{words}\n")
+        return "".join(out)
 
     def stop(self) -> None:
         if dead := self.exited():  # died under a test: its last words go to the test's report
