@@ -9,7 +9,9 @@ design. The figure is recorded, not asserted.
 
 Then ``helm upgrade --set admissionPolicies.enabled=true --set admissionPolicies.webhookFailurePolicy=Ignore``
 (the chart README's availability choice: the hard rules are native, the webhook keeps only what CEL cannot check):
-the hook Job applies the generated ValidatingAdmissionPolicies and MutatingAdmissionPolicy, and the same kill
+the hook Job applies the generated ValidatingAdmissionPolicies and MutatingAdmissionPolicy and waits until the
+apiserver enforces them, so from the moment helm returns a pod over the cap is refused (no window: the same load,
+every other pod over the cap, started as helm returns, has no wrong decision in its first 5 s), and the same kill
 under the same load must fail no admission. Last, with every webhook pod gone, the native rules still refuse a
 PyTorchJob with half a GPU and a pod over the per-container cap, naming the ValidatingAdmissionPolicy, and still
 inject the default accelerator.
@@ -31,7 +33,7 @@ from collections import Counter
 
 import pytest
 
-from tests.e2e.load import AdmissionLoad, LoadReport, Result
+from tests.e2e.load import AdmissionLoad, LoadReport, Result, gpu_pod
 from tests.e2e.node import NodeBed, until
 from tests.e2e.test_node_release import (  # noqa: F401 (release is a fixture, used by name)
     DEPLOYMENT,
@@ -210,6 +212,12 @@ def test_hybrid_the_hook_job_applies_the_native_policies(node_bed):
                     "--set", "admissionPolicies.webhookFailurePolicy=Ignore")
     FIGURES["hybrid upgrade: helm upgrade --wait, hook Job included (s)"] = round(helm, 1)
     returned = time.monotonic()
+    # From the moment helm returns, no window: the hook Job's --wait held it until a dry-run probe of each generated
+    # policy was refused, so a pod the native rules must refuse is refused from the first request on.
+    window = _right_after_helm_returns(node_bed)
+    FIGURES["hybrid upgrade: the first 5 s after helm returned"] = window
+    assert window["must be refused, admitted"] == 0, window
+    assert window["errors"] == [] and window["must be admitted, refused"] == 0, window
     names = node_bed.kubectl("get", "validatingadmissionpolicies,mutatingadmissionpolicies", "-o", "name",
                              "-l", "app.kubernetes.io/component=admission-policies", check=True).stdout.split()
     assert "validatingadmissionpolicy.admissionregistration.k8s.io/gpu-webhook-live-deny" in names, names
@@ -221,6 +229,36 @@ def test_hybrid_the_hook_job_applies_the_native_policies(node_bed):
     assert any(c["expression"] == "false" for c in mutate["matchConditions"]), mutate["matchConditions"]
 
     _native_takes_over(node_bed, returned, FIGURES)
+
+
+OVER_CAP = pod(container("cuda", limits={"nvidia.com/gpu": "5"}), name="over-cap")  # over the per-container cap
+
+
+def _right_after_helm_returns(bed: NodeBed, seconds: float = 5.0) -> dict[str, object]:
+    """The load of the kills (16 dry-run creates a second), started as soon as helm returned, every other pod one
+    the live ValidatingAdmissionPolicy must refuse (5 GPUs in a container, over the cap); the others must be
+    admitted. Counts the wrong decisions of the first ``seconds``."""
+    def pods(index: int) -> tuple[str, dict]:
+        if index % 2:
+            return "default", {**OVER_CAP, "metadata": {"name": f"over-cap-{index}"}}
+        return "default", gpu_pod(f"fits-{index}")
+
+    with AdmissionLoad(bed.url, bed.tokens["admin"], bed.ca_file, rate=RATE, pods=pods) as load:
+        time.sleep(seconds)
+    report = load.stop()
+    refuse = [r for r in report.results if r.index % 2]
+    admit = [r for r in report.results if not r.index % 2]
+    wrong = [r for r in refuse if r.ok]
+    not_native = [r for r in refuse if not r.ok and VAP not in r.error]
+    errors = [f"#{r.index} at +{r.sent - report.started:.2f}s: {r.status} {r.error[:160]}"
+              for r in report.failed if not _refusal(r)]
+    assert len(refuse) >= 10 and len(admit) >= 10, report.summary()
+    return {"requests": report.sent, "must be refused": len(refuse),
+            "must be refused, admitted": len(wrong),
+            "first admitted (s after the load started)": round(wrong[0].sent - report.started, 2) if wrong else None,
+            "refused, not by the ValidatingAdmissionPolicy": len(not_native),
+            "must be admitted, refused": sum(1 for r in admit if not r.ok),
+            "errors": errors[:10], "latency ms": _latencies(report)}
 
 
 def _native_takes_over(node_bed: NodeBed, returned: float, figures: dict) -> None:
