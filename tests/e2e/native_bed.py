@@ -454,6 +454,18 @@ def foreign_sources(result: Differential) -> list[str]:
     return out
 
 
+def assert_agrees(result: Differential) -> None:
+    """The corpus differential holds: no difference from the webhook, at least 200 objects decided (100 admitted,
+    150 refused, 30 warned), and nothing refused or warned by another family's policy."""
+    found, summary = result.found, result.summary
+    print(summary)
+    assert not found, summary + "\n" + found.details()
+    assert found.admitted >= 100 and found.refused >= 150 and found.warned >= 30, summary
+    assert len(result.cases) - found.skipped >= 200, summary
+    sources = foreign_sources(result)
+    assert not sources, "refused or warned by another family's policy:\n" + "\n".join(sources)
+
+
 # kube-apiserver's own bug, open upstream (kubernetes/kubernetes issue 135757): CEL evaluation of an admission
 # policy reads a type provider's field map while another request writes it, and the Go runtime ends the process.
 # Seen on the 1.30 bed while its policies were first evaluated, about one bed start in four on this machine.
