@@ -422,3 +422,11 @@ def test_a_replica_that_does_not_hold_the_lease_watches_nothing():
     writer.lease.free = False
     writer.step(120.0)
     assert facts.state is None and not writer.holding
+
+
+def test_the_bench_measures_a_small_cluster_through_the_real_writer():
+    from bench.cluster_summary import measure
+
+    found = measure(300, 0.5, events=100, rate=10.0, every=10.0)
+    assert found["summary_bytes"] < 2000 and found["models"] == 4
+    assert 1 <= found["churn_cluster_writes"] <= found["bound_writes"]
