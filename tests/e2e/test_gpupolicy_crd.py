@@ -113,3 +113,34 @@ def test_the_default_policy_and_a_policy_at_the_bounds_are_accepted(installed):
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started < 30
     parse_policy(text)
+
+
+def test_the_status_takes_the_cluster_facts_as_the_writer_patches_them_and_refuses_a_map_over_its_cap(installed):
+    """status.cluster (webhook.core.clustersummary) through the status subresource, with the writer's merge patch: a
+    summary stored as written, a model gone removed by its null, one RuntimeClass over the cap refused."""
+    from tests.test_clustersummary import CLUSTER, summary_of
+    from webhook.core.clustersummary import MAX_RUNTIME_CLASSES
+    from webhook.serving.clusterfacts import merge_patch
+
+    installed.kubectl("apply", "--server-side", "-f", "-", stdin=gpupolicy_object("facts", {}), check=True)
+
+    def patch(cluster: object) -> object:
+        return installed.kubectl("patch", "gpupol", "facts", "--subresource=status", "--type=merge", "-p",
+                                 json.dumps({"status": {"cluster": cluster}}))
+
+    def stored() -> object:
+        got = json.loads(installed.kubectl("get", "gpupol", "facts", "-o", "json", check=True).stdout)
+        return got["status"]["cluster"]
+
+    facts = {**summary_of(CLUSTER), "writtenAt": "2026-12-05T17:10:09Z", "writer": "gpu-webhook-abc_0123abcd"}
+    done = patch(facts)
+    assert done.returncode == 0, done.stderr
+    assert stored() == facts
+    fewer = json.loads(json.dumps(facts))
+    del fewer["models"]["nvidia-h100"]
+    done = patch(merge_patch(facts, fewer))
+    assert done.returncode == 0, done.stderr
+    assert stored() == fewer
+    over = {"runtimeClasses": {f"rc-{i:03d}": {} for i in range(MAX_RUNTIME_CLASSES + 1)}}
+    done = patch(over)
+    assert done.returncode != 0 and "runtimeClasses" in done.stderr, done.stderr

@@ -66,10 +66,14 @@ class ClusterState:
         self._changed = threading.Event()
         self._background = False
         self.known: frozenset[str] = frozenset(KINDS)
+        # Counts the real changes of any index: a reader that keeps something derived (the status writer's
+        # summary) recomputes it when this moved.
+        self.changes = 0
 
         def index(kind: str, key: Callable[[Mapping[str, Any]], Any], info: Callable[[Mapping[str, Any]], Any],
                   ) -> Index:
             def changed() -> None:
+                self.changes += 1
                 self._dirty.add(kind)
                 self._changed.set()
 

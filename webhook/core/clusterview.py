@@ -89,6 +89,7 @@ class ClassDevices:
     counted_by: str  # "its selectors" or "the devices of driver X (...why...)"
     # the devices counted, each with the nodes it reaches, for requests that narrow the class with selectors
     devices: tuple[tuple[Device, tuple[str, ...]], ...] = field(default=(), compare=False, repr=False)
+    evaluated: bool = True  # False: cel-python could not evaluate the selectors, a driver's devices were counted
 
 
 @dataclass(frozen=True)
@@ -263,6 +264,7 @@ def dra_capacity(
     notes: list[str] = []
     for info in classes.values():
         counted_by = "its selectors (cel-python)" if info.selectors else "every device (no selectors)"
+        evaluated = True
         try:
             matched = [(d, reach) for d, reach in placed if _device_matches(info.selectors, d)]
         except cel.Unevaluable as exc:
@@ -273,6 +275,7 @@ def dra_capacity(
             else:
                 matched = list(placed)
                 counted_by = f"every published device (selectors not evaluated: {exc}; no driver named)"
+            evaluated = False
             notes.append(f"DeviceClass {info.name}: counted {counted_by}")
         on_node: dict[str, int] = {}
         for _, reach in matched:
@@ -280,7 +283,7 @@ def dra_capacity(
                 on_node[node] = on_node.get(node, 0) + 1
         class_devices[info.name] = ClassDevices(
             max(on_node.values(), default=0), len(on_node), counted_by,
-            tuple((d, tuple(reach)) for d, reach in matched),
+            tuple((d, tuple(reach)) for d, reach in matched), evaluated,
         )
         names = [IMPLICIT_PREFIX + info.name]
         if info.extended_resource_name is not None and winners.get(info.extended_resource_name) == info.name:

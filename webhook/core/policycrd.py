@@ -22,7 +22,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from webhook.core import gpupolicy
+from webhook.core import clustersummary, gpupolicy
 from webhook.core.policyschema import SCHEMA
 
 # The bounds, chosen for the largest platform we know of with headroom: a list (resource patterns, taints,
@@ -272,6 +272,7 @@ STATUS_SCHEMA: dict[str, Any] = {
         "native": copy.deepcopy(_ENGINE),
         "rules": {"type": "object", "description": "Which engine carries each rule, and why.",
                   "x-kubernetes-preserve-unknown-fields": True},
+        "cluster": copy.deepcopy(clustersummary.SCHEMA),
     },
 }
 

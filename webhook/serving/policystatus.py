@@ -28,6 +28,12 @@ the status subresource, only when what it would write differs from the object's 
   not hold the Lease).
 - ``rules``: which engine carries which rule on this cluster (discovered as ``admission-policies --apply``
   discovers it), from the policy in force: ``native`` (rule ids) and ``webhook`` (name and why).
+- ``cluster``: while the policy's ``cluster.enabled`` is on, the cluster's facts (``core.clustersummary``: the
+  accelerator models, extended resources, RuntimeClasses and DeviceClasses with their devices), made from the
+  cluster view's informers, which the holder of the Lease alone runs (``serving.clusterfacts``); written, with
+  ``writtenAt`` and ``writer`` (the Lease holder), only when a fact differs from what the object holds (the
+  stamps are not compared), at most once per ``cluster_interval`` seconds (10), as a merge patch that removes
+  the keys gone (a model no node has any more). Removed when ``cluster.enabled`` is turned off.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from webhook.core import gpupolicy
+from webhook.core import clustersummary, gpupolicy
 from webhook.core.policy import PolicySet
 from webhook.core.policyfile import PolicyError, build_policy
 from webhook.kube.client import ApiError, ConfigError, Kube, NotServed
@@ -56,6 +62,7 @@ from webhook.native.generate import COMPILED_ANNOTATION, LABELS, left_to_webhook
 from webhook.native.rules import native_rules
 from webhook.native.target import GROUP, MUTATING_VERSIONS, Target, TargetError, from_discovery, parse_minor
 from webhook.serving import policies
+from webhook.serving.clusterfacts import ClusterFacts, merge_patch
 from webhook.serving.policyobject import RESOURCE, PolicyObject, Snapshot, StatusSettings, field_selector
 from webhook.telemetry import logs, metrics
 
@@ -67,6 +74,7 @@ BINDINGS_PATH = f"/apis/{GROUP}/v1/validatingadmissionpolicybindings"
 MAX_MESSAGE = 32768  # metav1.Condition's message limit
 NATIVE_EVERY = 30.0  # the bindings are listed at most this often, and when the generation changes
 DISCOVER_EVERY = 600.0
+_KEEP: Any = object()  # status.cluster as it is
 
 
 # -- what the status says (pure) ------------------------------------------------------------------------
@@ -234,7 +242,7 @@ class StatusWriter:
     """Holds the Lease and writes the status when it changes; ``step`` is one turn, tested with fakes."""
 
     def __init__(self, kube: Kube, settings: StatusSettings, obj: PolicyObject, lease: Lease,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, facts: ClusterFacts | None = None):
         self.kube = kube
         self.settings = settings
         self.obj = obj
@@ -247,6 +255,8 @@ class StatusWriter:
         self.discovered = float("-inf")
         self._native: tuple[int, PolicySet, float, NativeState | None] | None = None  # generation, policy, when, value
         self._rules_for: tuple[PolicySet, Target, dict[str, Any]] | None = None
+        self.facts = facts
+        self.cluster_written = float("-inf")
         self.wake = threading.Event()
         self.stop = threading.Event()
 
@@ -269,11 +279,15 @@ class StatusWriter:
             if not self.lease.renew(now):
                 self.holding = False
                 self._set_native(None)  # the new holder says
+                if self.facts is not None:
+                    self.facts.follow(None)  # and watches the cluster
                 logs.event("policy_status_lease_lost", logging.WARNING, identity=self.lease.identity)
                 return 1.0
             self.renewed = now
         until_renew = max(0.1, self.renewed + self._renew_every() - now)
         snap = self.obj.snapshot()
+        if self.facts is not None and snap.listed:
+            self.facts.follow(self.obj.value)
         if not (snap.listed and snap.present and snap.obj is not None):
             return until_renew
         current = snap.obj.get("status") or {}
@@ -281,24 +295,50 @@ class StatusWriter:
         if native is not None:
             self._set_native(native)
         desired = desired_status(current, snap, self._rules(now), native, now)
-        if not changed(current, desired):
+        cluster, cluster_wait = self._cluster(current.get("cluster"), now)
+        until_renew = min(until_renew, cluster_wait)
+        if not changed(current, desired) and cluster is _KEEP:
             return until_renew
         if now - self.last_write < self.settings.interval:
             return min(until_renew, self.settings.interval - (now - self.last_write))
         self.last_write = now
         version = (snap.obj.get("metadata") or {}).get("resourceVersion")
+        status = dict(desired)
+        if cluster is not _KEEP:
+            status["cluster"] = merge_patch(current.get("cluster"), cluster)
         try:
             self.kube.request("PATCH", self.path, None,
-                              {"metadata": {"resourceVersion": version}, "status": desired}, MERGE_PATCH)
+                              {"metadata": {"resourceVersion": version}, "status": status}, MERGE_PATCH)
         except ApiError as exc:
             metrics.safely(lambda: metrics.POLICY_STATUS_WRITES.labels(result="failure").inc())
             if exc.status in (404, 409):  # gone, or changed since we read it: the watch brings the news
                 return min(until_renew, self.settings.interval)
             raise
         metrics.safely(lambda: metrics.POLICY_STATUS_WRITES.labels(result="success").inc())
+        if cluster is not _KEEP:
+            self.cluster_written = now
         logs.event("policy_status_written", name=self.settings.name, generation=snap.generation,
-                   accepted=not snap.problems, enforced=snap.enforced)
+                   accepted=not snap.problems, enforced=snap.enforced, cluster=cluster is not _KEEP)
         return min(until_renew, self.settings.interval)
+
+    def _cluster(self, written: Any, now: float) -> tuple[Any, float]:
+        """What to write of ``status.cluster`` over ``written``: ``_KEEP``, None (remove it) or the summary with
+        its stamps; and the seconds until a pending write of it is due (or a long while)."""
+        idle = 60.0
+        if self.facts is None:
+            return _KEEP, idle
+        policy = self.obj.value
+        if not policy.default.cluster_enabled:
+            return (None if written is not None else _KEEP), idle
+        facts = self.facts.facts(policy, now)
+        if facts is None or facts == clustersummary.facts_of(written):
+            if facts is None:
+                return _KEEP, 1.0  # the informers are loading
+            return _KEEP, max(0.1, self.facts.seconds_until_due(now)) if self.facts.stale else idle
+        wait = self.cluster_written + self.settings.cluster_interval - now
+        if wait > 0:
+            return _KEEP, wait
+        return {**facts, "writtenAt": meta_time(now), "writer": self.lease.identity}, idle
 
     def _rules(self, now: float) -> dict[str, Any] | None:
         if self.target is None and now - self.discovered >= DISCOVER_EVERY:
@@ -352,6 +392,8 @@ class StatusWriter:
                 logs.event("policy_status_failed", logging.WARNING, error=str(exc)[:300], retry_in=backoff)
                 delay, backoff = backoff, min(backoff * 2, 30.0)
             self.wake.wait(min(delay, 2.0))
+        if self.facts is not None:
+            self.facts.stop()
         if self.holding:
             try:
                 self.lease.release(self.clock(), finished=False)
@@ -383,7 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     lease = Lease(kube, settings.lease_namespace, settings.lease_name, identity, settings.lease_seconds)
     wake = threading.Event()
     obj = PolicyObject(settings.name, lambda: fallback, publish=False, on_change=wake.set)
-    writer = StatusWriter(kube, settings, obj, lease)
+    # The cluster's facts over a client of their own: their four watches fill its pool.
+    facts = ClusterFacts(KubeSource(settings.kubeconfig), settings.cluster_interval)
+    writer = StatusWriter(kube, settings, obj, lease, facts=facts)
     writer.wake = wake
     source = KubeSource(settings.kubeconfig, kube=kube, field_selector=field_selector(settings.name))
     informer = Informer(RESOURCE, source, obj, max_backoff=10.0)
