@@ -617,5 +617,19 @@ def test_cluster_checks_follow_the_nodes_with_the_charts_token_and_rbac(node_bed
         FIGURES["Node created -> pod admitted (s)"] = round(admitted - created, 1)
         for _ in range(4):  # every pod follows the watch
             assert _dry_run(node_bed, l4).returncode == 0
+
+        # The status writer (one per pod, the Lease holder writes) keeps the cluster's facts in GPUPolicy/default:
+        # the new model with its node count and GPUs, at most 10 s after a change.
+        def summarized() -> dict | None:
+            cluster = (node_bed.kubectl_json("get", "gpupolicy", "default").get("status") or {}).get("cluster") or {}
+            return cluster if "nvidia-l4" in (cluster.get("models") or {}) else None
+
+        summary = until("status.cluster naming nvidia-l4", summarized, 40, interval=0.5)
+        FIGURES["Node created -> status.cluster (s)"] = round(time.monotonic() - created, 1)
+        assert summary["models"]["nvidia-l4"] == {"nodes": 1, "largest": {"nvidia.com/gpu": 4}}, summary
+        assert summary["nodeLabel"] == "accelerator" and summary["extendedResources"]["nvidia.com/gpu"] >= 4, summary
+        # Written by the Lease holder: its identity is the pod's hostname (its name) and a random suffix.
+        names = {p["metadata"]["name"] for p in _pods(node_bed)}
+        assert summary["writer"].rsplit("_", 1)[0] in names, (summary["writer"], names)
     finally:
         node_bed.kubectl("delete", "node", FAKE_NODE, "--ignore-not-found", check=True)
