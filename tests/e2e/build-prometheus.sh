@@ -36,13 +36,13 @@ cache_dir "${TOP}/.lock" "${BIN}" "${BUILD}"
 T0=$(date +%s)
 log "prometheus ${PROMETHEUS_VERSION} -> ${BIN} ($("${GO}" version), jobs=${JOBS})"
 
-if need_any promtool; then
+if need_any promtool prometheus; then
   PDIR="${BUILD}/prometheus"
   # The module has no replace directives to repeat.
   new_module "${PDIR}" prometheus "${MODULE}" "${PROMETHEUS_VERSION}"
   log "prometheus: resolving dependencies (go get)"
   timed prometheus-go-get gorun "${PDIR}" get "${MODULE}/cmd/promtool@${PROMETHEUS_VERSION}" \
-    || die "go get for promtool failed"
+    "${MODULE}/cmd/prometheus@${PROMETHEUS_VERSION}" || die "go get for promtool and prometheus failed"
   # The version stamp of upstream's release build (.promu.yml): `promtool --version` says which release it is.
   SRC=$(mod_download_field "${MODULE}" "${PROMETHEUS_VERSION}" Dir)
   RELEASE=$(tr -d '[:space:]' < "${SRC}/VERSION")
@@ -51,9 +51,11 @@ if need_any promtool; then
   PLDFLAGS="-X ${V}.Version=${RELEASE} -X ${V}.Revision=${PROMETHEUS_VERSION} -X ${V}.Branch=HEAD"
   PLDFLAGS+=" -X ${V}.BuildUser=gpu-webhook-tests -X ${V}.BuildDate=${PDATE:-1970-01-01T00:00:00Z}"
   build_one promtool "${PDIR}" "${MODULE}/cmd/promtool" "${PLDFLAGS}" remove_all_sd
+  # Built second: most of its packages are promtool's, already compiled.
+  build_one prometheus "${PDIR}" "${MODULE}/cmd/prometheus" "${PLDFLAGS}" remove_all_sd
 else
-  all_cached promtool
+  all_cached promtool prometheus
 fi
 
 echo "PROMETHEUS_VERSION=${PROMETHEUS_VERSION}" > "${TOP}/versions.txt"
-finish promtool
+finish promtool prometheus
