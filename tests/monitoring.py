@@ -182,3 +182,56 @@ def metric_names(query: str) -> set[str]:
             continue
         names.add(word)
     return names
+
+
+# --- time-scaled rules (tests/e2e/test_node_alerts.py) ----------------------------------------------------------------
+# A test on a real Prometheus cannot wait the alerts' production durations (a for: of 15 minutes, windows of an hour
+# or a day). time_scaled divides every duration of the rules by one factor and leaves the rest of each expression as
+# the chart wrote it.
+
+_PROMQL_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+_PROMQL_DURATION = r"(?:[0-9]+(?:ms|s|m|h|d|w|y))+"
+
+
+def promql_seconds(text: str) -> float:
+    """A Prometheus duration (``5m``, ``1h30m``, ``915s``, ``1500ms``) in seconds."""
+    if not re.fullmatch(_PROMQL_DURATION, text):
+        raise ValueError(f"not a Prometheus duration: {text!r}")
+    return sum(int(n) * _PROMQL_UNITS[unit] for n, unit in re.findall(r"([0-9]+)(ms|s|m|h|d|w|y)", text))
+
+
+def scaled_duration(text: str, factor: int) -> str:
+    """The Prometheus duration ``text`` divided by ``factor``, in whole milliseconds (at least 1 ms)."""
+    return f"{max(1, round(1000 * promql_seconds(text) / factor))}ms"
+
+
+_RANGE_SELECTOR = re.compile(rf"\[({_PROMQL_DURATION})(:({_PROMQL_DURATION})?)?\]")
+_OFFSET = re.compile(rf"\boffset\s+({_PROMQL_DURATION})")
+
+
+def time_scaled(groups: list[dict[str, Any]], factor: int) -> list[dict[str, Any]]:
+    """``groups`` with every ``for:``, range selector (``[5m]``; a subquery's ``[1h:1m]``) and ``offset`` divided by
+    ``factor``. Nothing else changes: a number that stands for seconds in an expression (the audit's overdue
+    threshold) is not a duration and keeps its value, and strings (label values) are never touched."""
+    def scale_expr(expr: str) -> str:
+        parts = _STRING.split(expr)
+        strings = _STRING.findall(expr)
+
+        def scale_range(m: re.Match[str]) -> str:
+            step = "" if m.group(2) is None else ":" + (scaled_duration(m.group(3), factor) if m.group(3) else "")
+            return f"[{scaled_duration(m.group(1), factor)}{step}]"
+
+        scaled = [_OFFSET.sub(lambda m: f"offset {scaled_duration(m.group(1), factor)}",
+                              _RANGE_SELECTOR.sub(scale_range, part)) for part in parts]
+        return "".join(p + s for p, s in zip(scaled, [*strings, ""], strict=True))
+
+    out = []
+    for group in groups:
+        rules = []
+        for rule in group["rules"]:
+            rule = dict(rule, expr=scale_expr(rule["expr"]))
+            if "for" in rule:
+                rule["for"] = scaled_duration(rule["for"], factor)
+            rules.append(rule)
+        out.append(dict(group, rules=rules))
+    return out

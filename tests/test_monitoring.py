@@ -167,6 +167,32 @@ def test_dashboard_shows_what_the_operators_need() -> None:
         assert panel["description"] and panel["targets"]
 
 
+def test_time_scaled_divides_every_duration_and_nothing_else() -> None:
+    groups = [{"name": "g", "rules": [
+        {"alert": "A", "for": "15m", "expr": 'rate(x{a="5m", b=~"[1h]"}[5m]) > 0 and increase(y[1d] offset 1h) > 915'},
+        {"alert": "B", "expr": "max_over_time(z[1h:1m]) > 0 and min_over_time(z[1h30m:]) > 0"}]}]
+    (group,) = monitoring.time_scaled(groups, 60)
+    assert group["rules"][0] == {
+        "alert": "A", "for": "15000ms",
+        "expr": 'rate(x{a="5m", b=~"[1h]"}[5000ms]) > 0 and increase(y[1440000ms] offset 60000ms) > 915'}
+    assert group["rules"][1] == {"alert": "B", "expr": "max_over_time(z[60000ms:1000ms]) > 0 "
+                                                     "and min_over_time(z[90000ms:]) > 0"}
+    with pytest.raises(ValueError):
+        monitoring.promql_seconds("5 minutes")
+
+
+def test_time_scaled_leaves_no_unscaled_duration_in_the_charts_rules() -> None:
+    """Every duration of every rule is rewritten (in ms): none of the chart's escapes the scaling."""
+    scaled = monitoring.alerts(monitoring.time_scaled(monitoring.rule_groups(merged(monitoring.chart_values(),
+                                                                                    EVERYTHING_ON)), 60))
+    originals = all_alerts()
+    for name, rule in scaled.items():
+        text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', rule["expr"])
+        assert not re.search(r"(\[|:|offset )[0-9]+(?!ms)[smhdwy]", text), (name, rule["expr"])
+        if "for" in originals[name]:
+            assert monitoring.promql_seconds(rule["for"]) * 60 == monitoring.promql_seconds(originals[name]["for"])
+
+
 # --- promtool ---------------------------------------------------------------------------------------------
 
 
@@ -189,6 +215,15 @@ def test_promtool_checks_the_rendered_rules(tmp_path: Path, values: str) -> None
     done = run_promtool("check", "rules", "--lint=all", "--lint-fatal", "rules.yaml", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"SUCCESS: {sum(len(g['rules']) for g in groups)} rules found" in done.stdout
+
+
+@pytest.mark.process
+def test_promtool_checks_the_time_scaled_rules(tmp_path: Path) -> None:
+    """The rules tests/e2e/test_node_alerts.py loads into a real Prometheus (durations divided by 60) still parse."""
+    groups = monitoring.time_scaled(monitoring.rule_groups(merged(monitoring.chart_values(), EVERYTHING_ON)), 60)
+    write_rules(tmp_path, groups)
+    done = run_promtool("check", "rules", "rules.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.mark.process

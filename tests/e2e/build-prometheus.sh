@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
-# Build promtool from the Go module proxy into a cache directory, the way build-control-plane.sh builds the
-# control plane:
+# Build promtool and the Prometheus server from the Go module proxy into a cache directory, the way
+# build-control-plane.sh builds the control plane:
 #
 #   promtool    github.com/prometheus/prometheus/cmd/promtool (PROMETHEUS_VERSION; v0.X.Y is Prometheus 3.X.Y)
+#   prometheus  github.com/prometheus/prometheus/cmd/prometheus: the same module, version, tags and version stamp
 #
-# promtool checks and unit-tests the chart's alert rules and parses the dashboard's queries (tests/test_monitoring.py).
-# It is built with the tag remove_all_sd, which leaves out the cloud service discoveries (AWS, Azure, GCE, ...): the
-# tests use none, and they are much of the download and the compile; promtool keeps the file, HTTP and Kubernetes
-# discoveries it imports itself. The Prometheus server (cmd/prometheus) is not built: no test runs it yet, and it
-# would add about four minutes to a cold build.
+# promtool checks and unit-tests the chart's alert rules and parses the dashboard's queries (tests/test_monitoring.py);
+# the server scrapes the webhook and the apiserver on the node bed, evaluates the alerts and answers the dashboard's
+# queries there (tests/e2e/test_node_alerts.py). Both are built with the tag remove_all_sd, which leaves out the cloud
+# service discoveries (AWS, Azure, GCE, Kubernetes, ...): the tests use none, and they are much of the download and
+# the compile; the file and HTTP discoveries stay (the node-bed test writes the webhook pods into a file), and
+# promtool keeps the Kubernetes one it imports itself. Without the tag builtinassets the server serves no web UI:
+# the tests use its HTTP API only.
 #
-# Times on this project's 2-core machine (2026-12-05, other builds running beside it): 197 s after the control-plane
-# step (Go's module and build caches shared with it), 648 s with both caches empty (load average about 11).
+# Times on this project's 2-core machine, other builds and tests running beside it: promtool 197 s after the
+# control-plane step (Go's module and build caches shared with it), 648 s with both caches empty (load average about
+# 11; 2026-12-05). The server, built after promtool: 172 s more (2026-12-05, Go's module cache warm, the build cache
+# holding promtool's packages only, load average about 8), plus its own modules in the `go get` (21 s for both
+# commands with the module cache warm). A cold step should then take about 14 minutes (not measured).
 #
 #   tests/e2e/build-prometheus.sh          # build what is missing; stdout is only the bin dir
 #
-# Output: ${GPU_WEBHOOK_CACHE:-$HOME/.cache/gpu-webhook}/prometheus/<version>/bin/promtool
+# Output: ${GPU_WEBHOOK_CACHE:-$HOME/.cache/gpu-webhook}/prometheus/<version>/bin/{promtool,prometheus}
 # Environment knobs (GPU_WEBHOOK_CACHE, GPU_WEBHOOK_BUILD_JOBS, GPU_WEBHOOK_BUILD_TIMEOUT, GO): see go-build.sh.
 set -euo pipefail
 
@@ -36,13 +42,13 @@ cache_dir "${TOP}/.lock" "${BIN}" "${BUILD}"
 T0=$(date +%s)
 log "prometheus ${PROMETHEUS_VERSION} -> ${BIN} ($("${GO}" version), jobs=${JOBS})"
 
-if need_any promtool; then
+if need_any promtool prometheus; then
   PDIR="${BUILD}/prometheus"
   # The module has no replace directives to repeat.
   new_module "${PDIR}" prometheus "${MODULE}" "${PROMETHEUS_VERSION}"
   log "prometheus: resolving dependencies (go get)"
   timed prometheus-go-get gorun "${PDIR}" get "${MODULE}/cmd/promtool@${PROMETHEUS_VERSION}" \
-    || die "go get for promtool failed"
+    "${MODULE}/cmd/prometheus@${PROMETHEUS_VERSION}" || die "go get for promtool and prometheus failed"
   # The version stamp of upstream's release build (.promu.yml): `promtool --version` says which release it is.
   SRC=$(mod_download_field "${MODULE}" "${PROMETHEUS_VERSION}" Dir)
   RELEASE=$(tr -d '[:space:]' < "${SRC}/VERSION")
@@ -51,9 +57,11 @@ if need_any promtool; then
   PLDFLAGS="-X ${V}.Version=${RELEASE} -X ${V}.Revision=${PROMETHEUS_VERSION} -X ${V}.Branch=HEAD"
   PLDFLAGS+=" -X ${V}.BuildUser=gpu-webhook-tests -X ${V}.BuildDate=${PDATE:-1970-01-01T00:00:00Z}"
   build_one promtool "${PDIR}" "${MODULE}/cmd/promtool" "${PLDFLAGS}" remove_all_sd
+  # Built second: most of its packages are promtool's, already compiled.
+  build_one prometheus "${PDIR}" "${MODULE}/cmd/prometheus" "${PLDFLAGS}" remove_all_sd
 else
-  all_cached promtool
+  all_cached promtool prometheus
 fi
 
 echo "PROMETHEUS_VERSION=${PROMETHEUS_VERSION}" > "${TOP}/versions.txt"
-finish promtool
+finish promtool prometheus
