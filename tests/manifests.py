@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 from pathlib import Path
 from typing import Any
@@ -164,3 +165,10 @@ def found(obj: dict, policy: Any = None, namespace: str = "default", view: Any =
         if not drop_off or in_force.action(v.rule) != "off"
     ]
     return sorted(pairs) if sort else set(pairs)
+
+
+def tls_secret(name: str, namespace: str, cert_pem: bytes, key_pem: bytes) -> dict[str, Any]:
+    """A ``kubernetes.io/tls`` Secret holding a PEM certificate and key."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": {"tls.crt": base64.b64encode(cert_pem).decode(), "tls.key": base64.b64encode(key_pem).decode()}}

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tests.e2e.node import AGENT_IMAGE, CA, KUBERNETES_SERVICE_IP, PAUSE_IMAGE, POD_CIDR, NodeBed, until
+from tests.manifests import tls_secret
 from tests.tools import versions
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(480)]
@@ -42,9 +43,7 @@ def agent(node_bed: NodeBed):
     _apply(bed, {"apiVersion": "v1", "kind": "Namespace",
                  "metadata": {"name": NAMESPACE, "labels": {"gw-e2e/webhook": "on"}}})
     _apply(bed,
-           {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-            "metadata": {"name": "agent-tls", "namespace": NAMESPACE},
-            "data": {"tls.crt": base64.b64encode(cert).decode(), "tls.key": base64.b64encode(key).decode()}},
+           tls_secret("agent-tls", NAMESPACE, cert, key),
            {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "agent", "namespace": NAMESPACE},
             "spec": {"replicas": 1, "selector": {"matchLabels": labels},
                      "template": {"metadata": {"labels": labels}, "spec": {

@@ -56,7 +56,7 @@ from tests.e2e.bed import CHART, forget_policy_crd
 from tests.e2e.cluster import Process
 from tests.e2e.load import AdmissionLoad, Result
 from tests.e2e.node import NODE_NAME, NodeBed, until
-from tests.manifests import container, pod, workload
+from tests.manifests import container, pod, tls_secret, workload
 from tests.tools import missing_binaries, prometheus_bin, unavailable
 from webhook.serving import certs
 
@@ -271,10 +271,7 @@ def release(node_bed: NodeBed, webhook_image: str, tmp_path_factory):
         # rule admits a one-GPU pod.
         _node_gpus(bed, "add")
         bundle = certs.generate(certs.service_names(FULLNAME, NAMESPACE))
-        secret = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-                  "metadata": {"name": f"{RELEASE}-tls", "namespace": NAMESPACE},
-                  "data": {"tls.crt": base64.b64encode(bundle.cert_pem).decode(),
-                           "tls.key": base64.b64encode(bundle.key_pem).decode()}}
+        secret = tls_secret(f"{RELEASE}-tls", NAMESPACE, bundle.cert_pem, bundle.key_pem)
         bed.kubectl("create", "-f", "-", stdin=json.dumps(secret), check=True)
         values = _values(webhook_image, bundle)
         (tmp / "values.yaml").write_text(yaml.safe_dump(values))

@@ -16,6 +16,7 @@ import yaml
 from tests.day_one import TENANT, Case, calico_node, device_plugin, operands, tenants
 from tests.e2e.bed import CHART, forget_policy_crd
 from tests.e2e.node import NodeBed, until
+from tests.manifests import tls_secret
 from webhook.serving import certs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -56,10 +57,7 @@ def release(node_bed: NodeBed, webhook_image: str, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("day-one")
     bed.kubectl("create", "namespace", NAMESPACE, check=True)
     bundle = certs.generate(certs.service_names(FULLNAME, NAMESPACE))
-    secret = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-              "metadata": {"name": f"{RELEASE}-tls", "namespace": NAMESPACE},
-              "data": {"tls.crt": base64.b64encode(bundle.cert_pem).decode(),
-                       "tls.key": base64.b64encode(bundle.key_pem).decode()}}
+    secret = tls_secret(f"{RELEASE}-tls", NAMESPACE, bundle.cert_pem, bundle.key_pem)
     bed.kubectl("create", "-f", "-", stdin=json.dumps(secret), check=True)
     repository, tag = webhook_image.rsplit(":", 1)
     values = {"image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},

@@ -42,7 +42,7 @@ from tests.e2e.bed import CHART, forget_policy_crd
 from tests.e2e.cluster import NO_PROXY_ENV
 from tests.e2e.load import AdmissionLoad, LoadReport
 from tests.e2e.node import SYNC_FREQUENCY, NodeBed, until
-from tests.manifests import container, pod, pytorch_job, seed_pod
+from tests.manifests import container, pod, pytorch_job, seed_pod, tls_secret
 from tests.server import free_port, metric_sum
 from webhook.serving import certs
 
@@ -63,10 +63,7 @@ FIGURES: dict[str, object] = {}
 
 
 def _secret(bundle: certs.Bundle) -> dict:
-    return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-            "metadata": {"name": f"{RELEASE}-tls", "namespace": NAMESPACE},
-            "data": {"tls.crt": base64.b64encode(bundle.cert_pem).decode(),
-                     "tls.key": base64.b64encode(bundle.key_pem).decode()}}
+    return tls_secret(f"{RELEASE}-tls", NAMESPACE, bundle.cert_pem, bundle.key_pem)
 
 
 def _apply(bed: NodeBed, document: dict) -> None:
