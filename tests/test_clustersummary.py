@@ -327,6 +327,17 @@ def cluster_writer(spec=None, interval=10.0):
     return writer, kube, obj, facts
 
 
+def written_once():
+    """A writer that has taken the Lease, written the facts once, and seen its status come back by the watch."""
+    writer, kube, obj, facts = cluster_writer()
+    writer.step(100.0)
+    load(facts)
+    echo(obj, kube)
+    writer.step(103.0)
+    echo(obj, kube, rv="9")
+    return writer, kube, obj, facts
+
+
 def load(facts):
     for informer in facts.informers:
         informer.relist()
@@ -375,12 +386,7 @@ def test_the_holder_writes_the_facts_with_its_stamps_and_not_again_for_the_stamp
 
 
 def test_a_churn_of_nodes_is_written_at_most_once_per_interval_and_a_model_gone_is_removed():
-    writer, kube, obj, facts = cluster_writer()
-    writer.step(100.0)
-    load(facts)
-    echo(obj, kube)
-    writer.step(103.0)
-    echo(obj, kube, rv="9")
+    writer, kube, obj, facts = written_once()
     first = len(kube.patches)
     nodes = facts.state.indices["nodes"]
     t = 103.0
@@ -400,12 +406,7 @@ def test_a_churn_of_nodes_is_written_at_most_once_per_interval_and_a_model_gone_
 
 
 def test_cluster_checks_turned_off_remove_the_facts_and_stop_the_watches():
-    writer, kube, obj, facts = cluster_writer()
-    writer.step(100.0)
-    load(facts)
-    echo(obj, kube)
-    writer.step(103.0)
-    echo(obj, kube, rv="9")
+    writer, kube, obj, facts = written_once()
     obj.apply("MODIFIED", gpupolicy(3, {}, status=obj.snapshot().obj["status"], rv="10"))
     writer.step(106.0)
     assert written_cluster(kube) is None and facts.state is None
