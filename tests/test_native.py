@@ -173,7 +173,7 @@ def test_a_rule_off_everywhere_is_not_generated_and_one_off_somewhere_is_gated_b
     assert "privileged-gpu" not in annotations and "zero-gpu-limit" not in annotations
     deny = by_name(objects())["ValidatingAdmissionPolicy/gpu-webhook-deny"]
     variable = next(v["expression"] for v in deny["spec"]["variables"] if v["name"] == "privileged_gpu")
-    assert variable.startswith("(request.namespace == 'research' ? false : true) && (")
+    assert variable == "(request.namespace == 'research' ? false : true) && variables.privileged_gpu_hits[0] != ''"
 
 
 def test_enforcement_and_namespace_overrides_are_bindings_with_namespace_selectors():
@@ -367,10 +367,11 @@ def test_an_update_is_held_only_to_the_violations_the_old_object_did_not_have():
     assert variables["update"] == "request.operation == 'UPDATE'"
     assert variables["candidate_nodes"].startswith("(variables.update ? [object, oldObject] : [object]).map(R, ")
     assert variables["old_templates"] == "variables.update ? variables.all_templates[1] : []"
-    # Each rule's old keys are read from the old templates, and only by the message's words of that rule.
-    assert variables["invalid_quantity_old_keys"].startswith('"\\u001f" + [variables.old_templates.')
-    assert "variables.invalid_quantity_old_keys.contains(" in variables["invalid_quantity_found"]
-    assert "_old" not in variables["invalid_quantity"]
+    # Each rule's hits are read from the templates and the old templates, and only the message's words of that
+    # rule compare them: whether the object violates the rule does not read the old object.
+    assert variables["invalid_quantity_hits"].startswith("[variables.templates, variables.old_templates].map(T, ")
+    assert "variables.invalid_quantity_hits[1]" in variables["invalid_quantity_found"]
+    assert variables["invalid_quantity"] == "variables.invalid_quantity_hits[0] != ''"
 
 
 def test_the_runtime_class_is_left_to_the_webhook_when_it_must_read_the_cluster():

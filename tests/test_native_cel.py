@@ -14,6 +14,7 @@ import re
 import pytest
 
 from webhook.core import quantity
+from webhook.core.policy import resolve
 from webhook.core.resources import REGISTRY, Kind, lookup
 from webhook.native import celtext, snippets
 from webhook.native.celtext import glob_to_regex, globs_regex
@@ -58,13 +59,27 @@ def test_the_registry_expressions_classify_every_name_as_the_registry_first_matc
         kind = _first(name)
         entry = lookup(name)
         assert full(snippets.REGISTERED, name) == (kind is not None), name
-        assert full(snippets.NOT_COUNTING, name) == (kind is not None and not kind.counts), name
         assert full(snippets.COUNTING_REGISTERED, name) == (kind is not None and kind.counts), name
         assert full(snippets.PRIORITY, name) == (kind is Kind.PRIORITY), name
         assert full(snippets.SHARED, name) == (kind is Kind.SHARED), name
         assert full(snippets.MONITORING, name) == (kind is Kind.MONITORING), name
         assert full(snippets.SCHEDULER, name) == bool(entry and entry.scheduler and kind is not Kind.PRIORITY), name
         assert full(snippets.PERCENT, name) == bool(entry and entry.percent), name
+
+
+@pytest.mark.parametrize("glob", GLOBS + ["gpu.intel.com/i915_*", "nvidia.com/gpumem*", "huawei.com/Ascend910*"])
+def test_the_names_left_out_of_a_glob_are_the_registrys_that_count_nothing(glob):
+    policies = resolve({"resources": [glob]})
+    left_out = snippets.not_counting(snippets.Ctx(policies))
+    names = NAMES + [entry.example for entry in REGISTRY]
+    for name in filter(lambda n: fnmatch.fnmatchcase(n, glob), names):
+        kind = _first(name)
+        assert full(left_out, name) == (kind is not None and not kind.counts), (glob, name)
+
+
+def test_the_default_gpu_names_leave_out_a_short_list():
+    left_out = snippets.not_counting(snippets.Ctx(resolve({})))
+    assert len(left_out) < 200 and "millicores" in left_out and "kunlunxin" not in left_out
 
 
 SPELLINGS = ["1", "0", "+1", "-1", "1.", ".5", "0.5", "1000m", "1Ki", "1ki", "1E", "1e", "1e3", "1E3", "1e+3", "1e-3",

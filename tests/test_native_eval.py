@@ -22,6 +22,7 @@ from tests.native_corpus import (
     POLICY,
     Case,
     Seen,
+    as_deployment,
     as_pod,
     as_pytorchjob,
     compare,
@@ -141,6 +142,14 @@ def half(name: str, *containers: dict) -> dict:
     return as_pytorchjob(name, spec(*containers), {})
 
 
+def deploy(*containers: dict) -> dict:
+    return as_deployment("d", spec(*containers), {})
+
+
+def privileged(name: str) -> dict:
+    return gpu(1, name, securityContext={"privileged": True})
+
+
 UPDATES = [
     # (old, new, refused, a violation said, a violation not said)
     ("unchanged", half("u", gpu("500m")), half("u", gpu("500m")), False, None, None),
@@ -149,12 +158,20 @@ UPDATES = [
     ("worse", half("u", gpu("500m")), half("u", gpu("250m")), True, '"250m"', None),
     ("renamed", half("u", gpu("500m", "a")), half("u", gpu("500m", "b")), True, 'container "b"', None),
     ("new container before", half("u", gpu("500m", "a")), half("u", ctr("x"), gpu("500m", "a")), False, None, None),
+    # the live rules (read through params) on a built-in kind: per-container-limit, privileged-gpu
+    ("over the cap kept", deploy(gpu(5, "a")), deploy(gpu(5, "a"), ctr("x")), False, None, None),
+    ("over the cap added", deploy(gpu(5, "a")), deploy(gpu(5, "a"), gpu(6, "b")), True, 'container "b"',
+     'container "a"'),
+    ("privileged kept", deploy(privileged("a")), deploy(privileged("a"), ctr("x")), False, None, None),
+    ("privileged added", deploy(privileged("a")), deploy(privileged("a"), privileged("b")), True,
+     'container "b" is privileged', 'container "a" is privileged'),
 ]
 
 
 def test_an_update_is_held_only_to_the_violations_its_old_object_did_not_have(newest):
     for (name, old, new, refused, said, unsaid), answer in zip(UPDATES, newest["updates"], strict=True):
-        expected = admission.decide(new, "kubeflow.org", "PyTorchJob", NS, POLICIES, old=old)
+        group = new["apiVersion"].rpartition("/")[0]
+        expected = admission.decide(new, group, new["kind"], NS, POLICIES, old=old)
         assert answer.allowed == expected.allowed == (not refused), (name, answer.message)
         if said:
             assert said in answer.message, name

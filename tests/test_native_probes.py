@@ -112,11 +112,11 @@ def test_warning_header_text():
 
 def test_a_pod_claim_is_the_last_resort_of_a_probe():
     """1.30 serves no DynamicResourceAllocation by default and drops a Pod's resources.claims: a probe that only
-    had the undeclared claim never saw gpu-webhook-live-deny-2 act there (the chart's Job waited in vain)."""
+    had the undeclared claim never saw the policy that holds that rule act there (the chart's Job waited in vain)."""
     policies = parse_policy("accelerator: {default: nvidia-l4}\n")
     found, _ = probes(generate(policies, for_version("1.30")), policies, "default")
     for probe in found:
         rules = [rule for _, rule in probe.tries]
         assert "undeclared-claim" not in rules[:-1], (probe.policy, rules)
-    [second] = [p for p in found if p.policy == "gpu-webhook-live-deny-2"]
-    assert [rule for _, rule in second.tries][0] == "cdi-annotation"
+    [live] = [p for p in found if p.policy == "gpu-webhook-live-deny"]
+    assert [rule for _, rule in live.tries][-2:] == ["cdi-annotation", "undeclared-claim"]

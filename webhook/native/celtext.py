@@ -51,11 +51,11 @@ def matches(subject: str, pattern: str) -> str:
     return f"{subject}.matches({regex_literal(pattern)})"
 
 
-_RE2_SPECIAL = set("\\.+*?()|[]{}^$")
+RE2_SPECIAL = set("\\.+*?()|[]{}^$")
 
 
 def _escape(char: str) -> str:
-    return "\\" + char if char in _RE2_SPECIAL else char
+    return "\\" + char if char in RE2_SPECIAL else char
 
 
 def glob_to_regex(glob: str) -> str:

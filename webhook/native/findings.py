@@ -2,17 +2,11 @@
 
 A :class:`Finding` says where a rule looks (nested loops over the object: templates, container lists,
 containers, resource names...), what must hold there for a violation, and how the webhook words it (path,
-stable path, value, message: ``webhook.core.field.Violation``). The generator renders each finding into:
-
-- :func:`exists`: whether the object has such a violation, stopping at the first. A validation's
-  ``expression`` is made of these, so an object that passes pays only for the cheap tests;
-- :func:`found`: its violations as the webhook prints them (``path: message``), joined by a separator,
-  without those an UPDATE's old object had too;
-- :func:`keys`: what the old object's violations are about, for an UPDATE.
-
-On UPDATE a violation the old object had too (same rule, same stable path, same value, as
-``webhook.rules.admission.decide`` compares them) is not held against it: each rule's ``<rule>_old_keys`` variable
-holds the old object's keys, read only when the object has such a violation on an UPDATE.
+stable path, value, message: ``webhook.core.field.Violation``). The generator renders each finding once, as
+:func:`hits`: its violations in a list of templates (or claim requests), each as its key and its words, joined by
+a separator. A policy holds one such variable per rule, over the object and, on UPDATE, the old object: the rule
+holds when the object has a hit, and its message gives the words of the hits whose key the old object did not have
+(:func:`new_words`; the same rule, stable path and value, as ``webhook.rules.admission.decide`` compares them).
 
 The forms are written for the CEL every apiserver from 1.30 accepts: ``exists``, ``filter``, ``map``,
 ``join``. Where a :class:`Dialect` has two-variable comprehensions (1.33+), the index of a list item in a
@@ -68,7 +62,7 @@ class Finding:
     @property
     def key(self) -> str:
         """What the violation is about (``Violation.subject``), as one CEL string."""
-        return f"{lit(self.rule + '|')} + {self.stable} + '|' + ({self.value}).replace({lit(SEPARATOR)}, '')"
+        return f"{lit(self.rule + '|')} + {self.stable} + '|' + ({self.value})"
 
 
 @dataclass(frozen=True)
@@ -81,16 +75,13 @@ class Dialect:
 # Roots: the variable every finding starts from, and the same for the old object of an UPDATE.
 OLD_ROOTS = {"variables.templates": "variables.old_templates", "variables.requests": "variables.old_requests"}
 UPDATE = "variables.update"
+# Between a hit's key and its words (no key holds one: it is taken out of them, as the separator is).
+KEY_END = "\u001e"
 
 
 def variable(rule: str) -> str:
     """The name of a rule's variable in a policy (``invalid-quantity`` -> ``invalid_quantity``)."""
     return re.sub(r"[^A-Za-z0-9]", "_", rule)
-
-
-def old_keys(rule: str) -> str:
-    """The variable that holds the keys of the rule's violations in the old object of an UPDATE."""
-    return f"variables.{variable(rule)}_old_keys"
 
 
 _LITERALS = re.compile(r"'(?:[^'\\]|\\.)*'" + r'|"(?:[^"\\]|\\.)*"')
@@ -109,8 +100,9 @@ def _and(*parts: str) -> str:
     return " && ".join(f"({p})" if " || " in p and not p.startswith("(") else p for p in kept) or "true"
 
 
-def _bind(lets: Sequence[tuple[str, str]], body: str, reads: str, boolean: bool) -> str:
-    """``body`` with the ``lets`` it (or ``reads``) mentions bound, innermost last."""
+def _bind(lets: Sequence[tuple[str, str]], body: str, boolean: bool) -> str:
+    """``body`` with the ``lets`` it mentions bound (directly or through another's value), innermost last."""
+    reads = ""
     for name, value in reversed(lets):
         if _mentions(body, name) or _mentions(reads, name):
             body = f"[{value}].exists({name}, {body})" if boolean else f"[{value}].map({name}, {body})[0]"
@@ -118,55 +110,20 @@ def _bind(lets: Sequence[tuple[str, str]], body: str, reads: str, boolean: bool)
     return body
 
 
-def _old(f: Finding) -> tuple[Each, ...]:
-    first = f.loops[0]
-    root = OLD_ROOTS.get(first.over)
-    if root is None:
-        raise ValueError(f"{f.rule}: a finding starts from one of {sorted(OLD_ROOTS)}, not {first.over}")
-    return (Each(first.var, root, first.where, first.index), *f.loops[1:])
-
-
-def _indexed(loops: Sequence[Each], body: str) -> str:
-    """``body`` with the indices it reads bound by ``indexOf`` (only the UPDATE comparison reads one in a condition,
-    for a list item that has no name)."""
-    for e in reversed(loops):
-        if e.index and _mentions(body, e.index):
-            body = f"[{e.over}.indexOf({e.var})].exists({e.index}, {body})"
-    return body
-
-
-def _exists(loops: Sequence[Each], leaf: str) -> str:
-    if not loops:
-        return leaf
-    first, rest = loops[0], loops[1:]
-    return f"{first.over}.exists({first.var}, {_and(first.where, _exists(rest, leaf))})"
-
-
-def excused(f: Finding) -> str:
-    """On UPDATE, the old object had this violation too (read inside the innermost loop of ``f``, its names
-    bound)."""
-    test = f"{old_keys(f.rule)}.contains({lit(SEPARATOR)} + {f.key} + {lit(SEPARATOR)})"
-    return f"({UPDATE} && {_indexed(f.loops, test)})"
-
-
-def exists(f: Finding) -> str:
-    """Whether the object has such a violation, excused or not (on UPDATE, :func:`found` says which are new)."""
-    return _exists(f.loops, _bind(f.let, f.where, "", boolean=True) if f.where else "true")
-
-
-def _with_index(e: Each, dialect: Dialect, body: str, boolean_filter: str = "") -> str:
+def _with_index(e: Each, dialect: Dialect, body: str, boolean_filter: str) -> str:
     """``e.over`` mapped to ``body`` (reading ``e.var`` and ``e.index``), items passing ``boolean_filter``."""
+    keep = "" if boolean_filter == "true" else boolean_filter
     if not e.index or not _mentions(body, e.index):
-        if boolean_filter:
-            return f"{e.over}.filter({e.var}, {boolean_filter}).map({e.var}, {body})"
+        if keep:
+            return f"{e.over}.filter({e.var}, {keep}).map({e.var}, {body})"
         return f"{e.over}.map({e.var}, {body})"
     if dialect.two_variable:
-        if boolean_filter:
-            return f"{e.over}.transformList({e.index}, {e.var}, {boolean_filter}, {body})"
+        if keep:
+            return f"{e.over}.transformList({e.index}, {e.var}, {keep}, {body})"
         return f"{e.over}.transformList({e.index}, {e.var}, {body})"
     indexed = f"[{e.over}.indexOf({e.var})].map({e.index}, {body})[0]"
-    if boolean_filter:
-        return f"{e.over}.filter({e.var}, {boolean_filter}).map({e.var}, {indexed})"
+    if keep:
+        return f"{e.over}.filter({e.var}, {keep}).map({e.var}, {indexed})"
     return f"{e.over}.map({e.var}, {indexed})"
 
 
@@ -175,11 +132,22 @@ def joined(items: str) -> str:
     return f"{items}.filter(s, s != '').join({lit(SEPARATOR)})"
 
 
-def _collect(loops: Sequence[Each], leaf: str, dialect: Dialect) -> str:
-    """The string ``leaf`` of every innermost item (``''`` where there is none), joined by the separator."""
+def _gather(f: Finding, loops: Sequence[Each], dialect: Dialect, text: str) -> str:
+    """``text`` of every violation, joined by the separator. The innermost loop keeps only the items where ``f.where``
+    holds, so an object that passes pays for the tests alone; where the test and the words read one name of
+    ``f.let``, each item is mapped to its words or ``''``, so that the name is bound once."""
     first, rest = loops[0], loops[1:]
-    inner = leaf if not rest else _collect(rest, leaf, dialect)
-    return joined(_with_index(first, dialect, inner, first.where))
+    if rest:
+        return joined(_with_index(first, dialect, _gather(f, rest, dialect, text), first.where))
+    if not f.where:
+        return joined(_with_index(first, dialect, _bind(f.let, text, boolean=False), first.where))
+    tested = _needed(f.let, f.where)
+    if not tested & _needed(f.let, text):
+        test = _bind(f.let, f.where, boolean=True)
+        return joined(_with_index(first, dialect, _bind(f.let, text, boolean=False), _and(first.where, test)))
+    inner = _bind([(n, v) for n, v in f.let if n not in tested], text, boolean=False)
+    leaf = _bind([(n, v) for n, v in f.let if n in tested], f"({f.where} ? {inner} : '')", boolean=False)
+    return joined(_with_index(first, dialect, leaf, first.where))
 
 
 def _needed(lets: Sequence[tuple[str, str]], text: str) -> set[str]:
@@ -193,26 +161,34 @@ def _needed(lets: Sequence[tuple[str, str]], text: str) -> set[str]:
     return needed
 
 
-def _leaf(f: Finding, text: str, excusable: bool) -> str:
-    """``text`` for a violation at the innermost level, ``''`` otherwise. The names the condition reads are bound
-    first; the others (the words, the key) only once it holds."""
-    needed = _needed(f.let, f.where)
-    outer = [(n, v) for n, v in f.let if n in needed]
-    inner = [(n, v) for n, v in f.let if n not in needed]
-    said = f"({excused(f)} ? '' : {text})" if excusable else text
-    body = _bind(inner, said, "", boolean=False)
-    return _bind(outer, f"({f.where} ? {body} : '')" if f.where else body, "", boolean=False)
+def hits(f: Finding, dialect: Dialect, root: str) -> str:
+    """The violations in ``root`` (the templates or requests, of the object or of an UPDATE's old object), each
+    ``key KEY_END path: message`` (:attr:`Finding.key`; the words as the webhook prints them), joined by the
+    separator; ``''``: none."""
+    first = f.loops[0]
+    if first.over not in OLD_ROOTS:
+        raise ValueError(f"{f.rule}: a finding starts from one of {sorted(OLD_ROOTS)}, not {first.over}")
+    loops = (Each(first.var, root, first.where, first.index), *f.loops[1:])
+    key = f"({f.key}).replace({lit(SEPARATOR)}, '').replace({lit(KEY_END)}, '')"
+    text = f"{key} + {lit(KEY_END)} + {f.path} + ': ' + {f.message}"
+    if len(f.value) > _SHORT and f.value in f.message and not _mentions(text, _VALUE):
+        # the value is worded in the message too: computed once
+        text = f"[{f.value}].map({_VALUE}, {text.replace(f.value, _VALUE)})[0]"
+    return _gather(f, loops, dialect, text)
 
 
-def found(f: Finding, dialect: Dialect) -> str:
-    """The violations, ``path: message`` as the webhook prints them, joined by the separator (``''``: none),
-    without those an UPDATE's old object had too."""
-    return _collect(f.loops, _leaf(f, f"{f.path} + ': ' + {f.message}", excusable=True), dialect)
+# A value longer than this, read in the message too, is bound to _VALUE once.
+_SHORT = 24
+_VALUE = "said"
 
 
-def keys(f: Finding, dialect: Dialect) -> str:
-    """What the old object's violations are about (their keys), joined by the separator (:func:`old_keys`)."""
-    return _collect(_old(f), _leaf(f, f.key, excusable=False), dialect)
+def new_words(found: str, old: str) -> str:
+    """The words of the hits in ``found`` (joined by the separator), without those whose key is in ``old`` (an
+    UPDATE's old object's hits, ``''`` otherwise)."""
+    end = f"h.indexOf({lit(KEY_END)})"
+    kept = f"!({lit(SEPARATOR)} + {old}).contains({lit(SEPARATOR)} + h.substring(0, {end} + 1))"
+    return joined(f"{found}.split({lit(SEPARATOR)}).filter(h, {kept}).map(h, h.substring({end} + 1))")
 
 
-__all__ = ["SEPARATOR", "Dialect", "Each", "Finding", "exists", "found", "joined", "keys", "old_keys", "variable"]
+__all__ = ["KEY_END", "OLD_ROOTS", "SEPARATOR", "Dialect", "Each", "Finding", "hits", "joined", "new_words",
+           "variable"]

@@ -22,10 +22,11 @@ lists every violation with its field path, as the webhook's denial does (only th
 reaches the user). It is bound with ``[Deny]``, and with ``[Warn]`` in the namespaces whose ``enforcement``
 is ``warn``. A warn policy has one validation per rule, bound with ``[Warn]``.
 
-Each rule is one variable, named after it, that says whether the object has such a violation; the
-expensive part, the words, is in ``<rule>_found``, read only by the messages. The apiserver evaluates every
-``messageExpression`` whether its validation failed or not, so each message starts with the cheap test. On UPDATE a
-violation the old object had too is not held against it.
+Each rule's CEL is written once, in ``<rule>_hits``: its violations in the object and, on UPDATE, in the old one
+(``findings.hits``), built only for the items that violate it. ``<rule>`` says whether the object has one (its
+setting in the namespace first); ``<rule>_found`` gives the words of those the old object did not have (a violation
+the old object had too is not held against it), read only by the messages. The apiserver evaluates every
+``messageExpression`` whether its validation failed or not, so each message starts with the cheap test.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from webhook.core.policy import PolicySet
 from webhook.core.policycrd import as_spec
 from webhook.native import celtext, claims, kinds, mutations, params, reads
 from webhook.native.celtext import boolean, every_policy, layout, lit
-from webhook.native.findings import SEPARATOR, Dialect, Finding, exists, found, joined, keys, variable
+from webhook.native.findings import OLD_ROOTS, SEPARATOR, Dialect, Finding, hits, joined, new_words, variable
 from webhook.native.rules import BUILDERS, matters, native_rules, setting, webhook_rules
 from webhook.native.snippets import Ctx, Shape
 from webhook.native.target import DEFAULT, LIBRARIES, Target, every_version
@@ -124,9 +125,8 @@ def _gate(ctx: Ctx, rule: str, action: str) -> str:
 class RuleCel:
     rule: str
     name: str  # its variable
-    test: str  # has a violation (gate included)
-    found: str  # its violations, 'path: message' joined by the separator
-    keys: str  # the old object's keys (for old_keys)
+    gate: str  # the rule is on (``true``: always)
+    hits: str  # its violations in the object, then in an UPDATE's old object: a list of two (findings.hits)
 
 
 def _rules(ctx: Ctx, family: Family, action: str, target: Target, only: Sequence[str] | None = None,
@@ -142,12 +142,10 @@ def _rules(ctx: Ctx, family: Family, action: str, target: Target, only: Sequence
         findings = _findings(ctx, family, rule.id)
         if not findings:
             continue
-        test = " || ".join(exists(f) for f in findings)
-        if gate != "true":
-            test = f"{gate} && ({test})"
-        out.append(RuleCel(rule.id, variable(rule.id), test,
-                           joined("[" + ", ".join(found(f, dialect) for f in findings) + "]"),
-                           joined("[" + ", ".join(keys(f, dialect) for f in findings) + "]")))
+        root = findings[0].loops[0].over
+        every = joined("[" + ", ".join(hits(f, dialect, "T") for f in findings) + "]") if len(findings) > 1 \
+            else hits(findings[0], dialect, "T")
+        out.append(RuleCel(rule.id, variable(rule.id), gate, f"[{root}, {OLD_ROOTS[root]}].map(T, {every})"))
     return out
 
 
@@ -191,6 +189,8 @@ def _template_variables(ctx: Ctx, family: Family, custom_kinds: Sequence[kinds.C
                         f".map(n, {kinds.node_record('n')}))"))
     # Names are classified once, from the object (an old violation matters only when the object has it too).
     out.extend(reads.name_variables(ctx, "variables.pod_specs[0]"))
+    if re.search(r"\bvariables\.gpu_taint_keys\b", read):
+        out.append(reads.taint_variable(ctx, "variables.pod_specs[0]"))
     out.append(("all_templates", f"variables.pod_specs.map(P, P.map(n, {record_}))"))
     out.append(("templates", "variables.all_templates[0]"))
     out.append(("old_templates", "variables.update ? variables.all_templates[1] : []"))
@@ -226,7 +226,7 @@ def _validating_policies(name: str, policies: PolicySet, family: Family, action:
                 break
         return halves(part[:cut]) + halves(part[cut:])
 
-    weights = {id(r): len(r.test) + len(r.found) + len(r.keys) for r in rules}
+    weights = {id(r): len(r.hits) for r in rules}
     whole = build(rules)
     # Inline keeps the policies as they always were: one per family and action.
     if mode == INLINE or len(rules) == 1 or _laid_out_size(whole) <= MAX_BYTES:
@@ -265,18 +265,20 @@ def _laid_out_size(policy: Mapping[str, Any]) -> int:
 def _validating_policy(name: str, policies: PolicySet, family: Family, action: str, ctx: Ctx, target: Target,
                        custom_kinds: Sequence[kinds.CustomKind], exclude: Sequence[str], mode: str,
                        rules: list[RuleCel]) -> dict[str, Any]:
-    texts = [t for r in rules for t in (r.test, r.found, r.keys)]
+    texts = [t for r in rules for t in (r.gate, r.hits)]
     variables = [("update", "request.operation == 'UPDATE'"), *_template_variables(ctx, family, custom_kinds, texts)]
     if mode == LIVE:
         variables[1:1] = params.variables([e for _, e in variables] + texts, policies.default.platform)
-    # Each rule's violations in the old object, as keys between separators: read only on UPDATE, when the object
-    # has such a violation (it is excused when the old object had it too).
+    # Each rule's hits, in the object and in an UPDATE's old object (read only when the rule is on); whether it has
+    # one; and the words of those the old object did not have (a violation it had too is excused).
     for r in rules:
-        variables.append((f"{r.name}_old_keys", f"{lit(SEPARATOR)} + {r.keys} + {lit(SEPARATOR)}"))
+        variables.append((f"{r.name}_hits", r.hits))
     for r in rules:
-        variables.append((r.name, r.test))
+        hit = f"variables.{r.name}_hits[0] != ''"
+        variables.append((r.name, hit if r.gate == "true" else f"{r.gate} && {hit}"))
     for r in rules:
-        variables.append((f"{r.name}_found", r.found))
+        old = f"(variables.update ? variables.{r.name}_hits[1] : '')"
+        variables.append((f"{r.name}_found", new_words(f"variables.{r.name}_hits[0]", old)))
     if action == "deny":
         # Violations, and on UPDATE at least one the old object did not have.
         violated = " || ".join(f"variables.{r.name}" for r in rules)

@@ -86,6 +86,8 @@ LIVE = {
 }
 
 
+# The variable the request namespace's overrides are read into, for the rules' settings.
+NAMESPACE_VARIABLE = "namespace_policy"
 # The variable each value is read into, once per admission (matchConditions read the expression itself).
 VARIABLES = {
     "allowed": "allowed_accelerators",
@@ -120,6 +122,8 @@ def variables(texts: list[str], platform: str) -> list[tuple[str, str]]:
     """The value variables the CEL ``texts`` read, in :data:`LIVE`'s order; the trusted namespace test too."""
     read = " ".join(texts)
     out = [(variable, expression(name)) for name, variable in VARIABLES.items() if f"variables.{variable}" in read]
+    if f"variables.{NAMESPACE_VARIABLE}" in read:
+        out.insert(0, (NAMESPACE_VARIABLE, f"{OVERRIDE}.orValue({{}})"))
     if "variables.trusted_namespace" in read:
         out.append(("trusted_namespace", trusted(None, platform)))
     return out
@@ -130,7 +134,8 @@ def setting(rule: str) -> str:
     if rule not in CHECK_SETTINGS:
         return "'deny'"
     section, key = CHECK_SETTINGS[rule]
-    return value(f"{section}.{key}")
+    path = f"{section}.{key}"
+    return f"{_read(f'variables.{NAMESPACE_VARIABLE}', path)}.orValue({top(path)})"
 
 
 def gate(rule: str, action: str) -> str:
@@ -142,7 +147,7 @@ def gate(rule: str, action: str) -> str:
     own = setting(rule)
     if action == "deny":
         return f"(!({warned}) && {own} == 'deny')"
-    return f"({own} == 'warn' || ({own} == 'deny' && {warned}))"
+    return f"{own} in ({warned} ? ['warn', 'deny'] : ['warn'])"
 
 
 def trusted_pod(account: str) -> str:

@@ -31,6 +31,7 @@ from webhook.native import params
 from webhook.native.celtext import lit, lits, matches, record
 from webhook.native.findings import SEPARATOR, Each, Finding
 from webhook.native.snippets import (
+    GPU_TAINT_KEYS,
     MONITORING,
     PERCENT,
     READ_BY_SHARING,
@@ -50,6 +51,7 @@ from webhook.native.snippets import (
     service_account,
     shown,
     stable_item,
+    taint_names,
     zero_counting,
 )
 
@@ -224,6 +226,16 @@ def name_variables(ctx: Ctx, pods: str = "variables.pod_specs[0]") -> list[tuple
             else f"[{found}].map(N, size(N) > 0 && N.all(k, k == N[0]) ? [N[0]] : N)[0]")
     return [("resource_names", once)] + [(name, f"variables.resource_names.filter(k, {test(ctx)})")
                                          for name, test in CLASSES.items()]
+
+
+def taint_variable(ctx: Ctx, pods: str = "variables.pod_specs[0]") -> tuple[str, str]:
+    """``gpu_taint_keys`` (:data:`snippets.GPU_TAINT_KEYS`): per template of the object, the keys of its tolerations
+    that name a GPU, each classified once however many rules read it."""
+    r = Reads(ctx)
+    keyed = "has(x.key)" if r.typed else "type(x) == map && 'key' in x && type(x.key) == string"
+    tolerations = r.get("n.spec", "tolerations", "list", "[]")
+    keys = f"{tolerations}.filter(x, {keyed}).map(x, x.key).filter(k, {taint_names(ctx, 'k')})"
+    return GPU_TAINT_KEYS.removeprefix("variables."), f"{pods}.map(n, {keys})"
 
 
 def _some_container(r: Reads, spec: str, test: str, lists: tuple[str, ...] = CONTAINER_LISTS) -> str:

@@ -24,7 +24,7 @@ from webhook.core.policy import PolicySet
 from webhook.core.policyfile import parse_policy
 from webhook.core.policyschema import CHECK_SETTINGS, DEFAULTS, PLATFORMS
 from webhook.core.resources import FRACTION_ANNOTATIONS, cel_pattern
-from webhook.native.celtext import every_policy, glob_to_regex
+from webhook.native.celtext import RE2_SPECIAL, every_policy, glob_to_regex
 from webhook.native.rules import BUILDERS, trigger_expression
 from webhook.native.snippets import Ctx
 
@@ -34,8 +34,7 @@ IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
 GLOB_META = "*?["
 # The tokens of a glob, in order: a bracket expression ([seq], [!seq], "]" first is literal), or one character.
 GLOB_TOKENS = r"\[!?\]?[^\]]*\]|(?s:.)"
-# RE2's special characters (Go's regexp.QuoteMeta), and those escaped inside a bracket expression.
-RE2_SPECIAL = "\\.+*?()|[]{}^$"
+# The characters escaped inside a bracket expression (celtext.RE2_SPECIAL: all of RE2's special ones).
 BRACKET_SPECIAL = "\\[]^"
 # The webhook's rules that speak only of a template that uses a GPU (GpuUse.any, a GPU or vendor name): their
 # triggers are subsumed by the "uses a GPU" test.
