@@ -36,7 +36,7 @@ def installed(cluster):
     cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s", check=True)
     yield cluster
     cluster.kubectl("delete", gpupolicy.PLURAL, "--all", "--wait=false")
-    cluster.kubectl("delete", "crd", CRD_NAME, "--wait=false")
+    cluster.kubectl("delete", "crd", CRD_NAME, "--timeout=60s")  # not left terminating for the next module
 
 
 def test_the_crd_is_established_with_its_printer_columns(installed):

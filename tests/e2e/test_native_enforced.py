@@ -71,7 +71,7 @@ def bed(cluster, tmp_path_factory):
         if not had_object:
             cluster.kubectl("delete", f"{gpupolicy.PLURAL}.{gpupolicy.GROUP}/{gpupolicy.NAME}", "--wait=false")
         for name in created:
-            cluster.kubectl("delete", "crd", name, "--wait=false")
+            cluster.kubectl("delete", "crd", name, "--timeout=60s")  # not left terminating for the next module
 
 
 def put_policy_object(cluster) -> None:

@@ -82,4 +82,5 @@ def test_every_default_object_fits_and_applies_client_side(cluster):
         for name in reversed(applied):
             cluster.kubectl("delete", name, "--wait=false")
         if created_crd:
-            cluster.kubectl("delete", "crd", policycrd.crd()["metadata"]["name"], "--wait=false")
+            # waited for: the next module must not find it still terminating (it would not create its own)
+            cluster.kubectl("delete", "crd", policycrd.crd()["metadata"]["name"], "--timeout=60s")

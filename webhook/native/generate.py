@@ -213,19 +213,6 @@ def _validating_policies(name: str, policies: PolicySet, family: Family, action:
     def build(part: list[RuleCel]) -> dict[str, Any]:
         return _validating_policy(name, policies, family, action, ctx, target, custom_kinds, exclude, mode, part)
 
-    def halves(part: list[RuleCel]) -> list[dict[str, Any]]:
-        """``part`` in one policy, or cut in two where the rules' own CEL is half of it, until each fits."""
-        policy = build(part)
-        if len(part) == 1 or _laid_out_size(policy) <= MAX_BYTES:
-            return [policy]
-        total, running, cut = sum(weights[id(r)] for r in part), 0, 1
-        for i, r in enumerate(part[:-1], 1):
-            running += weights[id(r)]
-            cut = i
-            if running * 2 >= total:
-                break
-        return halves(part[:cut]) + halves(part[cut:])
-
     weights = {id(r): len(r.hits) for r in rules}
     whole = build(rules)
     # Inline keeps the policies as they always were: one per family and action.
@@ -233,16 +220,17 @@ def _validating_policies(name: str, policies: PolicySet, family: Family, action:
         packed = [whole]
     else:
         # Bytes per character of a rule's CEL and the bytes every policy of the family holds, from the whole
-        # family and its first rule alone; then rules in order while the estimate fits.
+        # family and its first rule alone; then as few parts as the estimate allows, as even as they can be (each
+        # policy pays for the family's shared variables once more, so fewer is cheaper for the apiserver).
         first = _laid_out_size(build(rules[:1]))
         scale = (_laid_out_size(whole) - first) / max(1, sum(weights.values()) - weights[id(rules[0])])
         base = first - weights[id(rules[0])] * scale
-        bins: list[list[RuleCel]] = [[]]
-        for r in rules:
-            if bins[-1] and base + (sum(weights[id(x)] for x in bins[-1]) + weights[id(r)]) * scale > MAX_BYTES:
-                bins.append([])
-            bins[-1].append(r)
-        packed = [policy for part in bins for policy in halves(part)]
+        sizes = [weights[id(r)] for r in rules]
+        count = len(_contiguous(sizes, max(max(sizes), int((MAX_BYTES - base) / scale))))
+        for parts in range(count, len(rules) + 1):
+            packed = [build(rules[a:b]) for a, b in _contiguous(sizes, _least_capacity(sizes, parts))]
+            if all(_laid_out_size(policy) <= MAX_BYTES for policy in packed):
+                break
 
     out = []
     for i, policy in enumerate(packed):
@@ -250,6 +238,30 @@ def _validating_policies(name: str, policies: PolicySet, family: Family, action:
             policy["metadata"]["name"] = f"{name}-{i + 1}"
         out.append((policy, policy["metadata"]["annotations"][RULES_ANNOTATION].split(",")))
     return out
+
+
+def _contiguous(sizes: Sequence[int], capacity: int) -> list[tuple[int, int]]:
+    """``sizes`` cut in order into runs (start, end) of at most ``capacity`` each (one item more when it alone is
+    over): the fewest such runs."""
+    runs, start, total = [], 0, 0
+    for i, n in enumerate(sizes):
+        if i > start and total + n > capacity:
+            runs.append((start, i))
+            start, total = i, 0
+        total += n
+    return runs + [(start, len(sizes))]
+
+
+def _least_capacity(sizes: Sequence[int], count: int) -> int:
+    """The least capacity that cuts ``sizes`` into at most ``count`` runs (the most even cut)."""
+    low, high = max(sizes), sum(sizes)
+    while low < high:
+        middle = (low + high) // 2
+        if len(_contiguous(sizes, middle)) <= count:
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def size(obj: Mapping[str, Any]) -> int:
