@@ -64,6 +64,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -513,14 +514,18 @@ def default_accelerator(policy: dict[str, Any] | None) -> str | None:
     return ((policy or {}).get("accelerator") or {}).get("default") or None
 
 
-def expected(configs: tuple[str, ...], policy: dict[str, Any] | None) -> dict[str, str]:
+def expected(configs: tuple[str, ...], policy: dict[str, Any] | None,
+             before_objects: Sequence[str] = ()) -> dict[str, str]:
     """What the probe must see: refused by the webhook or the deny policy of the configuration's generator, the
-    policy's default accelerator injected (the embedded default policy has none)."""
+    policy's default accelerator injected (the embedded default policy has none). The old tree's deny policy is
+    ``gpu-webhook-live-deny`` where it generated the live policies (``before_objects``: ``kind/name`` of its
+    objects), ``gpu-webhook-deny`` otherwise."""
     injected = default_accelerator(policy)
+    live_before = f"ValidatingAdmissionPolicy/{BEFORE_PREFIX}gpu-webhook-live-deny" in before_objects
+    before = f"native:{BEFORE_PREFIX}gpu-webhook-{'live-' if live_before else ''}deny"
     who = {"none": "nobody", "webhook": "webhook", "params": "native:gpu-webhook-live-deny",
            "inline": f"native:{INLINE_PREFIX}gpu-webhook-deny",
-           "hybrid": "native:gpu-webhook-live-deny", "native-before": f"native:{BEFORE_PREFIX}gpu-webhook-deny",
-           "hybrid-before": f"native:{BEFORE_PREFIX}gpu-webhook-deny"}
+           "hybrid": "native:gpu-webhook-live-deny", "native-before": before, "hybrid-before": before}
     return {c: f"{who[c]}/{None if c == 'none' else injected}" for c in configs}
 
 
@@ -528,9 +533,9 @@ EXPECTED = expected(CONFIGS, POLICY)
 
 
 def wait_configured(api: Api, configs: tuple[str, ...] = CONFIGS, policy: dict[str, Any] | None = POLICY,
-                    timeout: float = 60) -> dict[str, str]:
+                    timeout: float = 60, before_objects: Sequence[str] = ()) -> dict[str, str]:
     """The apiserver picks configurations and policies up asynchronously: wait until every namespace behaves."""
-    want = expected(configs, policy)
+    want = expected(configs, policy, before_objects)
     deadline = time.monotonic() + timeout
     while True:
         seen = probe(api, configs)
@@ -825,7 +830,7 @@ def run(plane: Any, creates: int, rounds: int, corpus_size: int, workdir: Path, 
     apiserver_pid = next(p.proc.pid for p in reversed(plane.processes) if p.name == "kube-apiserver")
     try:
         said = set_up(plane, server, workdir, configs, policy, before_tree)
-        configured = wait_configured(api, configs, policy)
+        configured = wait_configured(api, configs, policy, before_objects=said.get("before_objects", []))
         started = time.monotonic()
         measured = [measure_round(api, server, config, creates, n, policy, apiserver_pid)
                     for n in range(rounds) for config in configs]

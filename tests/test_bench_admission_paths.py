@@ -80,3 +80,8 @@ def test_before_objects_keep_to_their_namespaces():
     assert expected(("none", "native-before", "hybrid"), None) == {
         "none": "nobody/None", "native-before": "native:before-gpu-webhook-deny/None",
         "hybrid": "native:gpu-webhook-live-deny/None"}
+    # An old tree that generated the live policies refuses by its own live deny policy.
+    live_before = ["ValidatingAdmissionPolicy/before-gpu-webhook-live-deny"]
+    assert expected(("native-before", "hybrid-before"), None, live_before) == {
+        "native-before": "native:before-gpu-webhook-live-deny/None",
+        "hybrid-before": "native:before-gpu-webhook-live-deny/None"}
