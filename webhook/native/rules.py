@@ -10,7 +10,7 @@ from webhook.core.podspecs import CONTAINER_LISTS
 from webhook.core.policy import CLUSTER_RULES, Policy
 
 # The rule families' modules: their builders declare themselves in the registry as they are imported.
-from webhook.native import claims, crossfield, isolation, pods, sharing  # noqa: F401
+from webhook.native import claims, crossfield, isolation, params, pods, sharing  # noqa: F401
 from webhook.native.celtext import lits
 from webhook.native.registry import NEVER, REGISTRY, NativeRule
 from webhook.native.snippets import Ctx
@@ -78,4 +78,12 @@ def matters(ctx: Ctx, rules: list[str]) -> str:
     """The ``matchConditions`` expression of a policy on Pods and built-in workloads holding ``rules``: false when
     nothing in the template can make one of them fire, so CPU pods and ordinary GPU pods (plain counts, no isolation
     field) cost the policy one pass over their containers. Every rule says what can make it fire."""
-    return f"({BUILTIN_TEMPLATE}).exists(t, has(t.spec) && {trigger_expression(ctx, rules)})"
+    text = f"({BUILTIN_TEMPLATE}).exists(t, has(t.spec) && {trigger_expression(ctx, rules)})"
+    read = params.expression("perContainer")
+    if ctx.live and read in text:
+        # The cap per container is read through params (a matchCondition has no variables) for every resource name
+        # of every container: read once, bound by a one-item exists under its variable's name. The values read once
+        # per template are left where they are, so a CPU pod does not pay for them.
+        variable = params.VARIABLES["perContainer"]
+        text = f"[{read}].exists({variable}, {text.replace(read, variable)})"
+    return text
