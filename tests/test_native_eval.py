@@ -146,6 +146,12 @@ def deploy(*containers: dict) -> dict:
     return as_deployment("d", spec(*containers), {})
 
 
+def tolerating(key: str) -> dict:
+    """A privileged container without GPUs in a pod that tolerates the GPU taint ``key``."""
+    container = ctr("a", securityContext={"privileged": True})
+    return as_deployment("d", spec(container, tolerations=[{"key": key, "operator": "Exists"}]), {})
+
+
 def privileged(name: str) -> dict:
     return gpu(1, name, securityContext={"privileged": True})
 
@@ -165,6 +171,8 @@ UPDATES = [
     ("privileged kept", deploy(privileged("a")), deploy(privileged("a"), ctr("x")), False, None, None),
     ("privileged added", deploy(privileged("a")), deploy(privileged("a"), privileged("b")), True,
      'container "b" is privileged', 'container "a" is privileged'),
+    # privileged-gpu's key names no toleration: the old object's GPU taint excuses the new one's
+    ("privileged, another GPU taint", tolerating("nvidia.com/gpu"), tolerating("amd.com/gpu"), False, None, None),
 ]
 
 

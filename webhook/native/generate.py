@@ -190,7 +190,11 @@ def _template_variables(ctx: Ctx, family: Family, custom_kinds: Sequence[kinds.C
     # Names are classified once, from the object (an old violation matters only when the object has it too).
     out.extend(reads.name_variables(ctx, "variables.pod_specs[0]"))
     if re.search(r"\bvariables\.gpu_taint_keys\b", read):
-        out.append(reads.taint_variable(ctx, "variables.pod_specs[0]"))
+        # the old object's too: a rule whose key does not name the toleration (privileged-gpu) excuses an UPDATE
+        # by the old object's reasons
+        both = ("(size(variables.pod_specs) > 1 ? variables.pod_specs[0] + variables.pod_specs[1] : "
+                "variables.pod_specs[0])")
+        out.append(reads.taint_variable(ctx, both))
     out.append(("all_templates", f"variables.pod_specs.map(P, P.map(n, {record_}))"))
     out.append(("templates", "variables.all_templates[0]"))
     out.append(("old_templates", "variables.update ? variables.all_templates[1] : []"))

@@ -229,7 +229,7 @@ def name_variables(ctx: Ctx, pods: str = "variables.pod_specs[0]") -> list[tuple
 
 
 def taint_variable(ctx: Ctx, pods: str = "variables.pod_specs[0]") -> tuple[str, str]:
-    """``gpu_taint_keys`` (:data:`snippets.GPU_TAINT_KEYS`): per template of the object, the keys of its tolerations
+    """``gpu_taint_keys`` (:data:`snippets.GPU_TAINT_KEYS`): per pod spec of ``pods``, the keys of its tolerations
     that name a GPU, each classified once however many rules read it."""
     r = Reads(ctx)
     keyed = "has(x.key)" if r.typed else "type(x) == map && 'key' in x && type(x.key) == string"

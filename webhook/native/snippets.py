@@ -240,7 +240,8 @@ def service_account(shape: Shape, spec: str) -> str:
     return f"({first} ? {spec}.serviceAccountName : {second} ? {spec}.serviceAccount : 'default')"
 
 
-# The toleration keys of the object's templates that name a GPU (taint_names), one list per template.
+# The toleration keys of the templates (the object's and an UPDATE's old object's) that name a GPU (taint_names),
+# one list per template.
 GPU_TAINT_KEYS = "variables.gpu_taint_keys"
 
 
@@ -252,9 +253,9 @@ def taint_names(ctx: Ctx, key: str) -> str:
 
 
 def tolerates_gpu_taint(ctx: Ctx, t: str) -> str:
-    """``Policy.tolerates_gpu_taint`` on the toleration ``t`` (a map) of the object's templates: its key is in
-    :data:`GPU_TAINT_KEYS`, classified once per object (an old object's key that the object has not is not
-    classified: no violation of the object can be about it), or it tolerates a ``gpuTaints`` taint."""
+    """``Policy.tolerates_gpu_taint`` on the toleration ``t`` (a map) of the object's or the old object's
+    templates: its key is in :data:`GPU_TAINT_KEYS`, classified once per request, or it tolerates a ``gpuTaints``
+    taint."""
     key = f"{t}.key"
     parts = [f"{GPU_TAINT_KEYS}.exists(K, {key} in K)"]
     for taint in ctx.policy.gpu_taints:
