@@ -52,6 +52,8 @@ def matches(subject: str, pattern: str) -> str:
 
 
 RE2_SPECIAL = set("\\.+*?()|[]{}^$")
+# fnmatch's wildcards: a pattern with none is a name; one whose only wildcard is a trailing "*" is a prefix.
+GLOB_META = "*?["
 
 
 def _escape(char: str) -> str:

@@ -469,7 +469,6 @@ def generate(policies: PolicySet, target: Target = DEFAULT) -> Generated:
     families = [BUILTIN, CUSTOM] + ([CLAIMS] if target.minor >= DRA_MINOR else [])
     objects: list[dict[str, Any]] = []
     native: list[str] = []
-    # Live: the seed's policies (no params), then the ones that read GPUPolicy/default.
     # Live, the seed's policies (no params), then the ones that read GPUPolicy/default. Their names are never the
     # inline ones: a policy that gains paramKind in place would meet its old binding, which names no param (the
     # apiserver then evaluates it with null params, the built-in defaults), and a binding gains paramRef only from

@@ -228,7 +228,7 @@ def name_variables(ctx: Ctx, pods: str = "variables.pod_specs[0]") -> list[tuple
                                          for name, test in CLASSES.items()]
 
 
-def taint_variable(ctx: Ctx, pods: str = "variables.pod_specs[0]") -> tuple[str, str]:
+def taint_variable(ctx: Ctx, pods: str) -> tuple[str, str]:
     """``gpu_taint_keys`` (:data:`snippets.GPU_TAINT_KEYS`): per pod spec of ``pods``, the keys of its tolerations
     that name a GPU, each classified once however many rules read it."""
     r = Reads(ctx)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from webhook.core.resources import EXCLUSIVE, VOLCANO_COUNT
-from webhook.native.celtext import every_policy, lit, lits
+from webhook.native.celtext import GLOB_META, every_policy, lit, lits
 from webhook.native.findings import Each, Finding
 from webhook.native.reads import Reads, per_name, sorted_by_name
 from webhook.native.registry import Trigger, native
@@ -17,7 +17,7 @@ def _literal_gpu_names(ctx: Ctx) -> list[str]:
     """The policy's GPU names written without a glob in every namespace that are no vendor name the sharing rules
     read: a container naming only these (with plain counts) gives those rules nothing to find."""
     names = set.intersection(*(set(p.resources) for p in every_policy(ctx.policies)))
-    return sorted(n for n in names if not any(c in n for c in "*?[") and not re.fullmatch(READ_BY_SHARING, n))
+    return sorted(n for n in names if not any(c in n for c in GLOB_META) and not re.fullmatch(READ_BY_SHARING, n))
 
 
 # A name the vendor-name checks may read: anything but the policy's plain GPU names.

@@ -24,14 +24,12 @@ from webhook.core.policy import PolicySet
 from webhook.core.policyfile import parse_policy
 from webhook.core.policyschema import CHECK_SETTINGS, DEFAULTS, PLATFORMS
 from webhook.core.resources import FRACTION_ANNOTATIONS, cel_pattern
-from webhook.native.celtext import RE2_SPECIAL, every_policy, glob_to_regex
+from webhook.native.celtext import GLOB_META, RE2_SPECIAL, every_policy, glob_to_regex
 from webhook.native.rules import BUILDERS, trigger_expression
 from webhook.native.snippets import Ctx
 
 # The prefix of a DRA device class's implicit extended resource name (Policy.is_gpu counts it).
 IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
-# fnmatch's wildcards: a pattern with none is a name; one whose only wildcard is a trailing "*" is a prefix.
-GLOB_META = "*?["
 # The tokens of a glob, in order: a bracket expression ([seq], [!seq], "]" first is literal), or one character.
 GLOB_TOKENS = r"\[!?\]?[^\]]*\]|(?s:.)"
 # The characters escaped inside a bracket expression (celtext.RE2_SPECIAL: all of RE2's special ones).
