@@ -227,7 +227,7 @@ def test_each_family_matches_its_kinds_and_a_policy_adds_a_kind_by_its_template_
     assert {"apiGroups": ["example.com"], "apiVersions": ["v2"], "operations": ["CREATE", "UPDATE"],
             "resources": ["trainjobs"], "scope": "Namespaced"} in custom["spec"]["matchConstraints"]["resourceRules"]
     nodes = next(v["expression"] for v in custom["spec"]["variables"] if v["name"] == "candidate_nodes")
-    assert "variables.group_resource == 'example.com/trainjobs' ? " in nodes and "'roles' in R.spec" in nodes
+    assert "variables.group_resource == 'example.com/trainjobs' ? " in nodes and "'roles' in obj.spec" in nodes
 
 
 def test_a_kind_whose_templates_need_flatten_stays_with_the_webhook_before_1_35():
@@ -286,7 +286,7 @@ def test_integers_are_never_tested_with_is_integer_and_sign_is_a_function():
             assert ".isInteger()" not in expression
             assert ".sign()" not in expression
     reason = snippets.quantity_reason("x")
-    assert "sign(q) < 0" in reason
+    assert "sign(amount) < 0" in reason
     # The value is compared with its rounded self, after it is known to be at most the ceiling.
     assert reason.index("isGreaterThan(quantity('1000000'))") < reason.index("compareTo(quantity(string(int(")
 
@@ -341,8 +341,8 @@ def test_one_aggregated_one_line_message_of_bounded_size_per_deny_policy_and_not
     message = validation["messageExpression"]
     # The apiserver evaluates every messageExpression, passed or not: this one starts with the cheap test.
     assert message.startswith("variables.violated ? ") and message.endswith(" : ''")
-    assert "' GPU violation'" in message and "size(bytes(s)) <= 5000" in message
-    assert ".replace(\"\\u001f\", '; ')" in message
+    assert "' GPU violation'" in message and "size(bytes(message)) <= 5000" in message
+    assert ".split(\"\\u001f\")" in message and "hits.join('; ')" in message
     assert validation["reason"] == "Forbidden" and "\n" not in validation["message"]
     assert deny["failurePolicy"] == "Fail"
     warn = names["ValidatingAdmissionPolicy/gpu-webhook-warn"]
@@ -365,11 +365,11 @@ def test_an_update_is_held_only_to_the_violations_the_old_object_did_not_have():
     deny = by_name(objects())["ValidatingAdmissionPolicy/gpu-webhook-deny"]["spec"]
     variables = {v["name"]: v["expression"] for v in deny["variables"]}
     assert variables["update"] == "request.operation == 'UPDATE'"
-    assert variables["candidate_nodes"].startswith("(variables.update ? [object, oldObject] : [object]).map(R, ")
+    assert variables["candidate_nodes"].startswith("(variables.update ? [object, oldObject] : [object]).map(obj, ")
     assert variables["old_templates"] == "variables.update ? variables.all_templates[1] : []"
     # Each rule's hits are read from the templates and the old templates, and only the message's words of that
     # rule compare them: whether the object violates the rule does not read the old object.
-    assert variables["invalid_quantity_hits"].startswith("[variables.templates, variables.old_templates].map(T, ")
+    assert variables["invalid_quantity_hits"].startswith("[variables.templates, variables.old_templates].map(pods, ")
     assert "variables.invalid_quantity_hits[1]" in variables["invalid_quantity_found"]
     assert variables["invalid_quantity"] == "variables.invalid_quantity_hits[0] != ''"
 
@@ -437,13 +437,13 @@ def test_each_policy_asks_first_whether_anything_in_a_pod_can_make_its_rules_fir
     warn = names["ValidatingAdmissionPolicy/gpu-webhook-warn"]["spec"]["matchConditions"][0]["expression"]
     assert deny.startswith("(request.kind.kind == 'Pod' ? [object] : ")
     # A count that is no plain count, a name that is no plain GPU name, the isolation fields.
-    for read in ("!v.matches(r'^[0-9]{1,6}$')", "!(k in ['amd.com/gpu', 'nvidia.com/gpu'])",
-                 "c.securityContext.privileged", "v.hostPath", "'cdi.k8s.io/'", "'NVIDIA_VISIBLE_DEVICES'",
+    for read in ("!value.matches(r'^[0-9]{1,6}$')", "!(name in ['amd.com/gpu', 'nvidia.com/gpu'])",
+                 "container.securityContext.privileged", "volume.hostPath", "'cdi.k8s.io/'", "'NVIDIA_VISIBLE_DEVICES'",
                  "'nvidia-container-devices'"):
         assert read in deny, read
     # The warn policy's rules read other things: an envFrom, a zero count, a node name, GPU tolerations.
-    assert "c.envFrom" in warn and "t.spec.nodeName" in warn and "t.spec.tolerations" in warn
-    assert "c.securityContext.privileged" not in warn
+    assert "container.envFrom" in warn and "pod.spec.nodeName" in warn and "pod.spec.tolerations" in warn
+    assert "container.securityContext.privileged" not in warn
     # Custom kinds and claims have no matchConditions: CEL cannot tell without reading their templates.
     assert "matchConditions" not in names["ValidatingAdmissionPolicy/gpu-webhook-custom-deny"]["spec"]
     mutating = names["MutatingAdmissionPolicy/gpu-webhook"]["spec"]["matchConditions"][0]["expression"]
@@ -469,5 +469,5 @@ def test_a_rules_own_trigger_joins_the_policys_match_conditions():
     """host-pid-gpu declares its trigger inline: a GPU pod with hostPID reaches the warn policy, one without skips
     it (the GPU pod's plain count triggers nothing else there)."""
     ctx = snippets.Ctx(parse_policy("{}"))
-    assert "t.spec.hostPID" in matters(ctx, ["host-pid-gpu"])
-    assert "t.spec.hostPID" not in matters(ctx, ["privileged-gpu"])
+    assert "pod.spec.hostPID" in matters(ctx, ["host-pid-gpu"])
+    assert "pod.spec.hostPID" not in matters(ctx, ["privileged-gpu"])

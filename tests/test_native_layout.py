@@ -133,6 +133,37 @@ def test_a_long_condition_is_cut_between_its_operands_and_a_call_after_its_varia
         "&& (a || b)")
 
 
+def test_a_long_sum_reads_as_text_several_operands_to_a_line(monkeypatch):
+    monkeypatch.setattr("webhook.native.celtext.WIDTH", 40)
+    assert layout("'container ' + c.name + ' asks for ' + string(n) + ' ' + k + ', over the limit'") == (
+        "'container ' + c.name + ' asks for '\n"
+        "+ string(n) + ' ' + k\n"
+        "+ ', over the limit'")
+    # An operand that fits on no line is laid out on its own lines, the sum going on after it.
+    assert layout("'a' + [1, 2].map(x, x * 100000000 + 200000000 + 300000000).join(',') + 'b' + 'c'") == (
+        "'a'\n"
+        "+ [1, 2].map(x,\n"
+        "    x * 100000000 + 200000000\n"
+        "    + 300000000).join(',')\n"
+        "+ 'b' + 'c'")
+
+
+# What a comprehension binds is named for what it holds (``pod``, ``container``, ``toleration``...): a reviewer reads
+# the policies without a legend. Indices keep the usual i and j.
+_BOUND = re.compile(r"\.(?:all|exists|exists_one|map|filter|transformList|transformMap|sortBy)\((\w+),(?: (\w+),)?")
+INDICES = {"i", "j"}
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=[f"{t.version}-{t.mutating}" for t in TARGETS])
+def test_every_bound_variable_of_the_generated_cel_is_named_for_what_it_holds(target, policies):
+    names: set[str] = set()
+    for name in ("default", "namespaced"):
+        for expression in cel(generate(policies[name], target).objects):
+            names.update(n for m in _BOUND.finditer(expression) for n in m.groups() if n)
+    assert names and not {n for n in names if len(n) < 2 and n not in INDICES}, sorted(names)
+    assert {"pod", "container", "name", "field"} <= names
+
+
 @pytest.mark.parametrize("text", ["a + '''triple'''", "a # comment", "(a", "a)", "[a)"])
 def test_what_it_cannot_read_is_refused_not_guessed(text):
     with pytest.raises(ValueError):

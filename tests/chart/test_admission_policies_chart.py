@@ -100,8 +100,8 @@ def test_the_webhook_keeps_what_the_versions_cel_cannot_carry(helm: Helm) -> Non
         return next(c["expression"] for c in webhook["matchConditions"] if c["name"] == "left-to-the-webhook")
 
     old, new = condition("--kube-version", "1.34.0"), condition("--kube-version", "1.35.0")
-    assert "has(v.hostPath)" in old and "nvidia-container-devices" in old
-    assert "has(v.hostPath)" not in new and "resourceClaims" in new
+    assert "has(volume.hostPath)" in old and "nvidia-container-devices" in old
+    assert "has(volume.hostPath)" not in new and "resourceClaims" in new
     # The custom kinds the policies know have no such condition (their templates are walked by the policies
     # only): before 1.35 every custom object goes to the webhook, as a PyTorchJob mounting /dev/nvidia0 must.
     def custom(version: str) -> list[str]:

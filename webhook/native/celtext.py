@@ -263,6 +263,8 @@ class _Layout:
     def operands(self, parts: list[list[_Item]], ops: list[str], indent: int) -> list[str]:
         """Operands one below the other, each after its operator (``&& x``, ``? a``, ``: b``), or followed by its
         comma."""
+        if ops and ops[0] == "+":
+            return self.filled(parts, indent)
         out = self.block(parts[0], indent)
         for op, part in zip(ops, parts[1:], strict=True):
             if op == ",":
@@ -275,10 +277,35 @@ class _Layout:
                 out += lines
         return out
 
+    def filled(self, parts: list[list[_Item]], indent: int) -> list[str]:
+        """A sum (a message built of strings, mostly) as text is: as many operands on a line as fit, each after its
+        ``+``; one that fits on no line is laid out on lines of its own, one step in."""
+        out: list[str] = []
+        line = ""
+        for n, part in enumerate(parts):
+            piece = ("+ " if n else "") + self.text(part)
+            if line and len(line) + 1 + len(piece) <= self.width:
+                line += " " + piece
+                continue
+            if line:
+                out.append(line)
+            if indent + len(piece) <= self.width:
+                line = " " * indent + piece
+                continue
+            lead = 2 if n else 0
+            lines = self.block(part, indent + lead)
+            if n:
+                lines[0] = " " * indent + "+ " + lines[0][indent + lead:]
+            out += lines
+            line = ""
+        if line:
+            out.append(line)
+        return out
+
     def chain(self, items: list[_Item], indent: int) -> list[str]:
         """Atoms with no operator between them to cut at (``a.b(x).c[0]``, ``!(x)``). A group that does not fit is
-        cut inside: a call's arguments go one step in below it, its leading variables (``exists(c,``) stay on its
-        line; a parenthesis or list that starts the line keeps its first item beside it. The closing bracket ends
+        cut inside: a call's arguments go one step in below it, its leading variables (``exists(container,``) stay
+        on its line; a parenthesis or list that starts the line keeps its first item beside it. The closing bracket ends
         the last line; a member that no longer fits after it starts a line where the chain started."""
         out: list[str] = []
         line = " " * indent

@@ -2,10 +2,11 @@
 ResourceClaimTemplates themselves, and on the pod's own DRA fields (what needs no other object).
 
 On a claim or a claim template, every finding starts from ``variables.requests``: the object's device requests as
-records, ``r.path`` and ``r.stable`` (``spec.devices.requests[0]``, in a template under ``spec.spec``), and
-``r.devices``: what the request asks for, each ``{path, stable, q}`` (``exactly``, a v1beta1-shaped request itself,
-or every ``firstAvailable`` alternative), as ``webhook.rules.draobjects.check_claim_spec`` walks them. On a pod, from
-``variables.templates`` (:mod:`webhook.native.reads`).
+records, ``claim_request.path`` and ``claim_request.stable`` (``spec.devices.requests[0]``, in a template under
+``spec.spec``), and ``claim_request.devices``: what the request asks for, each ``{path, stable, body}``
+(``exactly``, a v1beta1-shaped request itself, or every ``firstAvailable`` alternative), as
+``webhook.rules.draobjects.check_claim_spec`` walks them. On a pod, from ``variables.templates``
+(:mod:`webhook.native.reads`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from webhook.native.reads import LISTS_WITH_CLAIMS, Reads
 from webhook.native.registry import Trigger, native
 from webhook.native.snippets import Ctx, plain, quoted, stable_item
 
-REQUESTS = Each("r", "variables.requests")
-DEVICES = Each("d", "r.devices")
+REQUESTS = Each("claim_request", "variables.requests")
+DEVICES = Each("device", "claim_request.devices")
 
 
 def requests(root: str, two_variable: bool) -> str:
@@ -27,25 +28,27 @@ def requests(root: str, two_variable: bool) -> str:
     base = "(request.kind.kind == 'ResourceClaimTemplate' ? 'spec.spec' : 'spec')"
     spec = (f"(request.kind.kind == 'ResourceClaimTemplate' ? {root}.?spec.?spec.orValue({{}}) : "
             f"{root}.?spec.orValue({{}}))")
-    items = "S.?devices.?requests.orValue([])"
-    where = "B + '.devices.requests[' + string(i) + ']'"
-    stable = stable_item("B + '.devices.requests'", "i", "x", "name")
-    exact = f"[{record(path=where + ' + ' + lit('.exactly'), stable=stable + ' + ' + lit('.exactly'), q='x.exactly')}]"
-    plain = f"[{record(path=where, stable=stable, q='x')}]"
+    items = "spec.?devices.?requests.orValue([])"
+    where = "base + '.devices.requests[' + string(i) + ']'"
+    stable = stable_item("base + '.devices.requests'", "i", "entry", "name")
+    exactly = record(path=where + " + " + lit(".exactly"), stable=stable + " + " + lit(".exactly"),
+                     body="entry.exactly")
+    exact = f"[{exactly}]"
+    plain = f"[{record(path=where, stable=stable, body='entry')}]"
     alternative = record(path=where + " + '.firstAvailable[' + string(j) + ']'",
-                         stable=stable_item(stable + " + '.firstAvailable'", "j", "y", "name"), q="y")
-    alternatives = "x.?firstAvailable.orValue([])"
+                         stable=stable_item(stable + " + '.firstAvailable'", "j", "choice", "name"), body="choice")
+    alternatives = "entry.?firstAvailable.orValue([])"
     if two_variable:
-        subs = f"{alternatives}.transformList(j, y, {alternative})"
+        subs = f"{alternatives}.transformList(j, choice, {alternative})"
     else:
-        subs = f"{alternatives}.map(y, [{alternatives}.indexOf(y)].map(j, {alternative})[0])"
-    devices = f"(has(x.exactly) ? {exact} : has(x.deviceClassName) ? {plain} : []) + {subs}"
+        subs = f"{alternatives}.map(choice, [{alternatives}.indexOf(choice)].map(j, {alternative})[0])"
+    devices = f"(has(entry.exactly) ? {exact} : has(entry.deviceClassName) ? {plain} : []) + {subs}"
     one = record(path=where, stable=stable, devices=devices)
     if two_variable:
-        listed = f"{items}.transformList(i, x, {one})"
+        listed = f"{items}.transformList(i, entry, {one})"
     else:
-        listed = f"{items}.map(x, [{items}.indexOf(x)].map(i, {one})[0])"
-    return f"[{spec}].map(S, [{base}].map(B, {listed})[0])[0]"
+        listed = f"{items}.map(entry, [{items}.indexOf(entry)].map(i, {one})[0])"
+    return f"[{spec}].map(spec, [{base}].map(base, {listed})[0])[0]"
 
 
 def _trusted(ctx: Ctx) -> str:
@@ -55,7 +58,7 @@ def _trusted(ctx: Ctx) -> str:
 
 
 def _class() -> str:
-    return "d.q.?deviceClassName.orValue(null)"
+    return "device.body.?deviceClassName.orValue(null)"
 
 
 @native("device-class-not-allowed", claims=True)
@@ -63,13 +66,15 @@ def device_class_not_allowed(ctx: Ctx) -> list[Finding]:
     def allowed(policy: Policy) -> str:
         if not policy.allowed_device_classes:
             return "true"
-        return matches("n", globs_regex(policy.allowed_device_classes))
+        return matches("device_class", globs_regex(policy.allowed_device_classes))
     if all(allowed(p) == "true" for p in every_policy(ctx.policies)):
         return []
     listed = ctx.compiled(lambda p: lit(", ".join(p.allowed_device_classes)))
-    message = f"'device class ' + {quoted('n')} + ' is not allowed here (allowed: ' + {listed} + ')'"
-    return [Finding("device-class-not-allowed", (REQUESTS, DEVICES), f"n != null && !{ctx.compiled(allowed)}",
-                    "d.path + '.deviceClassName'", "d.stable + '.deviceClassName'", "n", message, (("n", _class()),))]
+    message = f"'device class ' + {quoted('device_class')} + ' is not allowed here (allowed: ' + {listed} + ')'"
+    return [Finding("device-class-not-allowed", (REQUESTS, DEVICES),
+                    f"device_class != null && !{ctx.compiled(allowed)}",
+                    "device.path + '.deviceClassName'", "device.stable + '.deviceClassName'", "device_class", message,
+                    (("device_class", _class()),))]
 
 
 @native("allocation-mode-all", claims=True)
@@ -78,10 +83,10 @@ def allocation_mode_all(ctx: Ctx) -> list[Finding]:
                   "ask for a count instead")
     # draobjects.check_allocation_mode: not with adminAccess (an admin-access allocation holds no device), nor where
     # the platform's agents are trusted
-    where = (f"d.q.?allocationMode.orValue('') == 'All' && d.q.?adminAccess.orValue(false) != true && "
+    where = (f"device.body.?allocationMode.orValue('') == 'All' && device.body.?adminAccess.orValue(false) != true && "
              f"!{_trusted(ctx)}")
     return [Finding("allocation-mode-all", (REQUESTS, DEVICES), where,
-                    "d.path + '.allocationMode'", "d.stable + '.allocationMode'", lit("All"), message)]
+                    "device.path + '.allocationMode'", "device.stable + '.allocationMode'", lit("All"), message)]
 
 
 @native("admin-access", claims=True)
@@ -93,20 +98,22 @@ def admin_access(ctx: Ctx) -> list[Finding]:
     intro = lit("adminAccess gives access to devices in use by other pods; it is allowed only in the namespaces "
                 "the webhook policy names (dra.adminAccessNamespaces: " + listed + "), not in ")
     message = f"{intro} + '\"' + request.namespace + '\"'"
-    return [Finding("admin-access", (REQUESTS, DEVICES), f"d.q.?adminAccess.orValue(false) == true && !{allowed}",
-                    "d.path + '.adminAccess'", "d.stable + '.adminAccess'", lit("true"), message)]
+    return [Finding("admin-access", (REQUESTS, DEVICES),
+                    f"device.body.?adminAccess.orValue(false) == true && !{allowed}",
+                    "device.path + '.adminAccess'", "device.stable + '.adminAccess'", lit("true"), message)]
 
 
 @native("blanket-device-toleration", claims=True)
 def blanket_device_toleration(ctx: Ctx) -> list[Finding]:
-    key_set = "x.?key.orValue('') != ''"
-    effect = "x.?effect.orValue('')"
-    blanket = f"(!({key_set}) && x.?operator.orValue('') == 'Exists')"
+    key_set = "toleration.?key.orValue('') != ''"
+    effect = "toleration.?effect.orValue('')"
+    blanket = f"(!({key_set}) && toleration.?operator.orValue('') == 'Exists')"
     trusted = _trusted(ctx)
-    tolerations = Each("x", "d.q.?tolerations.orValue([])", "" if trusted == "false" else f"!{trusted}", "i")
-    path = "d.path + '.tolerations[' + string(i) + ']'"
-    stable = stable_item("d.stable + '.tolerations'", "i", "x", "key")
-    key_shown = f"({key_set} ? x.key : '*')"
+    tolerations = Each("toleration", "device.body.?tolerations.orValue([])",
+                       "" if trusted == "false" else f"!{trusted}", "i")
+    path = "device.path + '.tolerations[' + string(i) + ']'"
+    stable = stable_item("device.stable + '.tolerations'", "i", "toleration", "key")
+    key_shown = f"({key_set} ? toleration.key : '*')"
     loops = (REQUESTS, DEVICES, tolerations)
     return [
         Finding("blanket-device-toleration", loops, f"{blanket} && {effect} == ''", path, stable, lit("*"),
@@ -137,12 +144,13 @@ def _count_cap(ctx: Ctx, rule: str) -> list[Finding]:
         return []
     cap = ctx.ns(cap_text, live=_live_cap(rule))
     scope = "per container" if rule == "per-container-limit" else "per pod"
-    count = "(d.q.?count.orValue(0) > 0 ? d.q.count : 1)"
-    message = f"string(c) + ' devices of class ' + n + ' are over the limit of ' + string({cap}) + ' {scope}'"
-    where = (f"n != null && {matches('n', globs_regex(classes))} && d.q.?allocationMode.orValue('') != 'All' && "
-             f"{cap} != 0 && c > {cap}")
-    return [Finding(rule, (REQUESTS, DEVICES), where, "d.path + '.count'", "d.stable + '.count'", "string(c)", message,
-                    (("n", _class()), ("c", count)))]
+    count = "(device.body.?count.orValue(0) > 0 ? device.body.count : 1)"
+    message = (f"string(count) + ' devices of class ' + device_class + ' are over the limit of ' + string({cap}) + "
+               f"' {scope}'")
+    where = (f"device_class != null && {matches('device_class', globs_regex(classes))} && "
+             f"device.body.?allocationMode.orValue('') != 'All' && {cap} != 0 && count > {cap}")
+    return [Finding(rule, (REQUESTS, DEVICES), where, "device.path + '.count'", "device.stable + '.count'",
+                    "string(count)", message, (("device_class", _class()), ("count", count)))]
 
 
 def _live_cap(rule: str) -> str:
@@ -169,55 +177,61 @@ def per_pod_limit(ctx: Ctx) -> list[Finding]:
 
 def _declared(r: Reads) -> str:
     """``spec.resourceClaims[].name``."""
-    claims = r.get("t.spec", "resourceClaims", "list", "[]")
+    claims = r.get("pod.spec", "resourceClaims", "list", "[]")
     if r.typed:
-        return f"{claims}.map(x, x.name)"
-    return f"{claims}.filter(x, type(x) == map && 'name' in x && type(x.name) == string).map(x, x.name)"
+        return f"{claims}.map(claim, claim.name)"
+    return (f"{claims}.filter(claim, type(claim) == map && 'name' in claim && type(claim.name) == string)"
+            f".map(claim, claim.name)")
 
 
 @native("node-name-with-gpus",
-        fires=(Trigger("template", "has(t.spec.nodeName) && t.spec.nodeName != ''", "node-name"),))
+        fires=(Trigger("template", "has(pod.spec.nodeName) && pod.spec.nodeName != ''", "node-name"),))
 def node_name_with_gpus(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
-    node = r.get("t.spec", "nodeName", "string", "''")
-    lost = "(t.declares ? 'its claims are never allocated' : 'no GPU capacity is checked')"
-    message = (f"'nodeName ' + n + ' bypasses the scheduler, so ' + {lost} + '; use nodeSelector "
-               f"kubernetes.io/hostname: ' + n")
-    return [Finding("node-name-with-gpus", (Each("t", "variables.templates", "!t.trusted"),),
-                    "n != '' && (t.uses || t.declares)", "t.path + '.nodeName'",
-                    "t.stable + '.nodeName'", "n", message, (("n", node),))]
+    node = r.get("pod.spec", "nodeName", "string", "''")
+    lost = "(pod.declares ? 'its claims are never allocated' : 'no GPU capacity is checked')"
+    message = (f"'nodeName ' + node + ' bypasses the scheduler, so ' + {lost} + '; use nodeSelector "
+               f"kubernetes.io/hostname: ' + node")
+    return [Finding("node-name-with-gpus", (Each("pod", "variables.templates", "!pod.trusted"),),
+                    "node != '' && (pod.uses || pod.declares)", "pod.path + '.nodeName'",
+                    "pod.stable + '.nodeName'", "node", message, (("node", node),))]
 
 
 def _truthy(field: str) -> str:
-    return f"({lit(field)} in x && x.{field} != null && x.{field} != '' && x.{field} != false && x.{field} != 0)"
+    return (f"({lit(field)} in claim && claim.{field} != null && claim.{field} != '' && claim.{field} != false && "
+            f"claim.{field} != 0)")
 
 
-CLAIMS_USED = Trigger("container", "l != 'ephemeralContainers' && has(c.resources) && has(c.resources.claims) && "
-                                   "size(c.resources.claims) > 0", "claims")
-CLAIMS_DECLARED = Trigger("template", "has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0",
+CLAIMS_USED = Trigger("container", "field != 'ephemeralContainers' && has(container.resources) && "
+                                   "has(container.resources.claims) && size(container.resources.claims) > 0", "claims")
+CLAIMS_DECLARED = Trigger("template", "has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims) > 0",
                           "declared-claims")
 
 
 @native("claim-source", fires=(CLAIMS_USED, CLAIMS_DECLARED))
 def claim_source(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
-    claims = r.get("t.spec", "resourceClaims", "list", "[]")
-    named = f"[{_truthy('resourceClaimName')}, {_truthy('resourceClaimTemplateName')}].filter(b, b)"
-    name = "('name' in x ? x.name : null)"
+    claims = r.get("pod.spec", "resourceClaims", "list", "[]")
+    named = f"[{_truthy('resourceClaimName')}, {_truthy('resourceClaimTemplateName')}].filter(named, named)"
+    name = "('name' in claim ? claim.name : null)"
     # claims.moved_source: the keys the pre-1.31 source: names as non-empty strings; one of them is told to move up.
-    source = "('source' in x && type(x.source) == map ? x.source : {})"
-    moved = "['resourceClaimName', 'resourceClaimTemplateName'].filter(k, k in S && type(S[k]) == string && S[k] != '')"
-    message = (f"'claim ' + {quoted('m')} + ' names ' + w + ' of resourceClaimName and resourceClaimTemplateName; "
-               f"exactly one is required'")
-    moved_message = (f"'claim ' + {quoted('m')} + ' uses source:, the pre-1.31 form Kubernetes removed; move the "
-                     f"name up into the entry: ' + K[0] + ': ' + S[K[0]]")
-    loops = (Each("t", "variables.templates", "t.dra"), Each("x", claims, "type(x) == map", "i"))
-    path = "t.path + '.resourceClaims[' + string(i) + ']'"
-    stable = stable_item("t.stable + '.resourceClaims'", "i", "x", "name")
-    lets = (("n", f"size({named})"), ("w", "n == 2 ? 'both' : 'neither'"), ("S", source), ("K", moved), ("m", name))
+    source = "('source' in claim && type(claim.source) == map ? claim.source : {})"
+    moved = ("['resourceClaimName', 'resourceClaimTemplateName'].filter(key, key in source && "
+             "type(source[key]) == string && source[key] != '')")
+    message = (f"'claim ' + {quoted('claim_name')} + ' names ' + which + ' of resourceClaimName and "
+               f"resourceClaimTemplateName; exactly one is required'")
+    moved_message = (f"'claim ' + {quoted('claim_name')} + ' uses source:, the pre-1.31 form Kubernetes removed; move "
+                     f"the name up into the entry: ' + moved[0] + ': ' + source[moved[0]]")
+    loops = (Each("pod", "variables.templates", "pod.dra"), Each("claim", claims, "type(claim) == map", "i"))
+    path = "pod.path + '.resourceClaims[' + string(i) + ']'"
+    stable = stable_item("pod.stable + '.resourceClaims'", "i", "claim", "name")
+    lets = (("names", f"size({named})"), ("which", "names == 2 ? 'both' : 'neither'"), ("source", source),
+            ("moved", moved), ("claim_name", name))
     return [
-        Finding("claim-source", loops, "n != 1 && !(n == 0 && size(K) == 1)", path, stable, "w", message, lets),
-        Finding("claim-source", loops, "n == 0 && size(K) == 1", path, stable, lit("source"), moved_message, lets),
+        Finding("claim-source", loops, "names != 1 && !(names == 0 && size(moved) == 1)", path, stable, "which",
+                message, lets),
+        Finding("claim-source", loops, "names == 0 && size(moved) == 1", path, stable, lit("source"),
+                moved_message, lets),
     ]
 
 
@@ -225,30 +239,30 @@ def claim_source(ctx: Ctx) -> list[Finding]:
 def undeclared_claim(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     declared = _declared(r)
-    listed = "(size(D) > 0 ? D.join(', ') : 'none')"
-    name = "('name' in x ? x.name : null)"
-    message = (f"'claim ' + {quoted('m')} + ' is not declared in ' + t.path + '.resourceClaims (declared: ' + "
-               f"{listed} + ')'")
-    claims = Each("x", r.claims(), "type(x) == map", "k")
-    loops = (Each("t", "variables.templates", "t.dra"), *r.containers(LISTS_WITH_CLAIMS), claims)
-    return [Finding("undeclared-claim", loops, "!(m in D)",
-                    f"{Reads.PATH} + '.resources.claims[' + string(k) + '].name'",
-                    stable_item(f"{r.stable} + '.resources.claims'", "k", "x", "name") + " + '.name'", plain("m"),
-                    message, (("D", declared), ("m", name)))]
+    listed = "(size(declared) > 0 ? declared.join(', ') : 'none')"
+    name = "('name' in claim ? claim.name : null)"
+    message = (f"'claim ' + {quoted('claim_name')} + ' is not declared in ' + pod.path + "
+               f"'.resourceClaims (declared: ' + {listed} + ')'")
+    claims = Each("claim", r.claims(), "type(claim) == map", "position")
+    loops = (Each("pod", "variables.templates", "pod.dra"), *r.containers(LISTS_WITH_CLAIMS), claims)
+    return [Finding("undeclared-claim", loops, "!(claim_name in declared)",
+                    f"{Reads.PATH} + '.resources.claims[' + string(position) + '].name'",
+                    stable_item(f"{r.stable} + '.resources.claims'", "position", "claim", "name") + " + '.name'",
+                    plain("claim_name"), message, (("declared", declared), ("claim_name", name)))]
 
 
 @native("unused-claim", fires=(CLAIMS_DECLARED,))
 def unused_claim(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
-    claims = r.get("t.spec", "resourceClaims", "list", "[]")
-    lists = f"[{r.get('t.spec', 'containers', 'list', '[]')}, {r.get('t.spec', 'initContainers', 'list', '[]')}]"
-    is_map = "" if r.typed else "type(c) == map && "
-    used = (f"{lists}.exists(L, L.exists(c, {is_map}{r.claims('c')}.exists(y, type(y) == map && 'name' in y && "
-            f"y.name == x.name)))")
-    first = f"{claims}.filter(y, type(y) == map && 'name' in y && y.name == x.name)[0] == x"
-    message = ("'claim ' + " + quoted("x.name") + " + ' is declared but no container uses it; its devices would be "
+    claims = r.get("pod.spec", "resourceClaims", "list", "[]")
+    lists = f"[{r.get('pod.spec', 'containers', 'list', '[]')}, {r.get('pod.spec', 'initContainers', 'list', '[]')}]"
+    is_map = "" if r.typed else "type(container) == map && "
+    used = (f"{lists}.exists(containers, containers.exists(container, {is_map}{r.claims('container')}.exists(use, "
+            f"type(use) == map && 'name' in use && use.name == claim.name)))")
+    first = f"{claims}.filter(use, type(use) == map && 'name' in use && use.name == claim.name)[0] == claim"
+    message = ("'claim ' + " + quoted("claim.name") + " + ' is declared but no container uses it; its devices would be "
                "allocated for nothing'")
-    loops = (Each("t", "variables.templates", "t.dra"),
-             Each("x", claims, "type(x) == map && 'name' in x && type(x.name) == string", "i"))
-    return [Finding("unused-claim", loops, f"{first} && !{used}", "t.path + '.resourceClaims[' + string(i) + ']'",
-                    "t.stable + '.resourceClaims[name=' + x.name + ']'", "x.name", message)]
+    loops = (Each("pod", "variables.templates", "pod.dra"),
+             Each("claim", claims, "type(claim) == map && 'name' in claim && type(claim.name) == string", "i"))
+    return [Finding("unused-claim", loops, f"{first} && !{used}", "pod.path + '.resourceClaims[' + string(i) + ']'",
+                    "pod.stable + '.resourceClaims[name=' + claim.name + ']'", "claim.name", message)]

@@ -11,25 +11,25 @@ from webhook.native.registry import Trigger, native
 from webhook.native.snippets import Ctx, is_gpu, plain, quoted, stable_item, tolerates_gpu_taint
 
 
-@native("mixed-gpu-and-mig", fires=(Trigger("name", "k.startsWith('nvidia.com/mig-')", "mig"),))
+@native("mixed-gpu-and-mig", fires=(Trigger("name", "name.startsWith('nvidia.com/mig-')", "mig"),))
 def mixed_gpu_and_mig(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
-    slices = sorted_by_name(ctx, "G.filter(x, x.name.startsWith('nvidia.com/mig-'))")
-    message = f"'container ' + {quoted(r.name)} + ' mixes nvidia.com/gpu with MIG slices (' + S + ')'"
-    loops = (Each("t", "variables.templates", "t.uses"), *r.containers())
-    return [Finding("mixed-gpu-and-mig", loops, "G.exists(x, x.name == 'nvidia.com/gpu') && S != ''",
-                    r.resources_path, r.resources_stable, "S", message,
-                    (("G", r.counts()), ("S", f"{slices}.map(x, x.name).join(', ')")))]
+    slices = sorted_by_name(ctx, "gpus.filter(gpu, gpu.name.startsWith('nvidia.com/mig-'))")
+    message = f"'container ' + {quoted(r.name)} + ' mixes nvidia.com/gpu with MIG slices (' + slices + ')'"
+    loops = (Each("pod", "variables.templates", "pod.uses"), *r.containers())
+    return [Finding("mixed-gpu-and-mig", loops, "gpus.exists(gpu, gpu.name == 'nvidia.com/gpu') && slices != ''",
+                    r.resources_path, r.resources_stable, "slices", message,
+                    (("gpus", r.counts()), ("slices", f"{slices}.map(gpu, gpu.name).join(', ')")))]
 
 
-@native("init-container-gpus", fires=(Trigger("name", "l == 'initContainers'", "init"),))
+@native("init-container-gpus", fires=(Trigger("name", "field == 'initContainers'", "init"),))
 def init_container_gpus(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
-    loops = (Each("t", "variables.templates", "t.uses && !t.trusted"),
+    loops = (Each("pod", "variables.templates", "pod.uses && !pod.trusted"),
              *r.containers(("initContainers",), f"!{r.sidecar()}"))
-    message = "'an init container asks for GPUs (' + h + '); they stay reserved for the pod\\'s lifetime'"
-    return [Finding("init-container-gpus", loops, "h != ''", r.resources_path, r.resources_stable, "h", message,
-                    (("h", held_counts(r, True)),))]
+    message = "'an init container asks for GPUs (' + held + '); they stay reserved for the pod\\'s lifetime'"
+    return [Finding("init-container-gpus", loops, "held != ''", r.resources_path, r.resources_stable, "held", message,
+                    (("held", held_counts(r, True)),))]
 
 
 def _on_gpu_nodes(ctx: Ctx) -> str:
@@ -37,33 +37,37 @@ def _on_gpu_nodes(ctx: Ctx) -> str:
     speaks only of pods that name none (a GPU pod carries the accelerator selector the MutatingAdmissionPolicy
     injected)."""
     taints = sorted({t.key for t in ctx.policy.gpu_taints})
-    toleration = "has(x.key) && (x.key.contains('/')" + (f" || x.key in {lits(taints)}" if taints else "") + ")"
-    gpu_named = " || ".join(f"(has(c.resources.{s}) && c.resources.{s}.exists(k, {is_gpu(ctx, 'k')}))"
+    listed = f" || toleration.key in {lits(taints)}" if taints else ""
+    toleration = f"has(toleration.key) && (toleration.key.contains('/'){listed})"
+    gpu_named = " || ".join(f"(has(container.resources.{s}) && container.resources.{s}.exists(name, "
+                            f"{is_gpu(ctx, 'name')}))"
                             for s in ("limits", "requests"))
     label = lit(ctx.policy.node_label)
-    return (f"((has(t.spec.tolerations) && t.spec.tolerations.exists(x, {toleration})) || "
-            f"(has(t.spec.nodeSelector) && {label} in t.spec.nodeSelector)) && "
-            f"!{_any_container(f'has(c.resources) && ({gpu_named})')}")
+    return (f"((has(pod.spec.tolerations) && pod.spec.tolerations.exists(toleration, {toleration})) || "
+            f"(has(pod.spec.nodeSelector) && {label} in pod.spec.nodeSelector)) && "
+            f"!{_any_container(f'has(container.resources) && ({gpu_named})')}")
 
 
 @native("cpu-pod-on-gpu-nodes", fires=(Trigger("template", _on_gpu_nodes, "gpu-nodes"),))
 def cpu_pod_on_gpu_nodes(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
-    cpu_pod = Each("t", "variables.templates", "!t.uses && !t.declares && !t.holds && !t.trusted")
-    tolerations = Each("x", r.get("t.spec", "tolerations", "list", "[]"),
-                       f"{r.is_map('x')}{tolerates_gpu_taint(ctx, 'x')}", "i")
-    path = "t.path + '.tolerations[' + string(i) + ']'"
-    stable = stable_item("t.stable + '.tolerations'", "i", "x", "key")
-    tolerated = Finding("cpu-pod-on-gpu-nodes", (cpu_pod, tolerations), "", path, stable, "x.key",
-                        "'the pod uses no GPU but tolerates the ' + x.key + ' taint, so it can land on a GPU node'")
-    selector = r.get("t.spec", "nodeSelector", "map", "{}")
+    cpu_pod = Each("pod", "variables.templates", "!pod.uses && !pod.declares && !pod.holds && !pod.trusted")
+    tolerations = Each("toleration", r.get("pod.spec", "tolerations", "list", "[]"),
+                       f"{r.is_map('toleration')}{tolerates_gpu_taint(ctx, 'toleration')}", "i")
+    path = "pod.path + '.tolerations[' + string(i) + ']'"
+    stable = stable_item("pod.stable + '.tolerations'", "i", "toleration", "key")
+    tolerated = Finding("cpu-pod-on-gpu-nodes", (cpu_pod, tolerations), "", path, stable, "toleration.key",
+                        "'the pod uses no GPU but tolerates the ' + toleration.key + ' taint, so it can land on a "
+                        "GPU node'")
+    selector = r.get("pod.spec", "nodeSelector", "map", "{}")
     label = lit(ctx.policy.node_label)
-    message = lit("the pod uses no GPU but selects " + ctx.policy.node_label + "=") + " + " + plain("v")
+    message = lit("the pod uses no GPU but selects " + ctx.policy.node_label + "=") + " + " + plain("selected")
     selects = Finding("cpu-pod-on-gpu-nodes", (cpu_pod,), f"{label} in {selector}", selector_path(ctx),
-                      selector_path(ctx, "t.stable"), plain("v"), message, (("v", f"{selector}[{label}]"),))
+                      selector_path(ctx, "pod.stable"), plain("selected"), message,
+                      (("selected", f"{selector}[{label}]"),))
     return [tolerated, selects]
 
 
 def _any_container(test: str, lists: tuple[str, ...] = CONTAINER_LISTS) -> str:
-    """Some container of template ``t`` (in ``lists``), ``c``, passes ``test``."""
-    return f"{lits(lists)}.exists(l, l in t.spec && t.spec[l].exists(c, {test}))"
+    """Some container of template ``pod`` (in ``lists``), ``container``, passes ``test``."""
+    return f"{lits(lists)}.exists(field, field in pod.spec && pod.spec[field].exists(container, {test}))"

@@ -129,7 +129,7 @@ def _with_index(e: Each, dialect: Dialect, body: str, boolean_filter: str) -> st
 
 def joined(items: str) -> str:
     """A CEL list of strings, the empty ones left out, joined by the separator."""
-    return f"{items}.filter(s, s != '').join({lit(SEPARATOR)})"
+    return f"{items}.filter(hit, hit != '').join({lit(SEPARATOR)})"
 
 
 def _gather(f: Finding, loops: Sequence[Each], dialect: Dialect, text: str) -> str:
@@ -185,9 +185,9 @@ _VALUE = "said"
 def new_words(found: str, old: str) -> str:
     """The words of the hits in ``found`` (joined by the separator), without those whose key is in ``old`` (an
     UPDATE's old object's hits, ``''`` otherwise)."""
-    end = f"h.indexOf({lit(KEY_END)})"
-    kept = f"!({lit(SEPARATOR)} + {old}).contains({lit(SEPARATOR)} + h.substring(0, {end} + 1))"
-    return joined(f"{found}.split({lit(SEPARATOR)}).filter(h, {kept}).map(h, h.substring({end} + 1))")
+    end = f"hit.indexOf({lit(KEY_END)})"
+    kept = f"!({lit(SEPARATOR)} + {old}).contains({lit(SEPARATOR)} + hit.substring(0, {end} + 1))"
+    return joined(f"{found}.split({lit(SEPARATOR)}).filter(hit, {kept}).map(hit, hit.substring({end} + 1))")
 
 
 __all__ = ["KEY_END", "OLD_ROOTS", "SEPARATOR", "Dialect", "Each", "Finding", "hits", "joined", "new_words",

@@ -143,20 +143,19 @@ def _rules(ctx: Ctx, family: Family, action: str, target: Target, only: Sequence
         if not findings:
             continue
         root = findings[0].loops[0].over
-        every = joined("[" + ", ".join(hits(f, dialect, "T") for f in findings) + "]") if len(findings) > 1 \
-            else hits(findings[0], dialect, "T")
-        out.append(RuleCel(rule.id, variable(rule.id), gate, f"[{root}, {OLD_ROOTS[root]}].map(T, {every})"))
+        every = joined("[" + ", ".join(hits(f, dialect, "pods") for f in findings) + "]") if len(findings) > 1 \
+            else hits(findings[0], dialect, "pods")
+        out.append(RuleCel(rule.id, variable(rule.id), gate, f"[{root}, {OLD_ROOTS[root]}].map(pods, {every})"))
     return out
 
 
 def _describe(found: str) -> str:
     """``admission.describe`` of the separator-joined ``found``: "N GPU violation(s): path: message; …", cut to
     fit the apiserver's 5 KiB."""
-    n = f"size(v.split({lit(SEPARATOR)}))"
-    text = f"string({n}) + ' GPU violation' + ({n} == 1 ? '' : 's') + ': ' + v.replace({lit(SEPARATOR)}, '; ')"
-    fitted = (f"size(bytes(s)) <= {MESSAGE_BYTES} ? s : s.substring(0, 1000) + ' … (' + string({n}) + "
-              f"' violations in all; gpu-webhook check lists them)'")
-    return f"[{found}].map(v, [{text}].map(s, {fitted})[0])[0]"
+    text = "string(size(hits)) + ' GPU violation' + (size(hits) == 1 ? '' : 's') + ': ' + hits.join('; ')"
+    fitted = (f"size(bytes(message)) <= {MESSAGE_BYTES} ? message : message.substring(0, 1000) + ' … (' + "
+              f"string(size(hits)) + ' violations in all; gpu-webhook check lists them)'")
+    return f"[{found}.split({lit(SEPARATOR)})].map(hits, [{text}].map(message, {fitted})[0])[0]"
 
 
 def _template_variables(ctx: Ctx, family: Family, custom_kinds: Sequence[kinds.CustomKind],
@@ -171,22 +170,22 @@ def _template_variables(ctx: Ctx, family: Family, custom_kinds: Sequence[kinds.C
     if family is CUSTOM:
         out.append(("group_resource", kinds.KIND))
     read = " ".join(texts)
-    every = reads.template_facts(ctx, "n.spec", "n.meta")
-    facts = {k: v for k, v in every.items() if re.search(rf"\bt\.{k}\b", read)}
+    every = reads.template_facts(ctx, "pod.spec", "pod.meta")
+    facts = {k: v for k, v in every.items() if re.search(rf"\bpod\.{k}\b", read)}
     if "holds" in facts:
-        facts["fractional"] = "F"  # computed once, below
-    fields = ", ".join([f"'{k}': dyn(n.{k})" for k in ("path", "stable", "metaPath", "spec", "meta")]
+        facts["fractional"] = "fractional"  # computed once, below
+    fields = ", ".join([f"'{k}': dyn(pod.{k})" for k in ("path", "stable", "metaPath", "spec", "meta")]
                        + [f"'{k}': dyn({v})" for k, v in facts.items()])
     record_ = f"{{{fields}}}"
     if "holds" in facts:
-        record_ = f"[{every['fractional']}].map(F, {record_})[0]"
+        record_ = f"[{every['fractional']}].map(fractional, {record_})[0]"
     # The object's templates and, on UPDATE, the old object's, by one expression (index 0 and 1).
     roots = "(variables.update ? [object, oldObject] : [object])"
-    found = (kinds.builtin_templates("R") if family is BUILTIN
-             else kinds.custom_templates("R", custom_kinds, ctx.two_variable))
-    out.append(("candidate_nodes", f"{roots}.map(R, {found})"))
-    out.append(("pod_specs", f"variables.candidate_nodes.map(N, N.filter(n, {kinds.is_node('n.node')})"
-                        f".map(n, {kinds.node_record('n')}))"))
+    found = (kinds.builtin_templates("obj") if family is BUILTIN
+             else kinds.custom_templates("obj", custom_kinds, ctx.two_variable))
+    out.append(("candidate_nodes", f"{roots}.map(obj, {found})"))
+    out.append(("pod_specs", f"variables.candidate_nodes.map(nodes, nodes.filter(node, {kinds.is_node('node.node')})"
+                        f".map(node, {kinds.node_record('node')}))"))
     # Names are classified once, from the object (an old violation matters only when the object has it too).
     out.extend(reads.name_variables(ctx, "variables.pod_specs[0]"))
     if re.search(r"\bvariables\.gpu_taint_keys\b", read):
@@ -195,7 +194,7 @@ def _template_variables(ctx: Ctx, family: Family, custom_kinds: Sequence[kinds.C
         both = ("(size(variables.pod_specs) > 1 ? variables.pod_specs[0] + variables.pod_specs[1] : "
                 "variables.pod_specs[0])")
         out.append(reads.taint_variable(ctx, both))
-    out.append(("all_templates", f"variables.pod_specs.map(P, P.map(n, {record_}))"))
+    out.append(("all_templates", f"variables.pod_specs.map(specs, specs.map(pod, {record_}))"))
     out.append(("templates", "variables.all_templates[0]"))
     out.append(("old_templates", "variables.update ? variables.all_templates[1] : []"))
     return out

@@ -40,7 +40,7 @@ FLAT_WILDCARDS = 1
 
 # The pods whose claims the webhook follows (gpu-limit-and-claim and the cluster's claim checks read the claims a
 # pod names, which CEL cannot read).
-FOLLOWS_CLAIMS = ("has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0")
+FOLLOWS_CLAIMS = ("has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims) > 0")
 
 
 def webhook_checks() -> list[str]:
@@ -84,8 +84,8 @@ def carries_all_from() -> int:
 def validate_condition(policies: PolicySet, target: Target) -> str:
     """The CEL of what Pods and built-in workloads must still bring to the webhook on this target."""
     triggers = trigger_expression(Ctx(policies), lacking(target))
-    template = f"has(t.spec) && (({FOLLOWS_CLAIMS})" + (f" || {triggers}" if triggers != "false" else "") + ")"
-    return f"({BUILTIN_TEMPLATE}).exists(t, {template})"
+    template = f"has(pod.spec) && (({FOLLOWS_CLAIMS})" + (f" || {triggers}" if triggers != "false" else "") + ")"
+    return f"({BUILTIN_TEMPLATE}).exists(pod, {template})"
 
 
 def custom_condition(custom: list[kinds.CustomKind], replicas: bool) -> str:

@@ -29,7 +29,7 @@ MAX_PATH_SEGMENTS = 40
 def _hidden(ctx: Ctx) -> str:
     """``isolation.hides_gpus``: hideGpus applies in this namespace and the pod is no fractional scheduler's."""
     hides = ctx.ns(lambda p: boolean(p.hide_gpus != 'off'), live=f"{params.of('hideGpus')} != 'off'")
-    return f"({hides} && !t.fractional)"
+    return f"({hides} && !pod.fractional)"
 
 
 # Where an env source takes its variables from, in the order isolation._source looks.
@@ -40,127 +40,133 @@ _REFERENCES = (("configMapRef", "ConfigMap"), ("secretRef", "Secret"), ("configM
 def _env_source(r: Reads, source: str) -> str:
     """``isolation._source``: where a valueFrom or envFrom entry takes its variables from (``ConfigMap "name"``...)."""
     pairs = "[" + ", ".join(f"[{lit(key)}, {lit(kind)}]" for key, kind in _REFERENCES) + "]"
-    found = "R.filter(p, p[0] in S && type(S[p[0]]) == map && size(S[p[0]]) > 0)"
-    name = "S[F[0][0]].name"
-    named = f"'name' in S[F[0][0]] && type({name}) == string ? F[0][1] + ' ' + {shown(name, r.typed)} : F[0][1]"
-    other = "'fieldRef' in S ? 'a field of the pod' : 'resourceFieldRef' in S ? 'a resource field' : 'a source'"
-    return (f"[{source}].map(S, type(S) != map ? 'a source' : [{pairs}].map(R, [{found}].map(F, size(F) > 0 ? "
-            f"({named}) : {other})[0])[0])[0]")
+    found = "pairs.filter(pair, pair[0] in source && type(source[pair[0]]) == map && size(source[pair[0]]) > 0)"
+    name = "source[found[0][0]].name"
+    named = (f"'name' in source[found[0][0]] && type({name}) == string ? found[0][1] + ' ' + {shown(name, r.typed)} "
+             f": found[0][1]")
+    other = ("'fieldRef' in source ? 'a field of the pod' : 'resourceFieldRef' in source ? 'a resource field' : "
+             "'a source'")
+    return (f"[{source}].map(source, type(source) != map ? 'a source' : [{pairs}].map(pairs, [{found}].map(found, "
+            f"size(found) > 0 ? ({named}) : {other})[0])[0])[0]")
 
 
 def _device_env(r: Reads, where: str) -> Each:
-    """The device variables of container ``c``'s env (``e``, at index ``n``)."""
-    env = r.get("c", "env", "list", "[]")
-    named = "" if r.typed else "type(e) == map && 'name' in e && "
-    return Each("e", env, f"{named}e.name in {lits(DEVICE_VARIABLES)} && {where}", "n")
+    """The device variables of container ``container``'s env (``env``, at index ``index``)."""
+    env = r.get("container", "env", "list", "[]")
+    named = "" if r.typed else "type(env) == map && 'name' in env && "
+    return Each("env", env, f"{named}env.name in {lits(DEVICE_VARIABLES)} && {where}", "index")
 
 
 def _untrusted_without_gpu(r: Reads, where: str = "") -> tuple[Each, ...]:
     """Containers of untrusted pods that hold no GPU (``GpuUse.holds``; a fractional scheduler's pod holds one)."""
-    test = f"!(t.fractional || {r.holds()})" + (f" && {where}" if where else "")
-    return (Each("t", "variables.templates", "!t.trusted"), *r.containers(where=test))
+    test = f"!(pod.fractional || {r.holds()})" + (f" && {where}" if where else "")
+    return (Each("pod", "variables.templates", "!pod.trusted"), *r.containers(where=test))
 
 
 @native("visible-devices-without-gpu",
-        fires=(Trigger("container", f"has(c.env) && c.env.exists(e, e.name in {lits(DEVICE_VARIABLES)})", "devices"),))
+        fires=(Trigger("container", f"has(container.env) && container.env.exists(env, env.name in "
+                                    f"{lits(DEVICE_VARIABLES)})", "devices"),))
 def visible_devices_without_gpu(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
-    value = "e.?value.orValue('')" if r.typed else "('value' in e ? e.value : '')"
-    unset = "!has(e.valueFrom)" if r.typed else "!('valueFrom' in e && e.valueFrom != null)"
-    message = (f"{r.label} + ' uses no GPU but sets ' + e.name + '=' + {shown('v')} + "
+    value = "env.?value.orValue('')" if r.typed else "('value' in env ? env.value : '')"
+    unset = "!has(env.valueFrom)" if r.typed else "!('valueFrom' in env && env.valueFrom != null)"
+    message = (f"{r.label} + ' uses no GPU but sets ' + env.name + '=' + {shown('value')} + "
                f"': the NVIDIA runtime would show it ' + "
-               f"(v == 'all' ? 'every GPU of its node' : 'the GPUs it names') + "
+               f"(value == 'all' ? 'every GPU of its node' : 'the GPUs it names') + "
                f"', outside the scheduler\\'s accounting; remove it or set it to void'")
-    env = r.get("c", "env", "list", "[]")
-    has_device_env = f"{env}.exists(e, {r.is_map('e')}'name' in e && e.name in {lits(DEVICE_VARIABLES)})"
+    env = r.get("container", "env", "list", "[]")
+    has_device_env = f"{env}.exists(env, {r.is_map('env')}'name' in env && env.name in {lits(DEVICE_VARIABLES)})"
     return [Finding("visible-devices-without-gpu", (*_untrusted_without_gpu(r, has_device_env), _device_env(r, unset)),
-                    f"!(type(v) == string && v in {lits(NO_DEVICES)})",
-                    f"{Reads.PATH} + '.env[' + string(n) + '].value'",
-                    f"{r.stable} + '.env[name=' + e.name + '].value'", shown("v"), message, (("v", value),))]
+                    f"!(type(value) == string && value in {lits(NO_DEVICES)})",
+                    f"{Reads.PATH} + '.env[' + string(index) + '].value'",
+                    f"{r.stable} + '.env[name=' + env.name + '].value'", shown("value"), message, (("value", value),))]
 
 
 @native("visible-devices-unread", fires=(Trigger(
-    "container", f"(has(c.envFrom) && size(c.envFrom) > 0) || (has(c.env) && c.env.exists(e, "
-                 f"e.name in {lits(DEVICE_VARIABLES)} && has(e.valueFrom)))", "unread"),))
+    "container", f"(has(container.envFrom) && size(container.envFrom) > 0) || (has(container.env) && "
+                 f"container.env.exists(env, env.name in {lits(DEVICE_VARIABLES)} && has(env.valueFrom)))", "unread"),))
 def visible_devices_unread(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
-    computed = "has(e.valueFrom)" if r.typed else "'valueFrom' in e && e.valueFrom != null"
-    message = (f"{r.label} + ' uses no GPU and takes ' + e.name + ' from ' + {_env_source(r, 'e.valueFrom')} + "
+    computed = "has(env.valueFrom)" if r.typed else "'valueFrom' in env && env.valueFrom != null"
+    message = (f"{r.label} + ' uses no GPU and takes ' + env.name + ' from ' + {_env_source(r, 'env.valueFrom')} + "
                f"', which admission cannot read; anything but void or none there shows it GPUs it was not given'")
-    env = r.get("c", "env", "list", "[]")
+    env = r.get("container", "env", "list", "[]")
     from_value = Finding("visible-devices-unread", (*_untrusted_without_gpu(r, f"size({env}) > 0"),
                                                     _device_env(r, computed)), "",
-                         f"{Reads.PATH} + '.env[' + string(n) + '].valueFrom'",
-                         f"{r.stable} + '.env[name=' + e.name + '].valueFrom'", "e.name", message)
-    named = (f"{env}.exists(e, {r.is_map('e')}{'' if r.typed else chr(39) + 'name' + chr(39) + ' in e && '}"
-             f"e.name == {lit(VISIBLE_DEVICES)})")
-    prefix = ("x.?prefix.orValue('')" if r.typed
-              else "('prefix' in x && x.prefix != null && x.prefix != '' ? x.prefix : '')")
-    usable = (f"{r.is_map('x')}{'' if r.typed else 'type(' + prefix + ') == string && '}"
+                         f"{Reads.PATH} + '.env[' + string(index) + '].valueFrom'",
+                         f"{r.stable} + '.env[name=' + env.name + '].valueFrom'", "env.name", message)
+    named = (f"{env}.exists(env, {r.is_map('env')}{'' if r.typed else chr(39) + 'name' + chr(39) + ' in env && '}"
+             f"env.name == {lit(VISIBLE_DEVICES)})")
+    prefix = ("env_from.?prefix.orValue('')" if r.typed
+              else "('prefix' in env_from && env_from.prefix != null && env_from.prefix != '' ? env_from.prefix : '')")
+    usable = (f"{r.is_map('env_from')}{'' if r.typed else 'type(' + prefix + ') == string && '}"
               f"{lit(VISIBLE_DEVICES)}.startsWith({prefix}) && {prefix} != {lit(VISIBLE_DEVICES)}")
-    env_from = r.get("c", "envFrom", "list", "[]")
-    from_message = (f"{r.label} + ' uses no GPU and imports variables from ' + {_env_source(r, 'x')} + "
+    env_from = r.get("container", "envFrom", "list", "[]")
+    from_message = (f"{r.label} + ' uses no GPU and imports variables from ' + {_env_source(r, 'env_from')} + "
                     f"', which admission "
                     f"cannot read; if one is {VISIBLE_DEVICES} it may show it GPUs it was not given (set "
                     f"{VISIBLE_DEVICES}=void in env, or isolation.hideGpus)'")
-    loops = (Each("t", "variables.templates", f"!t.trusted && !{_hidden(ctx)}"),
-             *r.containers(where=f"size({env_from}) > 0 && !(t.fractional || {r.holds()}) && !{named}"),
-             Each("x", env_from, usable, "j"))
+    loops = (Each("pod", "variables.templates", f"!pod.trusted && !{_hidden(ctx)}"),
+             *r.containers(where=f"size({env_from}) > 0 && !(pod.fractional || {r.holds()}) && !{named}"),
+             Each("env_from", env_from, usable, "j"))
     imports = Finding("visible-devices-unread", loops, "", f"{Reads.PATH} + '.envFrom[' + string(j) + ']'",
-                      f"{r.stable} + '.envFrom[' + string(j) + ']'", _env_source(r, "x"), from_message)
+                      f"{r.stable} + '.envFrom[' + string(j) + ']'", _env_source(r, "env_from"), from_message)
     return [from_value, imports]
 
 
 # A value that is not a positive count of at most 6 digits (a 0, an odd spelling): what zero-gpu-limit reads.
-@native("zero-gpu-limit", fires=(Trigger("name", "!" + matches("v", "^[1-9][0-9]{0,5}$"), "zero"),))
+@native("zero-gpu-limit", fires=(Trigger("name", "!" + matches("value", "^[1-9][0-9]{0,5}$"), "zero"),))
 def zero_gpu_limit(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
-    message = (f"{r.label} + ': ' + k + ': 0 allocates no GPU but may still tolerate GPU taints and select GPU "
+    message = (f"{r.label} + ': ' + name + ': 0 allocates no GPU but may still tolerate GPU taints and select GPU "
                f"nodes; leave the resource out'")
-    return per_name(r, "zero-gpu-limit", ("limits", "requests"), "k in variables.zero_counting", r.zero("x"),
-                    message, "k", requests_only=True)
+    return per_name(r, "zero-gpu-limit", ("limits", "requests"), "name in variables.zero_counting", r.zero("value"),
+                    message, "name", requests_only=True)
 
 
 def _gpu_node_reasons(r: Reads) -> str:
-    """``isolation.gpu_node_reasons`` of template ``t``, joined by ', ' (``''`` for none)."""
+    """``isolation.gpu_node_reasons`` of template ``pod``, joined by ', ' (``''`` for none)."""
     ctx = r.ctx
     label = ctx.policy.node_label
-    selector = r.get("t.spec", "nodeSelector", "map", "{}")
+    selector = r.get("pod.spec", "nodeSelector", "map", "{}")
     selected = f"{selector}[{lit(label)}]"
-    terms = r.at("t.spec", "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
+    terms = r.at("pod.spec", "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
                  "list", "[]")
     expressions = r.get("term", "matchExpressions", "list", "[]")
-    keyed = "" if r.typed else "type(x) == map && 'key' in x && type(x.key) == string && "
-    by_affinity = f"{terms}.exists(term, {expressions}.exists(x, {keyed}x.key == {lit(label)}))"
+    keyed = "" if r.typed else "type(requirement) == map && 'key' in requirement && type(requirement.key) == string && "
+    by_affinity = f"{terms}.exists(term, {expressions}.exists(requirement, {keyed}requirement.key == {lit(label)}))"
     string = "" if r.typed else f" && type({selected}) == string"
     selects = (f"({lit(label)} in {selector}{string} ? {lit('selects ' + label + '=')} + {selected} : "
                f"{by_affinity} ? {lit('requires ' + label + ' by node affinity')} : '')")
-    tolerations = r.get("t.spec", "tolerations", "list", "[]")
-    key_unset = "!has(x.key) || x.key == ''" if r.typed else "!('key' in x) || x.key == null || x.key == ''"
-    operator = "x.?operator.orValue('')" if r.typed else "('operator' in x ? x.operator : null)"
+    tolerations = r.get("pod.spec", "tolerations", "list", "[]")
+    key_unset = ("!has(toleration.key) || toleration.key == ''" if r.typed
+                 else "!('key' in toleration) || toleration.key == null || toleration.key == ''")
+    operator = ("toleration.?operator.orValue('')" if r.typed
+                else "('operator' in toleration ? toleration.operator : null)")
     every = f"({key_unset}) && {operator} == 'Exists'"
-    blanket = f"({tolerations}.exists(x, {r.is_map('x')}{every}) ? ['tolerates every taint'] : [])"
-    tolerates = (f"{tolerations}.filter(x, {r.is_map('x')}{tolerates_gpu_taint(ctx, 'x')})"
-                 f".map(x, 'tolerates the ' + x.key + ' taint')")
-    return f"([{selects}] + {blanket} + {tolerates}).filter(s, s != '').join(', ')"
+    blanket = f"({tolerations}.exists(toleration, {r.is_map('toleration')}{every}) ? ['tolerates every taint'] : [])"
+    tolerates = (f"{tolerations}.filter(toleration, {r.is_map('toleration')}{tolerates_gpu_taint(ctx, 'toleration')})"
+                 f".map(toleration, 'tolerates the ' + toleration.key + ' taint')")
+    return f"([{selects}] + {blanket} + {tolerates}).filter(reason, reason != '').join(', ')"
 
 
-@native("privileged-gpu", fires=(Trigger("container", "has(c.securityContext) && has(c.securityContext.privileged) && "
-                                                          "c.securityContext.privileged", "privileged"),))
+@native("privileged-gpu", fires=(Trigger(
+    "container", "has(container.securityContext) && has(container.securityContext.privileged) && "
+                 "container.securityContext.privileged", "privileged"),))
 def privileged_gpu(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
-    privileged = r.at("c", "securityContext.privileged", "bool", "false")
+    privileged = r.at("container", "securityContext.privileged", "bool", "false")
     # Why it matters: the container's own GPU, its pod's, or the pod's way onto a GPU node (the reasons after
     # 'node:', none when it has no way there).
-    why = f"(t.fractional || {r.holds()} ? 'holds' : t.holds ? 'pod' : 'node:' + {_gpu_node_reasons(r)})"
-    said = (f"(w == 'holds' ? {r.label} + ' is privileged and holds a GPU: it sees every GPU of its node, not only "
-            f"its own' : w == 'pod' ? {r.label} + ' is privileged in a pod with GPUs: it runs on a GPU node and sees "
-            f"every GPU of it' : {r.label} + ' is privileged and its pod ' + w.substring(5) + ': on a GPU node it "
+    why = f"(pod.fractional || {r.holds()} ? 'holds' : pod.holds ? 'pod' : 'node:' + {_gpu_node_reasons(r)})"
+    said = (f"(why == 'holds' ? {r.label} + ' is privileged and holds a GPU: it sees every GPU of its node, not only "
+            f"its own' : why == 'pod' ? {r.label} + ' is privileged in a pod with GPUs: it runs on a GPU node and sees "
+            f"every GPU of it' : {r.label} + ' is privileged and its pod ' + why.substring(5) + ': on a GPU node it "
             f"sees every GPU, outside the scheduler\\'s accounting')")
     message = f"{said} + '; only trusted namespaces and service accounts (isolation.trusted) may'"
-    loops = (Each("t", "variables.templates", "!t.trusted"), *r.containers(where=f"{privileged} == true"))
-    return [Finding("privileged-gpu", loops, "w != 'node:'", f"{Reads.PATH} + '.securityContext.privileged'",
-                    f"{r.stable} + '.securityContext.privileged'", lit("true"), message, (("w", why),))]
+    loops = (Each("pod", "variables.templates", "!pod.trusted"), *r.containers(where=f"{privileged} == true"))
+    return [Finding("privileged-gpu", loops, "why != 'node:'", f"{Reads.PATH} + '.securityContext.privileged'",
+                    f"{r.stable} + '.securityContext.privileged'", lit("true"), message, (("why", why),))]
 
 
 def normalised_path(path: str) -> str:
@@ -172,13 +178,14 @@ def normalised_path(path: str) -> str:
     number of segments, so a path of more than MAX_PATH_SEGMENTS segments is taken as ``/`` (which
     every GPU rule treats as exposing the devices): no legitimate path is that deep.
     """
-    segments = f"{path}.split('/').filter(s1, s1 != '' && s1 != '.')"
-    steps = "SG.map(s1, s1 == '..' ? -1 : 1)"
-    sums = f"[0] + {steps}.transformList(k1, d1, {steps}.slice(0, k1 + 1).sum())"
-    levels = "PS.transformList(k1, d1, d1 - PS.slice(0, k1 + 1).min())"
-    kept = "SG.transformList(k1, s1, s1 != '..' && HS.slice(k1 + 1, size(HS)).min() >= HS[k1 + 1], s1)"
-    return (f"[{segments}].map(SG, size(SG) > {MAX_PATH_SEGMENTS} ? '/' : [{sums}].map(PS, [{levels}].map(HS, "
-            f"'/' + {kept}.join('/'))[0])[0])[0]")
+    segments = f"{path}.split('/').filter(segment, segment != '' && segment != '.')"
+    steps = "segments.map(segment, segment == '..' ? -1 : 1)"
+    sums = f"[0] + {steps}.transformList(at, step, {steps}.slice(0, at + 1).sum())"
+    levels = "depths.transformList(at, step, step - depths.slice(0, at + 1).min())"
+    kept = ("segments.transformList(at, segment, segment != '..' && "
+            "heights.slice(at + 1, size(heights)).min() >= heights[at + 1], segment)")
+    return (f"[{segments}].map(segments, size(segments) > {MAX_PATH_SEGMENTS} ? '/' : [{sums}].map(depths, "
+            f"[{levels}].map(heights, '/' + {kept}.join('/'))[0])[0])[0]")
 
 
 def _under(path: str, directories: tuple[str, ...]) -> str:
@@ -186,70 +193,76 @@ def _under(path: str, directories: tuple[str, ...]) -> str:
 
 
 @native("gpu-device-mount", needs=("lists", "two-variable comprehensions"), fires=(
-    Trigger("template", "has(t.spec.volumes) && t.spec.volumes.exists(v, has(v.hostPath))", "host-paths"),
-    Trigger("container", "has(c.volumeMounts) && c.volumeMounts.exists(v, "
-                         "v.mountPath.contains('nvidia-container-devices'))", "mounts")))
+    Trigger("template", "has(pod.spec.volumes) && pod.spec.volumes.exists(volume, has(volume.hostPath))", "host-paths"),
+    Trigger("container", "has(container.volumeMounts) && container.volumeMounts.exists(mount, "
+                         "mount.mountPath.contains('nvidia-container-devices'))", "mounts")))
 def gpu_device_mount(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
-    host = r.at("x", "hostPath.path", "string", "null")
-    exposes = (f"(N == '/' || N == '/dev' || N.startsWith({lit(NVIDIA_DEVICE_PREFIX)}) || "
-               f"{_under('N', DEVICE_DIRECTORIES)})")
+    host = r.at("volume", "hostPath.path", "string", "null")
+    exposes = (f"(normal == '/' || normal == '/dev' || normal.startsWith({lit(NVIDIA_DEVICE_PREFIX)}) || "
+               f"{_under('normal', DEVICE_DIRECTORIES)})")
     # Only a path that names dev, climbs (..) or is all slashes and dots can normalise to a device directory or /.
-    suspect = f"(h.contains('dev') || h.contains('..') || !{matches('h', '[^/.]')})"
-    volumes = Each("x", r.get("t.spec", "volumes", "list", "[]"), f"{r.is_map('x')}{host} != null", "i")
-    vmessage = ("'hostPath ' + " + shown("h") + " + ' exposes the node\\'s GPU devices to the pod, outside the "
+    suspect = f"(host_path.contains('dev') || host_path.contains('..') || !{matches('host_path', '[^/.]')})"
+    volumes = Each("volume", r.get("pod.spec", "volumes", "list", "[]"), f"{r.is_map('volume')}{host} != null", "i")
+    vmessage = ("'hostPath ' + " + shown("host_path") + " + ' exposes the node\\'s GPU devices to the pod, outside the "
                 "scheduler\\'s accounting; GPUs come from resources'")
-    untrusted = Each("t", "variables.templates", "!t.trusted")
+    untrusted = Each("pod", "variables.templates", "!pod.trusted")
     host_paths = Finding("gpu-device-mount", (untrusted, volumes), f"{suspect} && {exposes}",
-                         "t.path + '.volumes[' + string(i) + '].hostPath.path'",
-                         stable_item("t.stable + '.volumes'", "i", "x", "name") + " + '.hostPath.path'", "h", vmessage,
-                         (("h", host), ("N", normalised_path("h"))))
-    mount_path = r.get("x", "mountPath", "string", "null")
-    mounts = Each("x", r.get("c", "volumeMounts", "list", "[]"),
-                  f"{r.is_map('x')}{mount_path} != null && {mount_path}.contains('nvidia-container-devices')", "k")
-    mmessage = (f"{r.label} + ': a mount at ' + {shown('h')} + ' asks the NVIDIA runtime (volume-mounts device list "
-                f"strategy) for the GPUs it names, outside the scheduler\\'s accounting'")
-    mount_list = Finding("gpu-device-mount", (untrusted, *r.containers(), mounts), _under("N", DEVICE_LIST_DIRECTORIES),
-                         f"{Reads.PATH} + '.volumeMounts[' + string(k) + '].mountPath'",
-                         stable_item(f"{r.stable} + '.volumeMounts'", "k", "x", "mountPath") + " + '.mountPath'", "h",
-                         mmessage, (("h", mount_path), ("N", normalised_path("h"))))
+                         "pod.path + '.volumes[' + string(i) + '].hostPath.path'",
+                         stable_item("pod.stable + '.volumes'", "i", "volume", "name") + " + '.hostPath.path'",
+                         "host_path", vmessage,
+                         (("host_path", host), ("normal", normalised_path("host_path"))))
+    mount_path = r.get("mount", "mountPath", "string", "null")
+    mounts = Each("mount", r.get("container", "volumeMounts", "list", "[]"),
+                  f"{r.is_map('mount')}{mount_path} != null && {mount_path}.contains('nvidia-container-devices')",
+                  "index")
+    mmessage = (f"{r.label} + ': a mount at ' + {shown('mount_path')} + ' asks the NVIDIA runtime (volume-mounts "
+                f"device list strategy) for the GPUs it names, outside the scheduler\\'s accounting'")
+    mount_list = Finding("gpu-device-mount", (untrusted, *r.containers(), mounts),
+                         _under("normal", DEVICE_LIST_DIRECTORIES),
+                         f"{Reads.PATH} + '.volumeMounts[' + string(index) + '].mountPath'",
+                         stable_item(f"{r.stable} + '.volumeMounts'", "index", "mount", "mountPath")
+                         + " + '.mountPath'", "mount_path", mmessage,
+                         (("mount_path", mount_path), ("normal", normalised_path("mount_path"))))
     return [host_paths, mount_list]
 
 
-CDI_KEY = " || ".join([f"k.startsWith({lit(p)})" for p in CDI_PREFIXES] + [f"k == {lit(k)}" for k in CDI_KEYS])
+CDI_KEY = " || ".join([f"key.startsWith({lit(p)})" for p in CDI_PREFIXES] + [f"key == {lit(k)}" for k in CDI_KEYS])
 
 
 @native("cdi-annotation", fires=(
-    Trigger("template", f"has(t.metadata.annotations) && t.metadata.annotations.exists(k, {CDI_KEY})", "cdi"),))
+    Trigger("template", f"has(pod.metadata.annotations) && pod.metadata.annotations.exists(key, {CDI_KEY})", "cdi"),))
 def cdi_annotation(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
-    annotations = r.get("t.meta", "annotations", "map", "{}")
-    extra = ("(type(x) == string && x.contains('management.nvidia.com/') ? "
+    annotations = r.get("pod.meta", "annotations", "map", "{}")
+    extra = ("(type(value) == string && value.contains('management.nvidia.com/') ? "
              "' (management.nvidia.com/gpu opens every GPU of the node)' : '')")
-    message = (f"'annotation ' + k + '=' + {shown('x')} + ' asks the container runtime to inject CDI devices' + "
+    message = (f"'annotation ' + key + '=' + {shown('value')} + ' asks the container runtime to inject CDI devices' + "
                f"{extra} + ', outside the scheduler\\'s accounting; only trusted namespaces and service accounts "
                f"(isolation.trusted) may'")
-    path = "t.metaPath + '.annotations[' + k + ']'"
-    loops = (Each("t", "variables.templates", "!t.trusted"), Each("k", annotations, CDI_KEY))
-    return [Finding("cdi-annotation", loops, "", path, path, shown("x"), message, (("x", f"{annotations}[k]"),))]
+    path = "pod.metaPath + '.annotations[' + key + ']'"
+    loops = (Each("pod", "variables.templates", "!pod.trusted"), Each("key", annotations, CDI_KEY))
+    return [Finding("cdi-annotation", loops, "", path, path, shown("value"), message,
+                    (("value", f"{annotations}[key]"),))]
 
 
-@native("host-pid-gpu", fires=(Trigger("template", "has(t.spec.hostPID) && t.spec.hostPID"),))
+@native("host-pid-gpu", fires=(Trigger("template", "has(pod.spec.hostPID) && pod.spec.hostPID"),))
 def host_pid_gpu(ctx: Ctx) -> list[Finding]:
-    host_pid = Reads(ctx).get("t.spec", "hostPID", "bool", "false")
-    loops = (Each("t", "variables.templates", f"!t.trusted && t.holds && {host_pid} == true"),)
-    return [Finding("host-pid-gpu", loops, "", "t.path + '.hostPID'", "t.stable + '.hostPID'", lit("true"),
+    host_pid = Reads(ctx).get("pod.spec", "hostPID", "bool", "false")
+    loops = (Each("pod", "variables.templates", f"!pod.trusted && pod.holds && {host_pid} == true"),)
+    return [Finding("host-pid-gpu", loops, "", "pod.path + '.hostPID'", "pod.stable + '.hostPID'", lit("true"),
                     lit(HOST_PID_GPU))]
 
 
 @native("runtime-class-without-gpu", fires=(Trigger(
-    "template", f"has(t.spec.runtimeClassName) && t.spec.runtimeClassName.startsWith({lit(NVIDIA_RUNTIME_PREFIX)})",
+    "template", f"has(pod.spec.runtimeClassName) && pod.spec.runtimeClassName.startsWith({lit(NVIDIA_RUNTIME_PREFIX)})",
     "runtime"),))
 def runtime_class_without_gpu(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
-    name = r.get("t.spec", "runtimeClassName", "string", "''")
-    message = (f"'runtimeClassName ' + n + ' on a pod that uses no GPU: the NVIDIA runtime shows it the GPUs its "
-               f"image\\'s {VISIBLE_DEVICES} names (all, in CUDA images); use the default runtime'")
-    loops = (Each("t", "variables.templates", "!t.trusted && !t.holds"),)
-    return [Finding("runtime-class-without-gpu", loops, f"n.startsWith({lit(NVIDIA_RUNTIME_PREFIX)})",
-                    "t.path + '.runtimeClassName'", "t.stable + '.runtimeClassName'", "n", message, (("n", name),))]
+    name = r.get("pod.spec", "runtimeClassName", "string", "''")
+    message = (f"'runtimeClassName ' + runtime_class + ' on a pod that uses no GPU: the NVIDIA runtime shows it "
+               f"the GPUs its image\\'s {VISIBLE_DEVICES} names (all, in CUDA images); use the default runtime'")
+    loops = (Each("pod", "variables.templates", "!pod.trusted && !pod.holds"),)
+    return [Finding("runtime-class-without-gpu", loops, f"runtime_class.startsWith({lit(NVIDIA_RUNTIME_PREFIX)})",
+                    "pod.path + '.runtimeClassName'", "pod.stable + '.runtimeClassName'", "runtime_class", message,
+                    (("runtime_class", name),))]

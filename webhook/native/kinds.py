@@ -22,7 +22,7 @@ from webhook.native.snippets import guarded, stable_item
 def is_pod_spec(x: str) -> str:
     """``podspecs._is_pod_spec``: ``containers`` a non-empty list of mappings."""
     return (f"(type({x}) == map && 'containers' in {x} && type({x}.containers) == list && "
-            f"size({x}.containers) > 0 && {x}.containers.all(c0, type(c0) == map))")
+            f"size({x}.containers) > 0 && {x}.containers.all(container, type(container) == map))")
 
 
 def _record(path: str, stable: str, meta_path: str, spec: str, meta: str) -> str:
@@ -91,7 +91,7 @@ def _walk(x: str, path: str, stable: str, segments: list[str], depth: int, two_v
     last = not any(s == "*" or s.endswith("[*]") for s in segments)
     if wildcard == "*":
         cond, values = _guarded(x, fixed, "map")
-        k = f"k{depth}"
+        k = f"key{depth}"
         here = f"{_join(path, suffix)} + '.' + {k}" if (path, suffix) != ("''", "") else k
         stable_here = f"{_join(stable, suffix)} + '.' + {k}" if (stable, suffix) != ("''", "") else k
         item = f"{values}[{k}]"
@@ -105,7 +105,7 @@ def _walk(x: str, path: str, stable: str, segments: list[str], depth: int, two_v
         return f"({cond} ? {values}.map({k}, {inner}).flatten() : [])"
     name = wildcard[:-3]
     cond, values = _guarded(x, [*fixed, name], "list")
-    i, item = f"i{depth}", f"x{depth}"
+    i, item = f"index{depth}", f"item{depth}"
     here = f"{_join(path, suffix + '.' + name)} + '[' + string({i}) + ']'"
     stable_here = _list_stable(_join(stable, suffix + "." + name), i, item)
     if last:

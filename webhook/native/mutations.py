@@ -37,8 +37,8 @@ def _names(container: str, ctx: Ctx) -> str:
     """A container's GPU names whose value is not a valid 0 (an invalid count still asks for the device), each once."""
     def used(section: str) -> str:
         m = f"{container}.?resources.?{section}.orValue({{}})"
-        return f"{m}.filter(k, k.contains('/') && {is_gpu(ctx, 'k')} && !{is_zero(f'{m}[k]')})"
-    return f"[{used('limits')}].map(A, A + {used('requests')}.filter(k, !(k in A)))[0]"
+        return f"{m}.filter(name, name.contains('/') && {is_gpu(ctx, 'name')} && !{is_zero(f'{m}[name]')})"
+    return f"[{used('limits')}].map(limited, limited + {used('requests')}.filter(name, !(name in limited)))[0]"
 
 
 def variables(ctx: Ctx) -> list[tuple[str, str]]:
@@ -47,28 +47,34 @@ def variables(ctx: Ctx) -> list[tuple[str, str]]:
     containers = "object.spec.?containers.orValue([])"
     inits = "object.spec.?initContainers.orValue([])"
     if ctx.lists:
-        every = f"[{containers}.map(c, {_names('c', ctx)}), {inits}.map(c, {_names('c', ctx)})]"
+        names_of = _names("container", ctx)
+        every = f"[{containers}.map(container, {names_of}), {inits}.map(container, {names_of})]"
         names = f"{every}.flatten().flatten().distinct().sort()"
     else:
         # Each name at the first container (in list order) that asks for it; Pod container names are unique.
-        first = (f"[{containers}.map(c, {_names('c', ctx)}.filter(k, !{containers}.exists(o, "
-                 f"{containers}.indexOf(o) < {containers}.indexOf(c) && k in {_names('o', ctx)})))"
-                 f", {inits}.map(c, {_names('c', ctx)}.filter(k, !{containers}.exists(o, k in {_names('o', ctx)}) && "
-                 f"!{inits}.exists(o, {inits}.indexOf(o) < {inits}.indexOf(c) && k in {_names('o', ctx)})))]")
+        first = (f"[{containers}.map(container, {_names('container', ctx)}.filter(name, !{containers}.exists(earlier, "
+                 f"{containers}.indexOf(earlier) < {containers}.indexOf(container) && "
+                 f"name in {_names('earlier', ctx)})))"
+                 f", {inits}.map(container, {_names('container', ctx)}.filter(name, "
+                 f"!{containers}.exists(earlier, name in {_names('earlier', ctx)}) && "
+                 f"!{inits}.exists(earlier, {inits}.indexOf(earlier) < {inits}.indexOf(container) && "
+                 f"name in {_names('earlier', ctx)})))]")
         # Joined and split again (a resource name has no comma): one flat list, then sorted by rank.
-        flat = f"{first}.map(L, L.map(n, n.join(',')).filter(s, s != '').join(',')).filter(s, s != '').join(',')"
-        unsorted = f"[{flat}].map(s, s == '' ? [] : s.split(','))[0]"
+        flat = (f"{first}.map(containers, containers.map(names, names.join(',')).filter(text, text != '').join(','))"
+                f".filter(text, text != '').join(',')")
+        unsorted = f"[{flat}].map(text, text == '' ? [] : text.split(','))[0]"
         names = ranked(unsorted)
     annotations = "object.metadata.?annotations.orValue({})"
-    scheduler = (f"[{containers}, {inits}, object.spec.?ephemeralContainers.orValue([])].exists(L, L.exists(c, "
-                 + " || ".join(f"c.?resources.?{s}.orValue({{}}).exists(k, k.contains('/') && "
-                               f"{matches('k', SCHEDULER)} && !{is_zero(f'c.resources.{s}[k]')})"
+    scheduler = (f"[{containers}, {inits}, object.spec.?ephemeralContainers.orValue([])]"
+                 f".exists(containers, containers.exists(container, "
+                 + " || ".join(f"container.?resources.?{s}.orValue({{}}).exists(name, name.contains('/') && "
+                               f"{matches('name', SCHEDULER)} && !{is_zero(f'container.resources.{s}[name]')})"
                                for s in ("limits", "requests")) + "))")
-    fractional = f"({scheduler} || {lits(FRACTION_ANNOTATIONS)}.exists(a, a in {annotations}))"
+    fractional = f"({scheduler} || {lits(FRACTION_ANNOTATIONS)}.exists(annotation, annotation in {annotations}))"
     # Whether any container asks for a GPU: stops at the first; the names themselves only for the tolerations.
-    gpu = (f"[{containers}, {inits}].exists(L, L.exists(c, " + " || ".join(
-        f"c.?resources.?{s}.orValue({{}}).exists(k, k.contains('/') && {is_gpu(ctx, 'k')} && "
-        f"!{is_zero(f'c.resources.{s}[k]')})" for s in ("limits", "requests")) + "))")
+    gpu = (f"[{containers}, {inits}].exists(containers, containers.exists(container, " + " || ".join(
+        f"container.?resources.?{s}.orValue({{}}).exists(name, name.contains('/') && {is_gpu(ctx, 'name')} && "
+        f"!{is_zero(f'container.resources.{s}[name]')})" for s in ("limits", "requests")) + "))")
     return [("used", names), ("gpu", gpu), ("fractional", fractional), ("trusted", trusted(ctx, SPEC))]
 
 
@@ -84,12 +90,13 @@ def accelerator(ctx: Ctx) -> str | None:
     allowed = ctx.ns(lambda p: lits(p.allowed), live=params.of("allowed"))
     terms = ("object.spec.?affinity.?nodeAffinity.?requiredDuringSchedulingIgnoredDuringExecution.?nodeSelectorTerms"
              ".orValue([])")
-    by_affinity = f"{terms}.exists(term, term.?matchExpressions.orValue([]).exists(x, x.key == {lit(label)}))"
+    by_affinity = (f"{terms}.exists(term, term.?matchExpressions.orValue([]).exists(requirement, "
+                   f"requirement.key == {lit(label)}))")
     free = f"!({lit(label)} in object.spec.?nodeSelector.orValue({{}})) && !{by_affinity}"
-    whole = f"JSONPatch{{op: 'add', path: '/spec/nodeSelector', value: {{{lit(label)}: v}}}}"
-    one = f"JSONPatch{{op: 'add', path: {lit('/spec/nodeSelector/' + _escape_pointer(label))}, value: v}}"
-    return (f"variables.gpu ? [{asked}].filter(v, v != '' && (size({allowed}) == 0 || v in {allowed}) && "
-            f"{free}).map(v, has(object.spec.nodeSelector) ? {one} : {whole}) : []")
+    whole = f"JSONPatch{{op: 'add', path: '/spec/nodeSelector', value: {{{lit(label)}: model}}}}"
+    one = f"JSONPatch{{op: 'add', path: {lit('/spec/nodeSelector/' + _escape_pointer(label))}, value: model}}"
+    return (f"variables.gpu ? [{asked}].filter(model, model != '' && (size({allowed}) == 0 || model in {allowed}) && "
+            f"{free}).map(model, has(object.spec.nodeSelector) ? {one} : {whole}) : []")
 
 
 def _tolerated_by(taint: str, x: str) -> str:
@@ -117,23 +124,25 @@ def tolerations(ctx: Ctx) -> str | None:
             if taint.effect is not None:
                 fields["effect"] = taint.effect
             toleration = taint.toleration()
-            records.append("{'t': {" + ", ".join(f"{lit(k)}: {lit(v)}" for k, v in fields.items()) + "}, 'o': {"
+            records.append("{'taint': {" + ", ".join(f"{lit(k)}: {lit(v)}" for k, v in fields.items())
+                           + "}, 'toleration': {"
                            + ", ".join(f"{lit(k)}: {lit(v)}" for k, v in toleration.items()) + "}}")
         candidates = "[" + ", ".join(records) + "]"
     else:
-        candidates = ("variables.used.map(n, {'t': {'key': string(n), 'effect': 'NoSchedule'}, "
-                      "'o': {'key': string(n), 'operator': 'Exists', 'effect': 'NoSchedule'}})")
+        candidates = ("variables.used.map(name, {'taint': {'key': string(name), 'effect': 'NoSchedule'}, "
+                      "'toleration': {'key': string(name), 'operator': 'Exists', 'effect': 'NoSchedule'}})")
     present = "object.spec.?tolerations.orValue([])"
-    added = f"{candidates}.filter(c, !{present}.exists(x, {_tolerated_by('c.t', 'x')})).map(c, c.o)"
-    return (f"{on} && variables.gpu ? [{added}].map(a, size(a) == 0 ? [] : "
-            f"has(object.spec.tolerations) ? a.map(o, JSONPatch{{op: 'add', path: '/spec/tolerations/-', value: o}}) : "
-            f"[JSONPatch{{op: 'add', path: '/spec/tolerations', value: a}}])[0] : []")
+    added = (f"{candidates}.filter(candidate, !{present}.exists(present, "
+             f"{_tolerated_by('candidate.taint', 'present')})).map(candidate, candidate.toleration)")
+    return (f"{on} && variables.gpu ? [{added}].map(added, size(added) == 0 ? [] : has(object.spec.tolerations) ? "
+            f"added.map(toleration, JSONPatch{{op: 'add', path: '/spec/tolerations/-', value: toleration}}) : "
+            f"[JSONPatch{{op: 'add', path: '/spec/tolerations', value: added}}])[0] : []")
 
 
 def _holds(ctx: Ctx, c: str) -> str:
     def held(section: str) -> tuple[str, str]:
         return (f"{c}.?resources.?{section}.orValue({{}})",
-                f"k.contains('/') && {holds_name(ctx, 'k')} && !{is_zero(f'{c}.resources.{section}[k]')}")
+                f"name.contains('/') && {holds_name(ctx, 'name')} && !{is_zero(f'{c}.resources.{section}[name]')}")
     return holds_gpu(held, f"{c}.?resources.?claims.orValue([])")
 
 
@@ -148,10 +157,11 @@ def hide_gpus(ctx: Ctx) -> str | None:
     parts = []
     for name in LISTS:
         base = f"'/spec/{name}/' + string(i)"
-        patch = (f"has(c.env) ? JSONPatch{{op: 'add', path: {base} + '/env/-', value: {variable}}} : "
+        patch = (f"has(container.env) ? JSONPatch{{op: 'add', path: {base} + '/env/-', value: {variable}}} : "
                  f"JSONPatch{{op: 'add', path: {base} + '/env', value: [{variable}]}}")
-        names = f"c.?env.orValue([]).exists(e, e.name == {lit(VISIBLE_DEVICES)})"
-        parts.append(f"object.spec.?{name}.orValue([]).transformList(i, c, !{_holds(ctx, 'c')} && !{names}, {patch})")
+        names = f"container.?env.orValue([]).exists(env, env.name == {lit(VISIBLE_DEVICES)})"
+        parts.append(f"object.spec.?{name}.orValue([]).transformList(i, container, !{_holds(ctx, 'container')} && "
+                     f"!{names}, {patch})")
     return (f"{value} != '' && !variables.fractional && !variables.trusted ? " + " + ".join(parts) + " : []")
 
 
@@ -180,10 +190,10 @@ def matters(ctx: Ctx) -> str:
     skip it."""
     hidden = ctx.ns(lambda p: boolean(p.hide_gpus in ("void", "none")),
                     live=f"{params.expression('hideGpus')} in ['void', 'none']")
-    extended = " || ".join(f"c.?resources.?{s}.orValue({{}}).exists(k, k.contains('/'))"
+    extended = " || ".join(f"container.?resources.?{s}.orValue({{}}).exists(name, name.contains('/'))"
                            for s in ("limits", "requests"))
     gpu = (f"[object.spec.?containers.orValue([]), object.spec.?initContainers.orValue([])]"
-           f".exists(L, L.exists(c, {extended}))")
+           f".exists(containers, containers.exists(container, {extended}))")
     runtime = not ctx.policy.cluster_enabled
     live = f"{params.expression('default')} != '' || {params.expression('tolerations')}" + (
         f" || {params.expression('runtimeClass')} != ''" if runtime else "")

@@ -2,19 +2,19 @@
 
 Every finding starts from ``variables.templates``, the object's pod templates as records:
 
-- ``t.path``, ``t.stable``, ``t.metaPath``: where the pod spec and its metadata are (``spec``,
+- ``pod.path``, ``pod.stable``, ``pod.metaPath``: where the pod spec and its metadata are (``spec``,
   ``spec.template.spec``, ``spec.pytorchReplicaSpecs.Worker.template.spec``...), and the spec's path with list
   items by name;
-- ``t.spec``, ``t.meta``: the pod spec and the template's metadata;
-- what the rules share about the pod, computed once (:func:`template_facts`): ``t.uses`` (a container names a
-  policy GPU: ``PodGPUs.uses_gpus``), ``t.holds`` (it holds a GPU of some kind or asks a fractional scheduler:
-  ``GpuUse.any``), ``t.fractional``, ``t.trusted`` (``Policy.trusts``), ``t.declares`` (``spec.resourceClaims``
-  is not empty), ``t.dra`` (it declares or references claims).
+- ``pod.spec``, ``pod.meta``: the pod spec and the template's metadata;
+- what the rules share about the pod, computed once (:func:`template_facts`): ``pod.uses`` (a container names a
+  policy GPU: ``PodGPUs.uses_gpus``), ``pod.holds`` (it holds a GPU of some kind or asks a fractional scheduler:
+  ``GpuUse.any``), ``pod.fractional``, ``pod.trusted`` (``Policy.trusts``), ``pod.declares`` (``spec.resourceClaims``
+  is not empty), ``pod.dra`` (it declares or references claims).
 
-Then the container lists (``l``), the containers (``c``, at index ``i``, which only messages read) and their
-resource names (``k``), read as they are: nothing is built for a container unless a rule's condition needs it.
+Then the container lists (``field``), the containers (``container``, at index ``i``, which only messages read) and their
+resource names (``name``), read as they are: nothing is built for a container unless a rule's condition needs it.
 Resource names are classified once per object (:data:`CLASSES`: ``variables.gpus``, ``variables.holding``...),
-so a rule asks ``k in variables.gpus``. What a rule reads of a container is written with
+so a rule asks ``name in variables.gpus``. What a rule reads of a container is written with
 :class:`~webhook.native.snippets.Shape`: plain optional reads for Pods and the built-in workloads, type-checked
 reads for custom resources. The helpers at the end write what several rule families share.
 """
@@ -55,7 +55,7 @@ from webhook.native.snippets import (
     zero_counting,
 )
 
-TEMPLATES = Each("t", "variables.templates")
+TEMPLATES = Each("pod", "variables.templates")
 
 
 # --- reading a template, a container, a resource name ------------------------------------------------------
@@ -63,8 +63,8 @@ TEMPLATES = Each("t", "variables.templates")
 
 @dataclass(frozen=True)
 class Reads:
-    """Field reads for one shape of object (``webhook.native.snippets.Shape``), and the container ``c`` of list
-    ``l`` at index ``i`` as the rules see it."""
+    """Field reads for one shape of object (``webhook.native.snippets.Shape``), and the container ``container`` of list
+    ``field`` at index ``i`` as the rules see it."""
 
     ctx: Ctx
 
@@ -85,52 +85,53 @@ class Reads:
     def items(self, parent: str, key: str) -> str:
         """The mappings of the list ``parent.key``."""
         values = self.get(parent, key, "list", "[]")
-        return values if self.typed else f"{values}.filter(x, type(x) == map)"
+        return values if self.typed else f"{values}.filter(item, type(item) == map)"
 
     def containers(self, lists: tuple[str, ...] = CONTAINER_LISTS, where: str = "") -> tuple[Each, Each]:
-        """The loops over the container lists named and their containers (``c``, index ``i``)."""
+        """The loops over the container lists named and their containers (``container``, index ``i``)."""
         if self.typed:
-            items = "t.spec[?l].orValue([])"
+            items = "pod.spec[?field].orValue([])"
         else:
-            items = "(l in t.spec && type(t.spec[l]) == list ? t.spec[l] : [])"
-        tests = [] if self.typed else ["type(c) == map"]
-        return Each("l", lits(lists)), Each("c", items, " && ".join([*tests, *([where] if where else [])]), "i")
+            items = "(field in pod.spec && type(pod.spec[field]) == list ? pod.spec[field] : [])"
+        tests = [] if self.typed else ["type(container) == map"]
+        conditions = " && ".join([*tests, *([where] if where else [])])
+        return Each("field", lits(lists)), Each("container", items, conditions, "i")
 
-    def section(self, name: str, container: str = "c") -> str:
+    def section(self, name: str, container: str = "container") -> str:
         """The container's ``resources.limits`` or ``resources.requests`` (``{}`` when absent or not a map)."""
         return self.at(container, f"resources.{name}", "map", "{}")
 
     def names(self, section: str, where: str) -> Each:
-        """The loop over the resource names (``k``) of a section of ``c``."""
-        return Each("k", self.section(section), where)
+        """The loop over the resource names (``name``) of a section of ``container``."""
+        return Each("name", self.section(section), where)
 
-    PATH = "t.path + '.' + l + '[' + string(i) + ']'"
+    PATH = "pod.path + '.' + field + '[' + string(i) + ']'"
 
     @property
     def stable(self) -> str:
         if self.typed:
-            return "t.stable + '.' + l + '[name=' + c.name + ']'"
-        return stable_item("t.stable + '.' + l", "i", "c", "name")
+            return "pod.stable + '.' + field + '[name=' + container.name + ']'"
+        return stable_item("pod.stable + '.' + field", "i", "container", "name")
 
     @property
     def label(self) -> str:
         """``Container.label``: ``container "name"``, or ``container <path>`` without a name."""
         if self.typed:
-            return "'container \"' + c.name + '\"'"
-        has_name = "('name' in c && type(c.name) == string && c.name != '')"
-        shown_name = f"({matches('c.name', '^[-a-z0-9.]*$')} ? c.name : {escaped('c.name')})"
+            return "'container \"' + container.name + '\"'"
+        has_name = "('name' in container && type(container.name) == string && container.name != '')"
+        shown_name = f"({matches('container.name', '^[-a-z0-9.]*$')} ? container.name : {escaped('container.name')})"
         return f"({has_name} ? 'container \"' + {shown_name} + '\"' : 'container ' + {self.PATH})"
 
     @property
     def name(self) -> str:
         """The container's ``name`` as it is (null when absent)."""
-        return "c.name" if self.typed else "('name' in c ? c.name : null)"
+        return "container.name" if self.typed else "('name' in container ? container.name : null)"
 
     def entry_path(self, section: str) -> str:
-        return f"{self.PATH} + '.resources.{section}[' + k + ']'"
+        return f"{self.PATH} + '.resources.{section}[' + name + ']'"
 
     def entry_stable(self, section: str) -> str:
-        return f"{self.stable} + '.resources.{section}[' + k + ']'"
+        return f"{self.stable} + '.resources.{section}[' + name + ']'"
 
     @property
     def resources_path(self) -> str:
@@ -140,10 +141,10 @@ class Reads:
     def resources_stable(self) -> str:
         return f"{self.stable} + '.resources'"
 
-    def claims(self, container: str = "c") -> str:
+    def claims(self, container: str = "container") -> str:
         return self.at(container, "resources.claims", "list", "[]")
 
-    def sidecar(self, container: str = "c") -> str:
+    def sidecar(self, container: str = "container") -> str:
         if self.typed:
             return f"({container}.?restartPolicy.orValue('') == 'Always')"
         return f"('restartPolicy' in {container} && {container}.restartPolicy == 'Always')"
@@ -169,26 +170,28 @@ class Reads:
         return about(value, self.typed)
 
     def each_section(self, where: str = "") -> tuple[Each, Each]:
-        """The loops over the container's two sections (``s``: limits, requests) and their names (``k``)."""
-        values = "c.?resources[?s].orValue({})" if self.typed else \
-            "(type(c) == map && 'resources' in c && type(c.resources) == map && s in c.resources && " \
-            "type(c.resources[s]) == map ? c.resources[s] : {})"
-        return Each("s", "['limits', 'requests']"), Each("k", values, where)
+        """The loops over the container's two sections (``section``: limits, requests) and their names (``name``)."""
+        values = "container.?resources[?section].orValue({})" if self.typed else \
+            "(type(container) == map && 'resources' in container && type(container.resources) == map && " \
+            "section in container.resources && type(container.resources[section]) == map ? " \
+            "container.resources[section] : {})"
+        return Each("section", "['limits', 'requests']"), Each("name", values, where)
 
-    def counts(self, container: str = "c") -> str:
+    def counts(self, container: str = "container") -> str:
         """The container's policy GPUs with a valid count, each once, as ``{name, count}``: requests, else limits
         (what the scheduler holds)."""
         sections = f"[{self.section('limits', container)}, {self.section('requests', container)}]"
-        valid = (f"{sections}.map(M, M.filter(k, k in variables.gpus && {self.valid('M[k]')}).map(k, "
-                 f"{record(name='k', count=count('M[k]'))}))")
-        return f"[{valid}].map(P, P[0].filter(x, !P[1].exists(y, y.name == x.name)) + P[1])[0]"
+        valid = (f"{sections}.map(values, values.filter(name, name in variables.gpus && "
+                 f"{self.valid('values[name]')}).map(name, {record(name='name', count=count('values[name]'))}))")
+        return (f"[{valid}].map(counted, counted[0].filter(limited, !counted[1].exists(requested, "
+                f"requested.name == limited.name)) + counted[1])[0]")
 
-    def holds(self, container: str = "c") -> str:
+    def holds(self, container: str = "container") -> str:
         """The container holds a GPU of some kind (``context.container_gpus``): a holding name not a valid 0, or a
         claim."""
         def held(section: str) -> tuple[str, str]:
             values = self.section(section, container)
-            return values, f"k in variables.holding && !{self.zero(values + '[k]')}"
+            return values, f"name in variables.holding && !{self.zero(values + '[name]')}"
         return holds_gpu(held, self.claims(container))
 
 
@@ -196,14 +199,14 @@ class Reads:
 
 # The classes of a resource name, each a list of the object's names: a name is classified once per object.
 CLASSES: dict[str, Callable[[Ctx], str]] = {
-    "gpus": lambda ctx: is_gpu(ctx, "k"),  # Policy.is_gpu: a GPU count of the policy
-    "holding": lambda ctx: holds_name(ctx, "k"),  # it holds a GPU of some kind (context.container_gpus)
-    "zero_counting": lambda ctx: zero_counting(ctx, "k"),  # zero-gpu-limit reads it
-    "vendor": lambda ctx: matches("k", READ_BY_SHARING),  # the vendor-name checks read it (sharing.requested)
-    "shared": lambda ctx: f"k in variables.vendor && {matches('k', SHARED)}",
-    "percent": lambda ctx: f"k in variables.vendor && {matches('k', PERCENT)}",
-    "scheduler": lambda ctx: matches("k", SCHEDULER),
-    "monitoring": lambda ctx: f"k in variables.vendor && {matches('k', MONITORING)}",
+    "gpus": lambda ctx: is_gpu(ctx, "name"),  # Policy.is_gpu: a GPU count of the policy
+    "holding": lambda ctx: holds_name(ctx, "name"),  # it holds a GPU of some kind (context.container_gpus)
+    "zero_counting": lambda ctx: zero_counting(ctx, "name"),  # zero-gpu-limit reads it
+    "vendor": lambda ctx: matches("name", READ_BY_SHARING),  # the vendor-name checks read it (sharing.requested)
+    "shared": lambda ctx: f"name in variables.vendor && {matches('name', SHARED)}",
+    "percent": lambda ctx: f"name in variables.vendor && {matches('name', PERCENT)}",
+    "scheduler": lambda ctx: matches("name", SCHEDULER),
+    "monitoring": lambda ctx: f"name in variables.vendor && {matches('name', MONITORING)}",
 }
 
 
@@ -215,16 +218,17 @@ def name_variables(ctx: Ctx, pods: str = "variables.pod_specs[0]") -> list[tuple
     usual pod): a name classified twice is classified alike."""
     r = Reads(ctx)
     sep = lit(SEPARATOR)
-    lists = "[" + ", ".join(r.items("n.spec", name) for name in CONTAINER_LISTS) + ", " + (
-        "dyn([n.spec])" if r.typed else "[n.spec]") + "]"
+    lists = "[" + ", ".join(r.items("pod.spec", name) for name in CONTAINER_LISTS) + ", " + (
+        "dyn([pod.spec])" if r.typed else "[pod.spec]") + "]"
     lim, req = r.section("limits"), r.section("requests")
-    per_container = (f"({lim}.filter(k, k.contains('/')) + {req}.filter(k, k.contains('/') && !(k in {lim})))"
+    per_container = (f"({lim}.filter(name, name.contains('/')) + "
+                     f"{req}.filter(name, name.contains('/') && !(name in {lim})))"
                      f".join({sep})")
-    found = (f"{pods}.map(n, {lists}.map(L, L.map(c, {per_container}).join({sep})).join({sep})).join({sep})"
-             f".split({sep}).filter(k, k != '')")
+    found = (f"{pods}.map(pod, {lists}.map(containers, containers.map(container, {per_container}).join({sep}))"
+             f".join({sep})).join({sep}).split({sep}).filter(name, name != '')")
     once = (f"{found}.distinct()" if ctx.lists
-            else f"[{found}].map(N, size(N) > 0 && N.all(k, k == N[0]) ? [N[0]] : N)[0]")
-    return [("resource_names", once)] + [(name, f"variables.resource_names.filter(k, {test(ctx)})")
+            else f"[{found}].map(names, size(names) > 0 && names.all(name, name == names[0]) ? [names[0]] : names)[0]")
+    return [("resource_names", once)] + [(name, f"variables.resource_names.filter(name, {test(ctx)})")
                                          for name, test in CLASSES.items()]
 
 
@@ -232,16 +236,18 @@ def taint_variable(ctx: Ctx, pods: str) -> tuple[str, str]:
     """``gpu_taint_keys`` (:data:`snippets.GPU_TAINT_KEYS`): per pod spec of ``pods``, the keys of its tolerations
     that name a GPU, each classified once however many rules read it."""
     r = Reads(ctx)
-    keyed = "has(x.key)" if r.typed else "type(x) == map && 'key' in x && type(x.key) == string"
-    tolerations = r.get("n.spec", "tolerations", "list", "[]")
-    keys = f"{tolerations}.filter(x, {keyed}).map(x, x.key).filter(k, {taint_names(ctx, 'k')})"
-    return GPU_TAINT_KEYS.removeprefix("variables."), f"{pods}.map(n, {keys})"
+    keyed = ("has(toleration.key)" if r.typed
+             else "type(toleration) == map && 'key' in toleration && type(toleration.key) == string")
+    tolerations = r.get("pod.spec", "tolerations", "list", "[]")
+    keys = (f"{tolerations}.filter(toleration, {keyed}).map(toleration, toleration.key)"
+            f".filter(key, {taint_names(ctx, 'key')})")
+    return GPU_TAINT_KEYS.removeprefix("variables."), f"{pods}.map(pod, {keys})"
 
 
 def _some_container(r: Reads, spec: str, test: str, lists: tuple[str, ...] = CONTAINER_LISTS) -> str:
-    """Some container ``c`` of the pod spec ``spec`` passes ``test``."""
+    """Some container ``container`` of the pod spec ``spec`` passes ``test``."""
     containers = "[" + ", ".join(r.items(spec, name) for name in lists) + "]"
-    return f"{containers}.exists(L, L.exists(c, {test}))"
+    return f"{containers}.exists(containers, containers.exists(container, {test}))"
 
 
 def trusted(ctx: Ctx, spec: str) -> str:
@@ -260,23 +266,23 @@ def trusted(ctx: Ctx, spec: str) -> str:
 
 def template_facts(ctx: Ctx, spec: str, meta: str) -> dict[str, str]:
     """What the rules share about a pod spec, as CEL reading ``spec`` and its template's ``meta``; each short-cuts
-    when the object names no resource of the class it asks about. ``holds`` reads ``fractional`` as ``F``."""
+    when the object names no resource of the class it asks about. ``holds`` reads ``fractional``, bound once."""
     r = Reads(ctx)
     annotations = r.get(meta, "annotations", "map", "{}")
 
     def names(test: str) -> str:
-        return " || ".join(f"{r.section(s)}.exists(k, {test.replace('X', r.section(s) + '[k]')})"
+        return " || ".join(f"{r.section(s)}.exists(name, {test.replace('X', r.section(s) + '[name]')})"
                            for s in ("limits", "requests"))
 
-    scheduler = _some_container(r, spec, names(f"k in variables.scheduler && !{r.zero('X')}"))
+    scheduler = _some_container(r, spec, names(f"name in variables.scheduler && !{r.zero('X')}"))
     fractional = (f"((size(variables.scheduler) > 0 && {scheduler}) || "
-                  f"{lits(FRACTION_ANNOTATIONS)}.exists(a, a in {annotations}))")
-    claims = r.claims() if r.typed else f"{r.claims()}.filter(x, type(x) == map)"
+                  f"{lits(FRACTION_ANNOTATIONS)}.exists(annotation, annotation in {annotations}))")
+    claims = r.claims() if r.typed else f"{r.claims()}.filter(claim, type(claim) == map)"
     declared = r.get(spec, "resourceClaims", "list", "[]")
     return {
-        "uses": f"size(variables.gpus) > 0 && {_some_container(r, spec, names('k in variables.gpus'))}",
+        "uses": f"size(variables.gpus) > 0 && {_some_container(r, spec, names('name in variables.gpus'))}",
         "fractional": fractional,
-        "holds": f"F || {_some_container(r, spec, r.holds())}",
+        "holds": f"fractional || {_some_container(r, spec, r.holds())}",
         "trusted": trusted(ctx, spec),
         "declares": f"size({declared}) > 0",
         "dra": f"size({declared}) > 0 || {_some_container(r, spec, f'size({claims}) > 0', LISTS_WITH_CLAIMS)}",
@@ -288,14 +294,15 @@ LISTS_WITH_CLAIMS = ("containers", "initContainers")
 
 
 def gpu_counts(r: Reads, spec: str) -> str:
-    """``t.gpuCounts``: per app and init container, in order, its list, place, whether it is a sidecar, and its
+    """``pod.gpuCounts``: per app and init container, in order, its list, place, whether it is a sidecar, and its
     counts (:meth:`Reads.counts`)."""
     out = []
     for name in ("containers", "initContainers"):
         values = r.items(spec, name)
-        sidecar = r.sidecar("c") if name == "initContainers" else "false"
-        one = record(list=lit(name), pos="p", sidecar=sidecar, counts=r.counts("c"))
-        out.append(f"[{values}].map(L, L.map(c, [L.indexOf(c)].map(p, {one})[0]))[0]")
+        sidecar = r.sidecar("container") if name == "initContainers" else "false"
+        one = record(list=lit(name), pos="position", sidecar=sidecar, counts=r.counts("container"))
+        out.append(f"[{values}].map(containers, containers.map(container, "
+                   f"[containers.indexOf(container)].map(position, {one})[0]))[0]")
     return " + ".join(out)
 
 
@@ -305,32 +312,32 @@ def gpu_counts(r: Reads, spec: str) -> str:
 def per_name(r: Reads, rule: str, sections: tuple[str, ...], names: str, where: str, message: str, value: str,
              let: tuple[tuple[str, str], ...] = (), template: str = "", container: str = "",
              requests_only: bool = False) -> list[Finding]:
-    """The finding on the resource names (``k``, value ``x``) of the ``sections`` (``s``) of every container: the
-    names passing ``names`` (cheap: class lists) are read, then ``where``. With ``requests_only``, a name in
-    requests counts only when limits lack it (``sharing.requested``)."""
+    """The finding on the resource names (``name``, value ``value``) of the ``sections`` (``section``) of every
+    container: the names passing ``names`` (cheap: class lists) are read, then ``where``. With ``requests_only``, a
+    name in requests counts only when limits lack it (``sharing.requested``)."""
     test = names
     if requests_only and "requests" in sections:
-        test = f"(s == 'limits' || !(k in {r.section('limits')})) && {names}"
+        test = f"(section == 'limits' || !(name in {r.section('limits')})) && {names}"
     section_loop, names_loop = r.each_section(test)
     if sections != ("limits", "requests"):
-        section_loop = Each("s", lits(sections))
-    loops = (Each("t", "variables.templates", template), *r.containers(where=container), section_loop, names_loop)
-    path = f"{Reads.PATH} + '.resources.' + s + '[' + k + ']'"
-    stable = f"{r.stable} + '.resources.' + s + '[' + k + ']'"
-    return [Finding(rule, loops, where, path, stable, value, message, (("x", f"{names_loop.over}[k]"), *let))]
+        section_loop = Each("section", lits(sections))
+    loops = (Each("pod", "variables.templates", template), *r.containers(where=container), section_loop, names_loop)
+    path = f"{Reads.PATH} + '.resources.' + section + '[' + name + ']'"
+    stable = f"{r.stable} + '.resources.' + section + '[' + name + ']'"
+    return [Finding(rule, loops, where, path, stable, value, message, (("value", f"{names_loop.over}[name]"), *let))]
 
 
-def selector_path(ctx: Ctx, base: str = "t.path") -> str:
+def selector_path(ctx: Ctx, base: str = "pod.path") -> str:
     """Where the accelerator label stands in the nodeSelector of the pod spec at ``base``."""
     return base + " + " + lit(".nodeSelector[" + ctx.policy.node_label + "]")
 
 
 def sorted_by_name(ctx: Ctx, records: str) -> str:
     """Records with a ``name``, in the order of their names (distinct)."""
-    return f"{records}.sortBy(x, x.name)" if ctx.lists else ranked(records, "name")
+    return f"{records}.sortBy(record, record.name)" if ctx.lists else ranked(records, "name")
 
 
 def held_counts(r: Reads, nonzero: bool) -> str:
     """``"1 nvidia.com/gpu, 2 …"``: the container's GPU counts by name, sorted (zeros dropped if asked)."""
-    counts = f"{r.counts()}.filter(x, x.count != 0)" if nonzero else r.counts()
-    return f"{sorted_by_name(r.ctx, counts)}.map(x, string(x.count) + ' ' + x.name).join(', ')"
+    counts = f"{r.counts()}.filter(held, held.count != 0)" if nonzero else r.counts()
+    return f"{sorted_by_name(r.ctx, counts)}.map(held, string(held.count) + ' ' + held.name).join(', ')"

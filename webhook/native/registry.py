@@ -19,8 +19,9 @@ Builder = Callable[[Ctx], list[Finding]]
 @dataclass(frozen=True)
 class Trigger:
     """A cheap test that is true whenever a rule could find a violation in a Pod or built-in template: on the
-    template ``t``, on a container ``c`` of list ``l``, or on a resource name ``k`` with a domain (value ``v``) of a
-    container's limits or requests. Tests of one level are evaluated in one pass (``rules.matters``).
+    template ``pod``, on a container ``container`` of list ``field``, or on a resource name ``name`` with a domain
+    (value ``value``) of a container's limits or requests. Tests of one level are evaluated in one pass
+    (``rules.matters``).
 
     A trigger with a ``key`` may be named by several rules and is written once, in the order of the keys; one without
     is its rule's own, written after them."""

@@ -48,7 +48,7 @@ BUILTIN_TEMPLATE = (
 
 
 def trigger_expression(ctx: Ctx, rules: list[str]) -> str:
-    """Whether anything in template ``t`` can make one of ``rules`` fire (what each declared it ``fires`` on),
+    """Whether anything in template ``pod`` can make one of ``rules`` fire (what each declared it ``fires`` on),
     tested in one pass over the containers; ``false`` for none."""
     missing = [rule for rule in rules if rule not in BUILDERS or not BUILDERS[rule].fires]
     if missing:
@@ -63,14 +63,15 @@ def trigger_expression(ctx: Ctx, rules: list[str]) -> str:
     names = tests("name")
     per_container = tests("container")
     if names:
-        sections = " || ".join(f"(has(c.resources.{s}) && c.resources.{s}.exists(k, k.contains('/') && "
-                               f"[c.resources.{s}[k]].exists(v, {' || '.join(names)})))"
+        sections = " || ".join(f"(has(container.resources.{s}) && container.resources.{s}.exists(name, "
+                               f"name.contains('/') && [container.resources.{s}[name]].exists(value, "
+                               f"{' || '.join(names)})))"
                                for s in ("limits", "requests"))
-        per_container.append(f"(has(c.resources) && ({sections}))")
+        per_container.append(f"(has(container.resources) && ({sections}))")
     per_template = tests("template")
     if per_container:
-        per_template.append(f"{lits(CONTAINER_LISTS)}.exists(l, l in t.spec && t.spec[l].exists(c, "
-                            f"{' || '.join(per_container)}))")
+        per_template.append(f"{lits(CONTAINER_LISTS)}.exists(field, field in pod.spec && "
+                            f"pod.spec[field].exists(container, {' || '.join(per_container)}))")
     return "(" + " || ".join(per_template) + ")" if per_template else "false"
 
 
@@ -78,7 +79,7 @@ def matters(ctx: Ctx, rules: list[str]) -> str:
     """The ``matchConditions`` expression of a policy on Pods and built-in workloads holding ``rules``: false when
     nothing in the template can make one of them fire, so CPU pods and ordinary GPU pods (plain counts, no isolation
     field) cost the policy one pass over their containers. Every rule says what can make it fire."""
-    text = f"({BUILTIN_TEMPLATE}).exists(t, has(t.spec) && {trigger_expression(ctx, rules)})"
+    text = f"({BUILTIN_TEMPLATE}).exists(pod, has(pod.spec) && {trigger_expression(ctx, rules)})"
     read = params.expression("perContainer")
     if ctx.live and read in text:
         # The cap per container is read through params (a matchCondition has no variables) for every resource name

@@ -1,10 +1,7 @@
-"""CEL fragments the rule builders share: GPU names, quantities, the wording of values, violation records.
+"""CEL fragments the rule builders share: GPU names, quantities, the wording of values, field reads.
 
 Each fragment takes the CEL text of its operands, which must be plain identifiers or cheap field reads:
-a fragment may read an operand several times. A violation is a record ``{'k': subject, 'm': text}``:
-``m`` is ``path: message`` as the webhook prints it (``webhook.core.field.Violation.__str__``), ``k`` is
-the rule, the path with named list items and the value, as ``Violation.subject`` is, so that an UPDATE
-is held only to the violations its old object did not have.
+a fragment may read an operand several times.
 """
 
 from __future__ import annotations
@@ -228,10 +225,10 @@ def zero_counting(ctx: Ctx, key: str) -> str:
 
 
 def holds_gpu(held: Callable[[str], tuple[str, str]], claims: str) -> str:
-    """``context.container_gpus``: a container holds a GPU of some kind: a name ``k`` of its limits or requests that
+    """``context.container_gpus``: a container holds a GPU of some kind: a name ``name`` of its limits or requests that
     holds one and is not a valid 0 (``held(section)``: the section's map and that test), or a claim (``claims``: the
     container's list of them)."""
-    tests = [f"{values}.exists(k, {test})" for values, test in map(held, ("limits", "requests"))]
+    tests = [f"{values}.exists(name, {test})" for values, test in map(held, ("limits", "requests"))]
     return f"({' || '.join(tests)} || size({claims}) > 0)"
 
 
@@ -264,7 +261,7 @@ def tolerates_gpu_taint(ctx: Ctx, t: str) -> str:
     templates: its key is in :data:`GPU_TAINT_KEYS`, classified once per request, or it tolerates a ``gpuTaints``
     taint."""
     key = f"{t}.key"
-    parts = [f"{GPU_TAINT_KEYS}.exists(K, {key} in K)"]
+    parts = [f"{GPU_TAINT_KEYS}.exists(keys, {key} in keys)"]
     for taint in ctx.policy.gpu_taints:
         effect = (f"(!has({t}.effect) || {t}.effect == '' || {t}.effect == {lit(taint.effect)})" if taint.effect
                   else "true")
@@ -343,10 +340,11 @@ def quantity_reason(v: str, typed: bool = False) -> str:
         f"({matches(v, PLACEHOLDER)} ? {lit(PLACEHOLDER_LEFT)} : {lit(NOT_A_QUANTITY)}) : "
         f"{matches(v, EXPONENT)} && !{matches(v, SENSIBLE_EXPONENT)} ? {lit(NOT_SENSIBLE)} : "
         f"!isQuantity({v}) ? {lit(NOT_A_QUANTITY)} : "
-        f"[quantity({v})].map(q, sign(q) < 0 ? {lit(NEGATIVE)} : q.isGreaterThan({ceiling}) ? {lit(NOT_SENSIBLE)} : "
+        f"[quantity({v})].map(amount, sign(amount) < 0 ? {lit(NEGATIVE)} : "
+        f"amount.isGreaterThan({ceiling}) ? {lit(NOT_SENSIBLE)} : "
         # isInteger() is false for 1000m (it gives up on negative scales): compare with the rounded value instead,
         # bounded above so the rounding is exact.
-        f"q.compareTo(quantity(string(int(q.asApproximateFloat() + 0.5)))) != 0 ? {lit(NOT_WHOLE)} : '')[0]"
+        f"amount.compareTo(quantity(string(int(amount.asApproximateFloat() + 0.5)))) != 0 ? {lit(NOT_WHOLE)} : '')[0]"
     )
     return (
         f"(type({v}) == string ? ({string}) : "
@@ -360,7 +358,7 @@ def quantity_reason(v: str, typed: bool = False) -> str:
 def quantity_error(v: str, typed: bool = False) -> str:
     """The message ``gpu_count`` raises for ``v`` (the value itself, not a string of it), or ``''``: the value as
     ``shown`` words it, then what is wrong."""
-    return f"[{quantity_reason(v, typed)}].map(p, p == '' ? '' : {shown(v, typed)} + p)[0]"
+    return f"[{quantity_reason(v, typed)}].map(reason, reason == '' ? '' : {shown(v, typed)} + reason)[0]"
 
 
 def count(v: str) -> str:
@@ -376,26 +374,11 @@ def is_zero(v: str, typed: bool = False) -> str:
     if typed:
         return f"({v} == '0')"
     if not _PLAIN.fullmatch(v):
-        return f"[{v}].exists(z, {is_zero('z')})"
+        return f"[{v}].exists(value, {is_zero('value')})"
     return (f"(type({v}) == int ? {v} == 0 : type({v}) == double ? {v} == 0.0 : type({v}) == string ? "
             f"(size({v}) <= {MAX_LENGTH} && {matches(v, QUANTITY_GRAMMAR)} && "
             f"(!{matches(v, EXPONENT)} || {matches(v, SENSIBLE_EXPONENT)}) && isQuantity({v}) && "
             f"sign(quantity({v})) == 0) : false)")
-
-
-def value_key(v: str) -> str:
-    """The value part of a violation's subject (anything stable will do: it is compared with itself)."""
-    return plain(v)
-
-
-# --- records -----------------------------------------------------------------------------------------------
-
-
-def violation(rule: str, path: str, stable: str, value: str, message: str, origin: str = "r.o") -> str:
-    """A violation record: ``path``, ``stable``, ``value`` and ``message`` are CEL string expressions; ``origin``
-    (an int expression) says whether it was found in the object (0) or, on UPDATE, in the old object (1)."""
-    return (f"{{'k': dyn({lit(rule + '|')} + {stable} + '|' + {value}), "
-            f"'m': dyn({path} + ': ' + {message}), 'o': dyn({origin})}}")
 
 
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*|\[[0-9]+\])*")
@@ -408,7 +391,7 @@ def guarded(parent: str, key: str, kind: str, default: str) -> str:
     nest without the text, or the cost, growing with every level.
     """
     if not _PLAIN.fullmatch(parent):
-        return f"[{parent}].map(gv, {guarded('gv', key, kind, default)})[0]"
+        return f"[{parent}].map(parent, {guarded('parent', key, kind, default)})[0]"
     value = f"{parent}[{lit(key)}]"
     return f"(type({parent}) == map && {lit(key)} in {parent} && type({value}) == {kind} ? {value} : {default})"
 
@@ -416,8 +399,9 @@ def guarded(parent: str, key: str, kind: str, default: str) -> str:
 def ranked(values: str, field: str = "") -> str:
     """The distinct ``values`` in order (of their ``field`` when given) without sortBy() or sort(), which the oldest
     targets lack: at each position, the value whose rank (how many are smaller) is that position."""
-    z, y = (f"z.{field}", f"y.{field}") if field else ("z", "y")
-    return f"[{values}].map(L, L.map(x, L.filter(y, size(L.filter(z, {z} < {y})) == L.indexOf(x))[0]))[0]"
+    smaller, candidate = (f"smaller.{field}", f"candidate.{field}") if field else ("smaller", "candidate")
+    return (f"[{values}].map(values, values.map(item, values.filter(candidate, size(values.filter(smaller, "
+            f"{smaller} < {candidate})) == values.indexOf(item))[0]))[0]")
 
 
 def stable_item(path: str, index: str, item: str, by: str) -> str:
@@ -429,6 +413,6 @@ def stable_item(path: str, index: str, item: str, by: str) -> str:
 
 __all__ = [
     "Ctx", "about", "count", "guarded", "holds_name", "implicit_gpu", "is_gpu", "is_zero", "names_gpu",
-    "quantity_error", "quoted", "shown", "stable_item", "taint_names", "tolerates_gpu_taint", "type_name", "value_key",
-    "violation", "zero_counting", "Policy",
+    "quantity_error", "quoted", "shown", "stable_item", "taint_names", "tolerates_gpu_taint", "type_name",
+    "zero_counting", "Policy",
 ]

@@ -111,17 +111,17 @@ def glob_regex(glob: str) -> str:
 
 
 def resource_test(patterns: Sequence[str]) -> str:
-    """A CEL test of one resource name ``k`` against the GPU patterns, with fnmatch's meaning: a name without
+    """A CEL test of one resource name ``name`` against the GPU patterns, with fnmatch's meaning: a name without
     wildcards is compared, a name whose only wildcard is a trailing "*" is a prefix, anything else is a regex."""
     tests = []
     for pattern in patterns:
         prefix = pattern[:-1] if pattern.endswith("*") else pattern
         if not any(c in pattern for c in GLOB_META):
-            tests.append(f"k == '{cel_string(pattern)}'")
+            tests.append(f"name == '{cel_string(pattern)}'")
         elif pattern.endswith("*") and not any(c in prefix for c in GLOB_META):
-            tests.append(f"k.startsWith('{cel_string(prefix)}')")
+            tests.append(f"name.startsWith('{cel_string(prefix)}')")
         else:
-            tests.append(f"k.matches('{cel_string('^' + glob_regex(pattern) + '$')}')")
+            tests.append(f"name.matches('{cel_string('^' + glob_regex(pattern) + '$')}')")
     return " || ".join(tests)
 
 
@@ -161,48 +161,49 @@ def checks_on(policies: PolicySet, rules: Iterable[str]) -> bool:
 # --- the expressions -------------------------------------------------------------------------------------------
 
 def any_pod_triggers() -> str:
-    """The triggers of the rules the webhook applies to any pod (on a template ``t`` with a spec). They read no
+    """The triggers of the rules the webhook applies to any pod (on a template ``pod`` with a spec). They read no
     policy value (tests/test_webhook_conditions.py checks it), so the default policy writes them."""
     return trigger_expression(Ctx(parse_policy("{}")), list(ANY_POD))
 
 
 def _uses_gpu(names: str) -> str:
-    """Template ``t`` names a GPU (``names``, a test of ``k``) in a container's or its own resources."""
-    return f"""((has(t.spec.containers) ? t.spec.containers : [])
-    + (has(t.spec.initContainers) ? t.spec.initContainers : [])
-    + (has(t.spec.ephemeralContainers) ? t.spec.ephemeralContainers : [])
-    + [t.spec]
-  ).exists(c, has(c.resources)
-    && ((has(c.resources.limits) ? [c.resources.limits] : [])
-          + (has(c.resources.requests) ? [c.resources.requests] : []))
-      .exists(r, r.exists(k, {names})))"""
+    """Template ``pod`` names a GPU (``names``, a test of ``name``) in a container's or its own resources."""
+    return f"""((has(pod.spec.containers) ? pod.spec.containers : [])
+    + (has(pod.spec.initContainers) ? pod.spec.initContainers : [])
+    + (has(pod.spec.ephemeralContainers) ? pod.spec.ephemeralContainers : [])
+    + [pod.spec]
+  ).exists(container, has(container.resources)
+    && ((has(container.resources.limits) ? [container.resources.limits] : [])
+          + (has(container.resources.requests) ? [container.resources.requests] : []))
+      .exists(section, section.exists(name, {names})))"""
 
 
-CLAIMS = "(has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0)"
-FRACTION = ("(has(t.metadata) && has(t.metadata.annotations) && t.metadata.annotations.exists(k, "
-            f"k in {cel_list(FRACTION_ANNOTATIONS)}))")
+CLAIMS = "(has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims) > 0)"
+FRACTION = ("(has(pod.metadata) && has(pod.metadata.annotations) && pod.metadata.annotations.exists(key, "
+            f"key in {cel_list(FRACTION_ANNOTATIONS)}))")
 # cpu-pod-on-gpu-nodes (Policy.tolerates_gpu_taint, the node label in nodeSelector), on a pod without GPUs.
-GPU_NODES = (f"(has(t.spec.tolerations) && t.spec.tolerations.exists(x, has(x.key) && ([x.key].exists(k, {GPU} || "
-             f"k.matches('{cel_string(cel_pattern())}')) || x.key in {TAINTS})))\n"
-             f"  || (has(t.spec.nodeSelector) && t.spec.nodeSelector.exists(k, k in {LABELS}))")
+GPU_NODES = (f"(has(pod.spec.tolerations) && pod.spec.tolerations.exists(toleration, has(toleration.key) && "
+             f"([toleration.key].exists(name, {GPU} || "
+             f"name.matches('{cel_string(cel_pattern())}')) || toleration.key in {TAINTS})))\n"
+             f"  || (has(pod.spec.nodeSelector) && pod.spec.nodeSelector.exists(key, key in {LABELS}))")
 
 
 def validate_expression(gpu: str = GPU, gpu_nodes: bool = True) -> str:
     """``gpu-or-isolation``: a template that uses a GPU, or that carries a trigger of a rule the webhook applies to
     any pod (and, while cpuPodOnGpuNodes is on, tolerates a GPU taint or selects the accelerator label)."""
-    names = f"{gpu} || k.matches('{cel_string(cel_pattern())}')"
+    names = f"{gpu} || name.matches('{cel_string(cel_pattern())}')"
     clauses = [_uses_gpu(names), FRACTION, CLAIMS, any_pod_triggers()]
     if gpu_nodes:
         clauses.append(GPU_NODES.replace(GPU, gpu))
     body = "\n  || ".join(clauses)
-    return f"{POD_TEMPLATES}.exists(t, has(t.spec) && (\n  {body}\n))"
+    return f"{POD_TEMPLATES}.exists(pod, has(pod.spec) && (\n  {body}\n))"
 
 
 def mutate_expression(gpu: str = GPU, hidden: str = "") -> str:
     """``gpu-or-hidden-namespace``: a pod that uses a GPU the policy counts (or claims), or any pod where hideGpus
     applies."""
     head = f"{hidden}\n|| " if hidden else ""
-    return f"{head}{POD_TEMPLATES}.exists(t, has(t.spec) && (\n  {_uses_gpu(gpu)}\n  || {CLAIMS}\n))"
+    return f"{head}{POD_TEMPLATES}.exists(pod, has(pod.spec) && (\n  {_uses_gpu(gpu)}\n  || {CLAIMS}\n))"
 
 
 def fill(text: str, *, labels: Sequence[str] = (), taints: Sequence[str] = ()) -> str:
@@ -307,19 +308,19 @@ def template() -> str:
         "{{- end }}\n"
         "{{- $out }}")))
     parts.append(_define("resourceTest", (
-        "{{- /* The CEL test of a resource name k against the GPU patterns (webhooks.resource_test). */}}\n"
+        "{{- /* The CEL test of a resource name name against the GPU patterns (webhooks.resource_test). */}}\n"
         "{{- $tests := list }}\n"
         '{{- range (include "gpu-webhook.webhooks.gpuResources" . | fromJsonArray) }}\n'
         "{{- $pattern := toString . }}\n"
         '{{- $prefix := trimSuffix "*" $pattern }}\n'
         f"{{{{- if not (regexMatch {_q(meta)} $pattern) }}}}\n"
-        '{{- $tests = append $tests (printf "k == \'%s\'" (include "gpu-webhook.webhooks.celString" $pattern)) }}\n'
+        '{{- $tests = append $tests (printf "name == \'%s\'" (include "gpu-webhook.webhooks.celString" $pattern)) }}\n'
         f'{{{{- else if and (hasSuffix "*" $pattern) (not (regexMatch {_q(meta)} $prefix)) }}}}\n'
-        '{{- $tests = append $tests (printf "k.startsWith(\'%s\')" '
+        '{{- $tests = append $tests (printf "name.startsWith(\'%s\')" '
         '(include "gpu-webhook.webhooks.celString" $prefix)) }}\n'
         "{{- else }}\n"
         '{{- $re := printf "^%s$" (include "gpu-webhook.webhooks.globRegex" $pattern) }}\n'
-        '{{- $tests = append $tests (printf "k.matches(\'%s\')" (include "gpu-webhook.webhooks.celString" $re)) }}\n'
+        '{{- $tests = append $tests (printf "name.matches(\'%s\')" (include "gpu-webhook.webhooks.celString" $re)) }}\n'
         "{{- end }}\n"
         "{{- end }}\n"
         '{{- join " || " $tests }}')))

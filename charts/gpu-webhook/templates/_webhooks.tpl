@@ -48,18 +48,18 @@ device class (policy.dra.gpuClasses, else the webhook's defaults), as Policy.is_
 {{- end }}
 
 {{- define "gpu-webhook.webhooks.resourceTest" -}}
-{{- /* The CEL test of a resource name k against the GPU patterns (webhooks.resource_test). */}}
+{{- /* The CEL test of a resource name name against the GPU patterns (webhooks.resource_test). */}}
 {{- $tests := list }}
 {{- range (include "gpu-webhook.webhooks.gpuResources" . | fromJsonArray) }}
 {{- $pattern := toString . }}
 {{- $prefix := trimSuffix "*" $pattern }}
 {{- if not (regexMatch "[\\*\\?\\[]" $pattern) }}
-{{- $tests = append $tests (printf "k == '%s'" (include "gpu-webhook.webhooks.celString" $pattern)) }}
+{{- $tests = append $tests (printf "name == '%s'" (include "gpu-webhook.webhooks.celString" $pattern)) }}
 {{- else if and (hasSuffix "*" $pattern) (not (regexMatch "[\\*\\?\\[]" $prefix)) }}
-{{- $tests = append $tests (printf "k.startsWith('%s')" (include "gpu-webhook.webhooks.celString" $prefix)) }}
+{{- $tests = append $tests (printf "name.startsWith('%s')" (include "gpu-webhook.webhooks.celString" $prefix)) }}
 {{- else }}
 {{- $re := printf "^%s$" (include "gpu-webhook.webhooks.globRegex" $pattern) }}
-{{- $tests = append $tests (printf "k.matches('%s')" (include "gpu-webhook.webhooks.celString" $re)) }}
+{{- $tests = append $tests (printf "name.matches('%s')" (include "gpu-webhook.webhooks.celString" $re)) }}
 {{- end }}
 {{- end }}
 {{- join " || " $tests }}
@@ -152,20 +152,20 @@ request.kind.kind == 'DeviceClass'
       ? (has(object.spec) && has(object.spec.jobTemplate) && has(object.spec.jobTemplate.spec)
           && has(object.spec.jobTemplate.spec.template) ? [object.spec.jobTemplate.spec.template] : [])
       : (has(object.spec) && has(object.spec.template) ? [object.spec.template] : [])
-).exists(t, has(t.spec) && (
-  ((has(t.spec.containers) ? t.spec.containers : [])
-    + (has(t.spec.initContainers) ? t.spec.initContainers : [])
-    + (has(t.spec.ephemeralContainers) ? t.spec.ephemeralContainers : [])
-    + [t.spec]
-  ).exists(c, has(c.resources)
-    && ((has(c.resources.limits) ? [c.resources.limits] : [])
-          + (has(c.resources.requests) ? [c.resources.requests] : []))
-      .exists(r, r.exists(k, {{ .gpu }} || k.matches('^(?:nvidia\\.com/gpu|nvidia\\.com/gpu\\.shared|nvidia\\.com/mig-(?:[0-9]+c\\.)?[0-9]+g\\.[0-9]+gb(?:\\.[a-z0-9]+)*\\.shared|nvidia\\.com/mig-(?:[0-9]+c\\.)?[0-9]+g\\.[0-9]+gb(?:\\.[a-z0-9]+)*|management\\.nvidia\\.com/gpu|amd\\.com/gpu|amd\\.com/(?:spx|dpx|tpx|qpx|cpx)_nps(?:1|2|4)|gpu\\.intel\\.com/(?:i915|xe)|gpu\\.intel\\.com/(?:i915_|xe_)?monitoring|gpu\\.intel\\.com/millicores|gpu\\.intel\\.com/memory\\.max|gpu\\.intel\\.com/tiles|nvidia\\.com/gpumem|nvidia\\.com/gpumem-percentage|nvidia\\.com/gpucores|nvidia\\.com/priority|volcano\\.sh/vgpu-number|volcano\\.sh/vgpu-memory|volcano\\.sh/vgpu-memory-percentage|volcano\\.sh/vgpu-cores|volcano\\.sh/gpu-number|volcano\\.sh/gpu-memory|amd\\.com/gpumem|amd\\.com/gpucores|iluvatar\\.ai/[A-Za-z0-9][A-Za-z0-9-]*-vgpu|iluvatar\\.ai/[A-Za-z0-9][A-Za-z0-9-]*\\.vMem|iluvatar\\.ai/[A-Za-z0-9][A-Za-z0-9-]*\\.vCore|iluvatar\\.ai/vgpu|iluvatar\\.ai/vcuda-memory|iluvatar\\.ai/vcuda-core|metax-tech\\.com/gpu|metax-tech\\.com/sgpu|metax-tech\\.com/vcore|metax-tech\\.com/vmemory|mthreads\\.com/vgpu|mthreads\\.com/sgpu-memory|mthreads\\.com/sgpu-core|hygon\\.com/dcunum|hygon\\.com/dcumem|hygon\\.com/dcucores|cambricon\\.com/vmlu|cambricon\\.com/[a-z0-9]+\\.smlu\\.vmemory|cambricon\\.com/[a-z0-9]+\\.smlu\\.vcore|huawei\\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?|huawei\\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?-memory|huawei\\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?-core|huawei\\.com/Ascend[0-9]+[A-Za-z]?-[0-9]+c(?:\\.[a-z0-9]+)*|huawei\\.com/npu-core|enflame\\.com/gcu|enflame\\.com/drs-gcu|enflame\\.com/gcu-memory|enflame\\.com/gcu-core|kunlunxin\\.com/xpu|kunlunxin\\.com/vxpu|kunlunxin\\.com/vxpu-memory|birentech\\.com/gpu|vastaitech\\.com/va|aws\\.amazon\\.com/neuron|aws\\.amazon\\.com/neuroncore)$'))))
-  || (has(t.metadata) && has(t.metadata.annotations) && t.metadata.annotations.exists(k, k in ['gpu-fraction', 'gpu-memory', 'gpu-fraction-num-devices']))
-  || (has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0)
-  || ((has(t.metadata.annotations) && t.metadata.annotations.exists(k, k.startsWith('cdi.k8s.io/') || k.startsWith('nvidia.cdi.k8s.io/') || k == 'nvidia.cdi.k8s.io')) || (has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0) || (has(t.spec.volumes) && t.spec.volumes.exists(v, has(v.hostPath))) || (has(t.spec.runtimeClassName) && t.spec.runtimeClassName.startsWith('nvidia')) || ['containers', 'initContainers', 'ephemeralContainers'].exists(l, l in t.spec && t.spec[l].exists(c, (l != 'ephemeralContainers' && has(c.resources) && has(c.resources.claims) && size(c.resources.claims) > 0) || (has(c.env) && c.env.exists(e, e.name in ['NVIDIA_VISIBLE_DEVICES', 'NVIDIA_MIG_CONFIG_DEVICES'])) || (has(c.volumeMounts) && c.volumeMounts.exists(v, v.mountPath.contains('nvidia-container-devices'))) || (has(c.securityContext) && has(c.securityContext.privileged) && c.securityContext.privileged))))
-  || (has(t.spec.tolerations) && t.spec.tolerations.exists(x, has(x.key) && ([x.key].exists(k, {{ .gpu }} || k.matches('^(?:nvidia\\.com/gpu|nvidia\\.com/gpu\\.shared|nvidia\\.com/mig-(?:[0-9]+c\\.)?[0-9]+g\\.[0-9]+gb(?:\\.[a-z0-9]+)*\\.shared|nvidia\\.com/mig-(?:[0-9]+c\\.)?[0-9]+g\\.[0-9]+gb(?:\\.[a-z0-9]+)*|management\\.nvidia\\.com/gpu|amd\\.com/gpu|amd\\.com/(?:spx|dpx|tpx|qpx|cpx)_nps(?:1|2|4)|gpu\\.intel\\.com/(?:i915|xe)|gpu\\.intel\\.com/(?:i915_|xe_)?monitoring|gpu\\.intel\\.com/millicores|gpu\\.intel\\.com/memory\\.max|gpu\\.intel\\.com/tiles|nvidia\\.com/gpumem|nvidia\\.com/gpumem-percentage|nvidia\\.com/gpucores|nvidia\\.com/priority|volcano\\.sh/vgpu-number|volcano\\.sh/vgpu-memory|volcano\\.sh/vgpu-memory-percentage|volcano\\.sh/vgpu-cores|volcano\\.sh/gpu-number|volcano\\.sh/gpu-memory|amd\\.com/gpumem|amd\\.com/gpucores|iluvatar\\.ai/[A-Za-z0-9][A-Za-z0-9-]*-vgpu|iluvatar\\.ai/[A-Za-z0-9][A-Za-z0-9-]*\\.vMem|iluvatar\\.ai/[A-Za-z0-9][A-Za-z0-9-]*\\.vCore|iluvatar\\.ai/vgpu|iluvatar\\.ai/vcuda-memory|iluvatar\\.ai/vcuda-core|metax-tech\\.com/gpu|metax-tech\\.com/sgpu|metax-tech\\.com/vcore|metax-tech\\.com/vmemory|mthreads\\.com/vgpu|mthreads\\.com/sgpu-memory|mthreads\\.com/sgpu-core|hygon\\.com/dcunum|hygon\\.com/dcumem|hygon\\.com/dcucores|cambricon\\.com/vmlu|cambricon\\.com/[a-z0-9]+\\.smlu\\.vmemory|cambricon\\.com/[a-z0-9]+\\.smlu\\.vcore|huawei\\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?|huawei\\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?-memory|huawei\\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?-core|huawei\\.com/Ascend[0-9]+[A-Za-z]?-[0-9]+c(?:\\.[a-z0-9]+)*|huawei\\.com/npu-core|enflame\\.com/gcu|enflame\\.com/drs-gcu|enflame\\.com/gcu-memory|enflame\\.com/gcu-core|kunlunxin\\.com/xpu|kunlunxin\\.com/vxpu|kunlunxin\\.com/vxpu-memory|birentech\\.com/gpu|vastaitech\\.com/va|aws\\.amazon\\.com/neuron|aws\\.amazon\\.com/neuroncore)$')) || x.key in {{ .taints }})))
-  || (has(t.spec.nodeSelector) && t.spec.nodeSelector.exists(k, k in {{ .labels }}))
+).exists(pod, has(pod.spec) && (
+  ((has(pod.spec.containers) ? pod.spec.containers : [])
+    + (has(pod.spec.initContainers) ? pod.spec.initContainers : [])
+    + (has(pod.spec.ephemeralContainers) ? pod.spec.ephemeralContainers : [])
+    + [pod.spec]
+  ).exists(container, has(container.resources)
+    && ((has(container.resources.limits) ? [container.resources.limits] : [])
+          + (has(container.resources.requests) ? [container.resources.requests] : []))
+      .exists(section, section.exists(name, {{ .gpu }} || name.matches('^(?:nvidia\\.com/gpu|nvidia\\.com/gpu\\.shared|nvidia\\.com/mig-(?:[0-9]+c\\.)?[0-9]+g\\.[0-9]+gb(?:\\.[a-z0-9]+)*\\.shared|nvidia\\.com/mig-(?:[0-9]+c\\.)?[0-9]+g\\.[0-9]+gb(?:\\.[a-z0-9]+)*|management\\.nvidia\\.com/gpu|amd\\.com/gpu|amd\\.com/(?:spx|dpx|tpx|qpx|cpx)_nps(?:1|2|4)|gpu\\.intel\\.com/(?:i915|xe)|gpu\\.intel\\.com/(?:i915_|xe_)?monitoring|gpu\\.intel\\.com/millicores|gpu\\.intel\\.com/memory\\.max|gpu\\.intel\\.com/tiles|nvidia\\.com/gpumem|nvidia\\.com/gpumem-percentage|nvidia\\.com/gpucores|nvidia\\.com/priority|volcano\\.sh/vgpu-number|volcano\\.sh/vgpu-memory|volcano\\.sh/vgpu-memory-percentage|volcano\\.sh/vgpu-cores|volcano\\.sh/gpu-number|volcano\\.sh/gpu-memory|amd\\.com/gpumem|amd\\.com/gpucores|iluvatar\\.ai/[A-Za-z0-9][A-Za-z0-9-]*-vgpu|iluvatar\\.ai/[A-Za-z0-9][A-Za-z0-9-]*\\.vMem|iluvatar\\.ai/[A-Za-z0-9][A-Za-z0-9-]*\\.vCore|iluvatar\\.ai/vgpu|iluvatar\\.ai/vcuda-memory|iluvatar\\.ai/vcuda-core|metax-tech\\.com/gpu|metax-tech\\.com/sgpu|metax-tech\\.com/vcore|metax-tech\\.com/vmemory|mthreads\\.com/vgpu|mthreads\\.com/sgpu-memory|mthreads\\.com/sgpu-core|hygon\\.com/dcunum|hygon\\.com/dcumem|hygon\\.com/dcucores|cambricon\\.com/vmlu|cambricon\\.com/[a-z0-9]+\\.smlu\\.vmemory|cambricon\\.com/[a-z0-9]+\\.smlu\\.vcore|huawei\\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?|huawei\\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?-memory|huawei\\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?-core|huawei\\.com/Ascend[0-9]+[A-Za-z]?-[0-9]+c(?:\\.[a-z0-9]+)*|huawei\\.com/npu-core|enflame\\.com/gcu|enflame\\.com/drs-gcu|enflame\\.com/gcu-memory|enflame\\.com/gcu-core|kunlunxin\\.com/xpu|kunlunxin\\.com/vxpu|kunlunxin\\.com/vxpu-memory|birentech\\.com/gpu|vastaitech\\.com/va|aws\\.amazon\\.com/neuron|aws\\.amazon\\.com/neuroncore)$'))))
+  || (has(pod.metadata) && has(pod.metadata.annotations) && pod.metadata.annotations.exists(key, key in ['gpu-fraction', 'gpu-memory', 'gpu-fraction-num-devices']))
+  || (has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims) > 0)
+  || ((has(pod.metadata.annotations) && pod.metadata.annotations.exists(key, key.startsWith('cdi.k8s.io/') || key.startsWith('nvidia.cdi.k8s.io/') || key == 'nvidia.cdi.k8s.io')) || (has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims) > 0) || (has(pod.spec.volumes) && pod.spec.volumes.exists(volume, has(volume.hostPath))) || (has(pod.spec.runtimeClassName) && pod.spec.runtimeClassName.startsWith('nvidia')) || ['containers', 'initContainers', 'ephemeralContainers'].exists(field, field in pod.spec && pod.spec[field].exists(container, (field != 'ephemeralContainers' && has(container.resources) && has(container.resources.claims) && size(container.resources.claims) > 0) || (has(container.env) && container.env.exists(env, env.name in ['NVIDIA_VISIBLE_DEVICES', 'NVIDIA_MIG_CONFIG_DEVICES'])) || (has(container.volumeMounts) && container.volumeMounts.exists(mount, mount.mountPath.contains('nvidia-container-devices'))) || (has(container.securityContext) && has(container.securityContext.privileged) && container.securityContext.privileged))))
+  || (has(pod.spec.tolerations) && pod.spec.tolerations.exists(toleration, has(toleration.key) && ([toleration.key].exists(name, {{ .gpu }} || name.matches('^(?:nvidia\\.com/gpu|nvidia\\.com/gpu\\.shared|nvidia\\.com/mig-(?:[0-9]+c\\.)?[0-9]+g\\.[0-9]+gb(?:\\.[a-z0-9]+)*\\.shared|nvidia\\.com/mig-(?:[0-9]+c\\.)?[0-9]+g\\.[0-9]+gb(?:\\.[a-z0-9]+)*|management\\.nvidia\\.com/gpu|amd\\.com/gpu|amd\\.com/(?:spx|dpx|tpx|qpx|cpx)_nps(?:1|2|4)|gpu\\.intel\\.com/(?:i915|xe)|gpu\\.intel\\.com/(?:i915_|xe_)?monitoring|gpu\\.intel\\.com/millicores|gpu\\.intel\\.com/memory\\.max|gpu\\.intel\\.com/tiles|nvidia\\.com/gpumem|nvidia\\.com/gpumem-percentage|nvidia\\.com/gpucores|nvidia\\.com/priority|volcano\\.sh/vgpu-number|volcano\\.sh/vgpu-memory|volcano\\.sh/vgpu-memory-percentage|volcano\\.sh/vgpu-cores|volcano\\.sh/gpu-number|volcano\\.sh/gpu-memory|amd\\.com/gpumem|amd\\.com/gpucores|iluvatar\\.ai/[A-Za-z0-9][A-Za-z0-9-]*-vgpu|iluvatar\\.ai/[A-Za-z0-9][A-Za-z0-9-]*\\.vMem|iluvatar\\.ai/[A-Za-z0-9][A-Za-z0-9-]*\\.vCore|iluvatar\\.ai/vgpu|iluvatar\\.ai/vcuda-memory|iluvatar\\.ai/vcuda-core|metax-tech\\.com/gpu|metax-tech\\.com/sgpu|metax-tech\\.com/vcore|metax-tech\\.com/vmemory|mthreads\\.com/vgpu|mthreads\\.com/sgpu-memory|mthreads\\.com/sgpu-core|hygon\\.com/dcunum|hygon\\.com/dcumem|hygon\\.com/dcucores|cambricon\\.com/vmlu|cambricon\\.com/[a-z0-9]+\\.smlu\\.vmemory|cambricon\\.com/[a-z0-9]+\\.smlu\\.vcore|huawei\\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?|huawei\\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?-memory|huawei\\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?-core|huawei\\.com/Ascend[0-9]+[A-Za-z]?-[0-9]+c(?:\\.[a-z0-9]+)*|huawei\\.com/npu-core|enflame\\.com/gcu|enflame\\.com/drs-gcu|enflame\\.com/gcu-memory|enflame\\.com/gcu-core|kunlunxin\\.com/xpu|kunlunxin\\.com/vxpu|kunlunxin\\.com/vxpu-memory|birentech\\.com/gpu|vastaitech\\.com/va|aws\\.amazon\\.com/neuron|aws\\.amazon\\.com/neuroncore)$')) || toleration.key in {{ .taints }})))
+  || (has(pod.spec.nodeSelector) && pod.spec.nodeSelector.exists(key, key in {{ .labels }}))
 ))
 {{- end }}
 {{- else }}
@@ -178,18 +178,18 @@ request.kind.kind == 'DeviceClass'
       ? (has(object.spec) && has(object.spec.jobTemplate) && has(object.spec.jobTemplate.spec)
           && has(object.spec.jobTemplate.spec.template) ? [object.spec.jobTemplate.spec.template] : [])
       : (has(object.spec) && has(object.spec.template) ? [object.spec.template] : [])
-).exists(t, has(t.spec) && (
-  ((has(t.spec.containers) ? t.spec.containers : [])
-    + (has(t.spec.initContainers) ? t.spec.initContainers : [])
-    + (has(t.spec.ephemeralContainers) ? t.spec.ephemeralContainers : [])
-    + [t.spec]
-  ).exists(c, has(c.resources)
-    && ((has(c.resources.limits) ? [c.resources.limits] : [])
-          + (has(c.resources.requests) ? [c.resources.requests] : []))
-      .exists(r, r.exists(k, {{ .gpu }} || k.matches('^(?:nvidia\\.com/gpu|nvidia\\.com/gpu\\.shared|nvidia\\.com/mig-(?:[0-9]+c\\.)?[0-9]+g\\.[0-9]+gb(?:\\.[a-z0-9]+)*\\.shared|nvidia\\.com/mig-(?:[0-9]+c\\.)?[0-9]+g\\.[0-9]+gb(?:\\.[a-z0-9]+)*|management\\.nvidia\\.com/gpu|amd\\.com/gpu|amd\\.com/(?:spx|dpx|tpx|qpx|cpx)_nps(?:1|2|4)|gpu\\.intel\\.com/(?:i915|xe)|gpu\\.intel\\.com/(?:i915_|xe_)?monitoring|gpu\\.intel\\.com/millicores|gpu\\.intel\\.com/memory\\.max|gpu\\.intel\\.com/tiles|nvidia\\.com/gpumem|nvidia\\.com/gpumem-percentage|nvidia\\.com/gpucores|nvidia\\.com/priority|volcano\\.sh/vgpu-number|volcano\\.sh/vgpu-memory|volcano\\.sh/vgpu-memory-percentage|volcano\\.sh/vgpu-cores|volcano\\.sh/gpu-number|volcano\\.sh/gpu-memory|amd\\.com/gpumem|amd\\.com/gpucores|iluvatar\\.ai/[A-Za-z0-9][A-Za-z0-9-]*-vgpu|iluvatar\\.ai/[A-Za-z0-9][A-Za-z0-9-]*\\.vMem|iluvatar\\.ai/[A-Za-z0-9][A-Za-z0-9-]*\\.vCore|iluvatar\\.ai/vgpu|iluvatar\\.ai/vcuda-memory|iluvatar\\.ai/vcuda-core|metax-tech\\.com/gpu|metax-tech\\.com/sgpu|metax-tech\\.com/vcore|metax-tech\\.com/vmemory|mthreads\\.com/vgpu|mthreads\\.com/sgpu-memory|mthreads\\.com/sgpu-core|hygon\\.com/dcunum|hygon\\.com/dcumem|hygon\\.com/dcucores|cambricon\\.com/vmlu|cambricon\\.com/[a-z0-9]+\\.smlu\\.vmemory|cambricon\\.com/[a-z0-9]+\\.smlu\\.vcore|huawei\\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?|huawei\\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?-memory|huawei\\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?-core|huawei\\.com/Ascend[0-9]+[A-Za-z]?-[0-9]+c(?:\\.[a-z0-9]+)*|huawei\\.com/npu-core|enflame\\.com/gcu|enflame\\.com/drs-gcu|enflame\\.com/gcu-memory|enflame\\.com/gcu-core|kunlunxin\\.com/xpu|kunlunxin\\.com/vxpu|kunlunxin\\.com/vxpu-memory|birentech\\.com/gpu|vastaitech\\.com/va|aws\\.amazon\\.com/neuron|aws\\.amazon\\.com/neuroncore)$'))))
-  || (has(t.metadata) && has(t.metadata.annotations) && t.metadata.annotations.exists(k, k in ['gpu-fraction', 'gpu-memory', 'gpu-fraction-num-devices']))
-  || (has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0)
-  || ((has(t.metadata.annotations) && t.metadata.annotations.exists(k, k.startsWith('cdi.k8s.io/') || k.startsWith('nvidia.cdi.k8s.io/') || k == 'nvidia.cdi.k8s.io')) || (has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0) || (has(t.spec.volumes) && t.spec.volumes.exists(v, has(v.hostPath))) || (has(t.spec.runtimeClassName) && t.spec.runtimeClassName.startsWith('nvidia')) || ['containers', 'initContainers', 'ephemeralContainers'].exists(l, l in t.spec && t.spec[l].exists(c, (l != 'ephemeralContainers' && has(c.resources) && has(c.resources.claims) && size(c.resources.claims) > 0) || (has(c.env) && c.env.exists(e, e.name in ['NVIDIA_VISIBLE_DEVICES', 'NVIDIA_MIG_CONFIG_DEVICES'])) || (has(c.volumeMounts) && c.volumeMounts.exists(v, v.mountPath.contains('nvidia-container-devices'))) || (has(c.securityContext) && has(c.securityContext.privileged) && c.securityContext.privileged))))
+).exists(pod, has(pod.spec) && (
+  ((has(pod.spec.containers) ? pod.spec.containers : [])
+    + (has(pod.spec.initContainers) ? pod.spec.initContainers : [])
+    + (has(pod.spec.ephemeralContainers) ? pod.spec.ephemeralContainers : [])
+    + [pod.spec]
+  ).exists(container, has(container.resources)
+    && ((has(container.resources.limits) ? [container.resources.limits] : [])
+          + (has(container.resources.requests) ? [container.resources.requests] : []))
+      .exists(section, section.exists(name, {{ .gpu }} || name.matches('^(?:nvidia\\.com/gpu|nvidia\\.com/gpu\\.shared|nvidia\\.com/mig-(?:[0-9]+c\\.)?[0-9]+g\\.[0-9]+gb(?:\\.[a-z0-9]+)*\\.shared|nvidia\\.com/mig-(?:[0-9]+c\\.)?[0-9]+g\\.[0-9]+gb(?:\\.[a-z0-9]+)*|management\\.nvidia\\.com/gpu|amd\\.com/gpu|amd\\.com/(?:spx|dpx|tpx|qpx|cpx)_nps(?:1|2|4)|gpu\\.intel\\.com/(?:i915|xe)|gpu\\.intel\\.com/(?:i915_|xe_)?monitoring|gpu\\.intel\\.com/millicores|gpu\\.intel\\.com/memory\\.max|gpu\\.intel\\.com/tiles|nvidia\\.com/gpumem|nvidia\\.com/gpumem-percentage|nvidia\\.com/gpucores|nvidia\\.com/priority|volcano\\.sh/vgpu-number|volcano\\.sh/vgpu-memory|volcano\\.sh/vgpu-memory-percentage|volcano\\.sh/vgpu-cores|volcano\\.sh/gpu-number|volcano\\.sh/gpu-memory|amd\\.com/gpumem|amd\\.com/gpucores|iluvatar\\.ai/[A-Za-z0-9][A-Za-z0-9-]*-vgpu|iluvatar\\.ai/[A-Za-z0-9][A-Za-z0-9-]*\\.vMem|iluvatar\\.ai/[A-Za-z0-9][A-Za-z0-9-]*\\.vCore|iluvatar\\.ai/vgpu|iluvatar\\.ai/vcuda-memory|iluvatar\\.ai/vcuda-core|metax-tech\\.com/gpu|metax-tech\\.com/sgpu|metax-tech\\.com/vcore|metax-tech\\.com/vmemory|mthreads\\.com/vgpu|mthreads\\.com/sgpu-memory|mthreads\\.com/sgpu-core|hygon\\.com/dcunum|hygon\\.com/dcumem|hygon\\.com/dcucores|cambricon\\.com/vmlu|cambricon\\.com/[a-z0-9]+\\.smlu\\.vmemory|cambricon\\.com/[a-z0-9]+\\.smlu\\.vcore|huawei\\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?|huawei\\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?-memory|huawei\\.com/Ascend[0-9]+[A-Za-z]?[0-9]*(?:-[0-9]+)?-core|huawei\\.com/Ascend[0-9]+[A-Za-z]?-[0-9]+c(?:\\.[a-z0-9]+)*|huawei\\.com/npu-core|enflame\\.com/gcu|enflame\\.com/drs-gcu|enflame\\.com/gcu-memory|enflame\\.com/gcu-core|kunlunxin\\.com/xpu|kunlunxin\\.com/vxpu|kunlunxin\\.com/vxpu-memory|birentech\\.com/gpu|vastaitech\\.com/va|aws\\.amazon\\.com/neuron|aws\\.amazon\\.com/neuroncore)$'))))
+  || (has(pod.metadata) && has(pod.metadata.annotations) && pod.metadata.annotations.exists(key, key in ['gpu-fraction', 'gpu-memory', 'gpu-fraction-num-devices']))
+  || (has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims) > 0)
+  || ((has(pod.metadata.annotations) && pod.metadata.annotations.exists(key, key.startsWith('cdi.k8s.io/') || key.startsWith('nvidia.cdi.k8s.io/') || key == 'nvidia.cdi.k8s.io')) || (has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims) > 0) || (has(pod.spec.volumes) && pod.spec.volumes.exists(volume, has(volume.hostPath))) || (has(pod.spec.runtimeClassName) && pod.spec.runtimeClassName.startsWith('nvidia')) || ['containers', 'initContainers', 'ephemeralContainers'].exists(field, field in pod.spec && pod.spec[field].exists(container, (field != 'ephemeralContainers' && has(container.resources) && has(container.resources.claims) && size(container.resources.claims) > 0) || (has(container.env) && container.env.exists(env, env.name in ['NVIDIA_VISIBLE_DEVICES', 'NVIDIA_MIG_CONFIG_DEVICES'])) || (has(container.volumeMounts) && container.volumeMounts.exists(mount, mount.mountPath.contains('nvidia-container-devices'))) || (has(container.securityContext) && has(container.securityContext.privileged) && container.securityContext.privileged))))
 ))
 {{- end }}
 {{- end }}
@@ -206,16 +206,16 @@ request.kind.kind == 'DeviceClass'
       ? (has(object.spec) && has(object.spec.jobTemplate) && has(object.spec.jobTemplate.spec)
           && has(object.spec.jobTemplate.spec.template) ? [object.spec.jobTemplate.spec.template] : [])
       : (has(object.spec) && has(object.spec.template) ? [object.spec.template] : [])
-).exists(t, has(t.spec) && (
-  ((has(t.spec.containers) ? t.spec.containers : [])
-    + (has(t.spec.initContainers) ? t.spec.initContainers : [])
-    + (has(t.spec.ephemeralContainers) ? t.spec.ephemeralContainers : [])
-    + [t.spec]
-  ).exists(c, has(c.resources)
-    && ((has(c.resources.limits) ? [c.resources.limits] : [])
-          + (has(c.resources.requests) ? [c.resources.requests] : []))
-      .exists(r, r.exists(k, {{ .gpu }})))
-  || (has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0)
+).exists(pod, has(pod.spec) && (
+  ((has(pod.spec.containers) ? pod.spec.containers : [])
+    + (has(pod.spec.initContainers) ? pod.spec.initContainers : [])
+    + (has(pod.spec.ephemeralContainers) ? pod.spec.ephemeralContainers : [])
+    + [pod.spec]
+  ).exists(container, has(container.resources)
+    && ((has(container.resources.limits) ? [container.resources.limits] : [])
+          + (has(container.resources.requests) ? [container.resources.requests] : []))
+      .exists(section, section.exists(name, {{ .gpu }})))
+  || (has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims) > 0)
 ))
 {{- else }}
 (request.kind.kind == 'Pod'
@@ -226,16 +226,16 @@ request.kind.kind == 'DeviceClass'
       ? (has(object.spec) && has(object.spec.jobTemplate) && has(object.spec.jobTemplate.spec)
           && has(object.spec.jobTemplate.spec.template) ? [object.spec.jobTemplate.spec.template] : [])
       : (has(object.spec) && has(object.spec.template) ? [object.spec.template] : [])
-).exists(t, has(t.spec) && (
-  ((has(t.spec.containers) ? t.spec.containers : [])
-    + (has(t.spec.initContainers) ? t.spec.initContainers : [])
-    + (has(t.spec.ephemeralContainers) ? t.spec.ephemeralContainers : [])
-    + [t.spec]
-  ).exists(c, has(c.resources)
-    && ((has(c.resources.limits) ? [c.resources.limits] : [])
-          + (has(c.resources.requests) ? [c.resources.requests] : []))
-      .exists(r, r.exists(k, {{ .gpu }})))
-  || (has(t.spec.resourceClaims) && size(t.spec.resourceClaims) > 0)
+).exists(pod, has(pod.spec) && (
+  ((has(pod.spec.containers) ? pod.spec.containers : [])
+    + (has(pod.spec.initContainers) ? pod.spec.initContainers : [])
+    + (has(pod.spec.ephemeralContainers) ? pod.spec.ephemeralContainers : [])
+    + [pod.spec]
+  ).exists(container, has(container.resources)
+    && ((has(container.resources.limits) ? [container.resources.limits] : [])
+          + (has(container.resources.requests) ? [container.resources.requests] : []))
+      .exists(section, section.exists(name, {{ .gpu }})))
+  || (has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims) > 0)
 ))
 {{- end }}
 {{- end }}
