@@ -83,3 +83,13 @@ def test_the_layers_shown_are_the_contracts():
     text = DOC.read_text(encoding="utf-8")
     block = text.split("<!-- layers:", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
     assert block.strip().splitlines() == layers
+
+
+# A module a reader takes in whole: one job each (docs/architecture.md's row), none over this many lines.
+MAX_LINES = 600
+
+
+def test_no_module_is_over_the_length_a_reader_takes_in_whole():
+    long = {name: n for name, path in modules().items()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"split these by what they do (docs/architecture.md): {long}"
