@@ -184,8 +184,8 @@ def _template_variables(ctx: Ctx, family: Family, custom_kinds: Sequence[kinds.C
     found = (kinds.builtin_templates("obj") if family is BUILTIN
              else kinds.custom_templates("obj", custom_kinds, ctx.two_variable))
     out.append(("candidate_nodes", f"{roots}.map(obj, {found})"))
-    out.append(("pod_specs", f"variables.candidate_nodes.map(nodes, nodes.filter(node, {kinds.is_node('node.node')})"
-                        f".map(node, {kinds.node_record('node')}))"))
+    out.append(("pod_specs", f"variables.candidate_nodes.map(candidates, candidates.filter(candidate, "
+                             f"{kinds.is_node('candidate.node')}).map(candidate, {kinds.node_record('candidate')}))"))
     # Names are classified once, from the object (an old violation matters only when the object has it too).
     out.extend(reads.name_variables(ctx, "variables.pod_specs[0]"))
     if re.search(r"\bvariables\.gpu_taint_keys\b", read):
