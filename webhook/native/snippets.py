@@ -153,7 +153,7 @@ def implicit_gpu(ctx: Ctx, key: str) -> str:
     classes = ctx.policy.gpu_classes
     if not classes:
         return "false"
-    prefix = "".join("\\" + c if c in "\\.+*?()|[]{}^$" else c for c in IMPLICIT_PREFIX)
+    prefix = "".join("\\" + c if c in RE2_SPECIAL else c for c in IMPLICIT_PREFIX)
     return matches(key, f"^{prefix}(?:" + "|".join(glob_to_regex(g) for g in classes) + ")$")
 
 
@@ -188,7 +188,7 @@ def _may_meet(glob: str, pattern: str) -> bool:
     wildcards, else by their literal prefixes (never False for names they share)."""
     if not any(c in glob for c in GLOB_META):
         return re.fullmatch(pattern, glob) is not None
-    head = re.split(r"[*?\[]", glob, maxsplit=1)[0]
+    head = re.split("[" + re.escape(GLOB_META) + "]", glob, maxsplit=1)[0]
     fixed = _literal_prefix(pattern)
     return head.startswith(fixed) or fixed.startswith(head)
 
