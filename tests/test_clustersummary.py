@@ -19,6 +19,7 @@ from webhook.kube.client import ApiError, NotServed
 from webhook.serving import policystatus as ps
 from webhook.serving.clusterfacts import KINDS, ClusterFacts, merge_patch
 from webhook.serving.policyobject import StatusSettings
+from webhook.telemetry import metrics
 
 GPU = "nvidia.com/gpu"
 SELECTOR = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
@@ -369,7 +370,7 @@ def apply_patch(target, patch):
     return out
 
 
-def test_the_holder_writes_the_facts_with_its_stamps_and_not_again_for_the_stamps_alone():
+def test_the_holder_writes_the_facts_with_its_stamps_and_again_for_the_stamps_only_at_the_heartbeat():
     writer, kube, obj, facts = cluster_writer()
     writer.step(100.0)  # the Lease taken, the informers started: the facts are not known yet
     assert facts.state is not None and written_cluster(kube) == "absent"
@@ -380,9 +381,42 @@ def test_the_holder_writes_the_facts_with_its_stamps_and_not_again_for_the_stamp
     assert cluster == {**summary_of(CLUSTER), "writtenAt": "1970-01-01T00:01:43Z", "writer": "me"}
     echo(obj, kube, rv="9")
     patches = len(kube.patches)
-    for t in (106.0, 120.0, 500.0):  # time passes, nothing changes: no write, though writtenAt would differ
+    for t in (106.0, 120.0, 222.0):  # time passes, nothing changes: no write, though writtenAt would differ
         writer.step(t)
     assert len(kube.patches) == patches
+    assert writer.step(222.0) <= 1.0  # the heartbeat (103 + HEARTBEAT) is due within a second
+    writer.step(103.0 + cs.HEARTBEAT)  # nothing changed, but the stamp is HEARTBEAT old: stamped again, and only that
+    assert len(kube.patches) == patches + 1
+    assert written_cluster(kube) == {"writtenAt": "1970-01-01T00:03:43Z"}
+    echo(obj, kube, rv="10")
+    writer.step(103.0 + cs.HEARTBEAT + 60)
+    assert len(kube.patches) == patches + 1
+
+
+def test_the_cluster_facts_condition_says_whether_the_policies_act_on_the_facts():
+    def facts(summary, enabled=True, now=1000.0):
+        found = ps.facts_condition(summary, enabled, 4, now, [])
+        return found["status"], found["reason"]
+
+    written = {"models": {}, "writtenAt": "1970-01-01T00:10:00Z"}  # 600 s
+    assert facts(written, now=600.0 + cs.FRESH_FOR) == ("True", "Current")
+    assert facts(written, now=601.0 + cs.FRESH_FOR) == ("False", "Stale")
+    assert facts(None) == ("False", "Missing")
+    assert facts({"models": {}, "writtenAt": "not a time"}) == ("False", "Missing")
+    assert facts(written, enabled=False) == ("False", "Disabled")
+
+
+def test_every_replica_reports_the_age_of_the_facts_and_whether_they_are_stale():
+    writer, kube, obj, facts = written_once()  # written at 103
+    writer.lease.free = False
+    writer.step(103.0 + cs.FRESH_FOR)
+    assert metrics.CLUSTER_FACTS_AGE._value.get() == cs.FRESH_FOR
+    assert metrics.CLUSTER_FACTS_STALE._value.get() == 0
+    other, *_ = cluster_writer()  # another replica, not holding the Lease, over the same object
+    other.obj, other.lease.free = obj, False
+    other.step(104.0 + cs.FRESH_FOR)
+    assert metrics.CLUSTER_FACTS_AGE._value.get() == cs.FRESH_FOR + 1
+    assert metrics.CLUSTER_FACTS_STALE._value.get() == 1
 
 
 def test_a_churn_of_nodes_is_written_at_most_once_per_interval_and_a_model_gone_is_removed():

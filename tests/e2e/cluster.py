@@ -350,8 +350,8 @@ current-context: e2e
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = False) -> subprocess.CompletedProcess:
         result = subprocess.run([self.binary("kubectl"), f"--kubeconfig={self.kubeconfig}", *args], input=stdin,
                                 capture_output=True, text=True, timeout=120, env=NO_PROXY_ENV)
-        if check and result.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
+        if check and result.returncode != 0:  # with the last words of a process of the bed that died, if one did
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}{self.exited()}")
         return result
 
     def exited(self) -> str:

@@ -56,6 +56,15 @@ SECTION_KINDS: Mapping[str, frozenset[str]] = {
 }
 STAMPS = ("writtenAt", "writer")
 
+# How the native policies judge the summary's age (CEL has no clock): the writer stamps ``writtenAt`` again at least
+# every HEARTBEAT seconds while it runs, even when no fact changed, and a policy that reads the summary acts on it
+# only for a request at most FRESH_FOR seconds after ``writtenAt`` (the request's time: ``creationTimestamp`` on
+# CREATE, the newest ``managedFields`` time on UPDATE, both written by the apiserver before admission). Older, or
+# missing, and the cluster rules the policies carry refuse nothing: a writer down for longer than FRESH_FOR can no
+# longer keep out a model, a RuntimeClass or a DeviceClass added since.
+HEARTBEAT = 120
+FRESH_FOR = 300
+
 
 def _every(name: str) -> bool:
     return True

@@ -85,6 +85,37 @@ def meta_time(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def written_at(summary: Any) -> float:
+    """``writtenAt`` of a written ``status.cluster`` as seconds since the epoch; -inf when absent or unreadable."""
+    text = summary.get("writtenAt") if isinstance(summary, Mapping) else None
+    try:
+        return datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return float("-inf")
+
+
+def facts_condition(summary: Any, enabled: bool, generation: int, now: float,
+                    previous: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``ClusterFacts``: whether the generated policies act on ``status.cluster`` now (it is at most
+    ``clustersummary.FRESH_FOR`` seconds old)."""
+    fresh, beat = clustersummary.FRESH_FOR, clustersummary.HEARTBEAT
+    if not enabled:
+        return condition("ClusterFacts", "False", "Disabled", "cluster.enabled is off: no facts are written",
+                         generation, now, previous)
+    at = written_at(summary)
+    if at == float("-inf"):
+        return condition("ClusterFacts", "False", "Missing",
+                         "status.cluster is not written yet: the native cluster rules refuse nothing",
+                         generation, now, previous)
+    if now - at > fresh:
+        return condition("ClusterFacts", "False", "Stale",
+                         f"status.cluster was written at {meta_time(at)}, over {fresh} s ago: the native cluster "
+                         "rules refuse nothing until it is written again", generation, now, previous)
+    return condition("ClusterFacts", "True", "Current",
+                     f"status.cluster is stamped at least every {beat} s; the native cluster rules act on it while "
+                     f"it is at most {fresh} s old", generation, now, previous)
+
+
 def condition(type_: str, status: str, reason: str, message: str, generation: int, now: float,
               previous: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """A metav1.Condition; its lastTransitionTime is the previous one's while ``status`` stays what it was."""
@@ -269,6 +300,7 @@ class StatusWriter:
 
     def step(self, now: float) -> float:
         """One turn: hold the Lease, write when needed; the seconds until the next turn is due."""
+        self._record_age(now)
         if not self.holding:
             if not self.lease.acquire(now):
                 return self._renew_every()
@@ -297,6 +329,11 @@ class StatusWriter:
         desired = desired_status(current, snap, self._rules(now), native, now)
         cluster, cluster_wait = self._cluster(current.get("cluster"), now)
         until_renew = min(until_renew, cluster_wait)
+        if self.facts is not None:
+            after = current.get("cluster") if cluster is _KEEP else cluster
+            facts = facts_condition(after, self.obj.value.default.cluster_enabled, snap.generation, now,
+                                    current.get("conditions") or [])
+            desired["conditions"] = [facts, *(c for c in desired["conditions"] if c.get("type") != "ClusterFacts")]
         if not changed(current, desired) and cluster is _KEEP:
             return until_renew
         if now - self.last_write < self.settings.interval:
@@ -331,10 +368,14 @@ class StatusWriter:
         if not policy.default.cluster_enabled:
             return (None if written is not None else _KEEP), idle
         facts = self.facts.facts(policy, now)
-        if facts is None or facts == clustersummary.facts_of(written):
-            if facts is None:
-                return _KEEP, 1.0  # the informers are loading
-            return _KEEP, max(0.1, self.facts.seconds_until_due(now)) if self.facts.stale else idle
+        if facts is None:
+            return _KEEP, 1.0  # the informers are loading
+        if facts == clustersummary.facts_of(written):
+            # Unchanged: stamped again once HEARTBEAT has passed, so that the policies can tell it is current.
+            beat = written_at(written) + clustersummary.HEARTBEAT - now
+            if beat > 0:
+                return _KEEP, min(beat, max(0.1, self.facts.seconds_until_due(now)) if self.facts.stale else idle)
+            return {**facts, "writtenAt": meta_time(now), "writer": self.lease.identity}, idle
         wait = self.cluster_written + self.settings.cluster_interval - now
         if wait > 0:
             return _KEEP, wait
@@ -370,6 +411,20 @@ class StatusWriter:
             value = cached[3] if cached is not None else None
         self._native = (generation, policy, now, value)
         return value
+
+    def _record_age(self, now: float) -> None:
+        """``gpu_webhook_cluster_facts_age_seconds`` and ``..._stale`` from the object as this replica sees it."""
+        snap = self.obj.snapshot()
+        if not (snap.listed and snap.present and snap.obj is not None):
+            return
+        at = written_at((snap.obj.get("status") or {}).get("cluster"))
+        enabled = self.obj.value.default.cluster_enabled
+
+        def record() -> None:
+            metrics.CLUSTER_FACTS_AGE.set(max(0.0, now - at) if at != float("-inf") else -1)
+            metrics.CLUSTER_FACTS_STALE.set(1 if enabled and now - at > clustersummary.FRESH_FOR else 0)
+
+        metrics.safely(record)
 
     @staticmethod
     def _set_native(native: NativeState | None) -> None:

@@ -142,6 +142,19 @@ NATIVE_POLICY_GENERATION = Gauge(
     ".observedGeneration); 0 when unknown or none are installed. Set by the replica holding the status Lease.",
     multiprocess_mode="livemax",
 )
+# Set in every replica, from the GPUPolicy as it sees it (webhook.core.clustersummary has the bounds).
+CLUSTER_FACTS_AGE = Gauge(
+    "gpu_webhook_cluster_facts_age_seconds",
+    "Seconds since status.cluster.writtenAt of the GPUPolicy (the cluster's facts the generated policies read); -1 "
+    "when it has none. The writer stamps it at least every 120 s.",
+    multiprocess_mode="livemin",
+)
+CLUSTER_FACTS_STALE = Gauge(
+    "gpu_webhook_cluster_facts_stale",
+    "1 while cluster.enabled is on and status.cluster is missing or over 300 s old: the generated policies' cluster "
+    "rules refuse nothing until it is written again.",
+    multiprocess_mode="livemax",
+)
 POLICY_STATUS_WRITES = Counter(
     "gpu_webhook_policy_status_writes",
     "Writes of the GPUPolicy's status by this replica (the one holding the status Lease), by result.",
