@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from webhook.core.clusterview import ClusterView
 from webhook.core.podspecs import group_of
 from webhook.core.policy import PolicySet
 from webhook.native.generate import Generated
@@ -435,10 +436,12 @@ class Differences:
         return "\n".join((self.verdicts + self.words)[:limit])
 
 
-def compare(policies: PolicySet, generated: Generated, cases: Sequence[Case], seen: Sequence[Seen]) -> Differences:
+def compare(policies: PolicySet, generated: Generated, cases: Sequence[Case], seen: Sequence[Seen],
+            view: ClusterView | None = None) -> Differences:
     """Each case's native answer against ``webhook.rules.admission.decide`` on the object as the apiserver decoded
-    it, for the rules the generated policies carry natively: the same verdict, every denial's and every warning's
-    words (for built-in kinds the path: their values are the apiserver's canonical ones, "1e400" is "10e399")."""
+    it (with the cluster ``view``, if given), for the rules the generated policies carry natively: the same verdict,
+    every denial's and every warning's words (for built-in kinds the path: their values are the apiserver's
+    canonical ones, "1e400" is "10e399")."""
     native = set(generated.native)
     claims = any(o["metadata"]["name"].startswith("gpu-webhook-claims-") for o in generated.objects)
     out = Differences()
@@ -447,7 +450,7 @@ def compare(policies: PolicySet, generated: Generated, cases: Sequence[Case], se
             out.skipped += 1  # resource.k8s.io/v1 is not served: the claims stay with the webhook
             continue
         obj = answer.decoded or case.obj
-        expected = admission.decide(obj, group_of(case.obj["apiVersion"]), case.kind, case.namespace, policies)
+        expected = admission.decide(obj, group_of(case.obj["apiVersion"]), case.kind, case.namespace, policies, view)
         builtin = case.kind in BUILTIN
         where = f"{case.namespace}/{case.kind}/{case.name}"
         if answer.by_apiserver:

@@ -68,7 +68,7 @@ def test_an_accelerator_no_node_has_is_refused_with_what_the_cluster_has():
     assert not answer.allowed
     assert answer.message == (
         "1 GPU violation: spec: no node has accelerator=nvidia-a100, so the pod would stay Pending "
-        "(nodes by accelerator: nvidia-l4: 3, nvidia-tesla-p100: 1)"
+        "(values of accelerator on the nodes: 2)"
     )
 
 

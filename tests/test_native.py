@@ -20,7 +20,15 @@ from webhook.core.policyfile import PolicyError, parse_policy
 from webhook.native import hybrid, kinds, snippets
 from webhook.native import isolation as native_isolation
 from webhook.native.celtext import one_line
-from webhook.native.generate import CEL_FIELDS, LABELS, RULES_ANNOTATION, TARGET_ANNOTATION, generate, to_yaml
+from webhook.native.generate import (
+    CEL_FIELDS,
+    LABELS,
+    RULES_ANNOTATION,
+    TARGET_ANNOTATION,
+    generate,
+    left_to_webhook,
+    to_yaml,
+)
 from webhook.native.registry import NEVER, native
 from webhook.native.rules import BUILDERS, matters, native_rules
 from webhook.native.target import for_version
@@ -85,12 +93,17 @@ def test_there_is_one_cel_builder_per_native_rule_of_the_catalog():
         assert builder.pods or builder.claims, builder.rule
 
 
-def test_no_cluster_rule_is_native_and_every_webhook_rule_says_why():
+def test_a_native_cluster_rule_reads_the_facts_and_every_webhook_rule_says_why():
     for rule in catalog.RULES.values():
-        if rule.id in CLUSTER_RULES:
-            assert rule.engine == "webhook", rule.id
+        if rule.id in CLUSTER_RULES and rule.engine == "native":
+            assert BUILDERS[rule.id].reads_facts, rule.id  # so that inline policies leave it to the webhook
         if rule.engine == "webhook":
             assert rule.why, rule.id
+    inline = parse_policy("cluster: {enabled: true}\nnativePolicies: {params: inline}\n")
+    left = dict(left_to_webhook(inline, for_version("1.37")))
+    assert {"unknown-accelerator", "unknown-runtime-class"} <= set(left)
+    assert "unknown-accelerator" not in dict(left_to_webhook(parse_policy("cluster: {enabled: true}\n"),
+                                                             for_version("1.37")))
 
 
 FAMILIES = ("gpu-webhook", "gpu-webhook-custom", "gpu-webhook-claims")
@@ -161,7 +174,11 @@ def test_each_object_names_the_rules_it_implements_and_every_native_rule_that_is
     assert {"device-class-not-allowed", "blanket-device-toleration"} <= set(claims_)
     every = {r for o in names.values() if o["kind"] == "ValidatingAdmissionPolicy"
              for r in o["metadata"]["annotations"][RULES_ANNOTATION].split(",")}
-    assert every == set(BUILDERS)
+    assert every == {rule for rule, entry in BUILDERS.items() if not entry.reads_facts}  # inline: they read no facts
+    live_cluster = by_name(generate(parse_policy("cluster: {enabled: true}\n"), for_version("1.37")).objects)
+    assert {"unknown-accelerator", "unknown-runtime-class"} <= set(
+        live_cluster["ValidatingAdmissionPolicy/gpu-webhook-live-deny"]["metadata"]["annotations"][RULES_ANNOTATION]
+        .split(","))
     for binding in ("gpu-webhook-deny", "gpu-webhook-deny-warn"):
         assert rules(f"ValidatingAdmissionPolicyBinding/{binding}") == deny
     assert rules("MutatingAdmissionPolicy/gpu-webhook") == ["accelerator", "tolerations", "hideGpus", "runtimeClass"]
@@ -471,3 +488,26 @@ def test_a_rules_own_trigger_joins_the_policys_match_conditions():
     ctx = snippets.Ctx(parse_policy("{}"))
     assert "pod.spec.hostPID" in matters(ctx, ["host-pid-gpu"])
     assert "pod.spec.hostPID" not in matters(ctx, ["privileged-gpu"])
+
+
+def test_the_cluster_facts_are_read_only_while_fresh_against_the_requests_own_time():
+    """The two variables every policy that reads the cluster's facts starts from, as a cluster admin reviews them:
+    the request's time as the apiserver wrote it, and the summary while it is within FRESH_FOR of that time."""
+    generated = generate(parse_policy("cluster: {enabled: true}\n"), for_version("1.37"))
+    deny = next(o for o in generated.objects if o["metadata"]["name"] == "gpu-webhook-live-deny")
+    variables = {v["name"]: v["expression"] for v in deny["spec"]["variables"]}
+    assert variables["request_times"] == (
+        "request.operation == 'CREATE'\n"
+        "? [timestamp(object.metadata.creationTimestamp)]\n"
+        ": (has(object.metadata.managedFields)\n"
+        "   ? object.metadata.managedFields.filter(entry, has(entry.time)).map(entry, timestamp(entry.time))\n"
+        "   : [])")
+    assert variables["cluster_facts"] == (
+        "[params.?status.?cluster.orValue({})].map(facts,\n"
+        "  has(facts.writtenAt)\n"
+        "  && variables.request_times.all(moment, moment - timestamp(facts.writtenAt) <= duration('300s'))\n"
+        "  && variables.request_times.exists(moment, timestamp(facts.writtenAt) - moment <= duration('300s'))\n"
+        "  ? facts\n"
+        "  : {})[0]")
+    inline = generate(parse_policy("cluster: {enabled: true}\nnativePolicies: {params: inline}\n"), for_version("1.37"))
+    assert "cluster_facts" not in to_yaml(inline.objects)

@@ -51,10 +51,6 @@ class NodeSummary:
     total: Capacity
     by_accelerator: Mapping[str, Capacity]
 
-    def describe(self) -> str:
-        models = ", ".join(f"{a}: {c.nodes}" for a, c in sorted(self.by_accelerator.items())) or "none"
-        return f"nodes by {self.node_label}: {models}"
-
 
 def summarize(infos: Iterable[NodeInfo], node_label: str) -> NodeSummary:
     total_nodes = 0

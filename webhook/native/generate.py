@@ -43,7 +43,7 @@ from webhook import __version__
 from webhook.core import gpupolicy
 from webhook.core.policy import PolicySet
 from webhook.core.policycrd import as_spec
-from webhook.native import celtext, claims, kinds, mutations, params, reads
+from webhook.native import celtext, claims, cluster, kinds, mutations, params, reads
 from webhook.native.celtext import boolean, every_policy, layout, lit
 from webhook.native.findings import OLD_ROOTS, SEPARATOR, Dialect, Finding, hits, joined, new_words, variable
 from webhook.native.rules import BUILDERS, matters, native_rules, setting, webhook_rules
@@ -537,6 +537,7 @@ def versions_table(policies: PolicySet) -> str:
 def _left_to_webhook(policies: PolicySet, target: Target, all_kinds: Sequence[kinds.CustomKind],
                      custom_kinds: Sequence[kinds.CustomKind]) -> list[tuple[str, str]]:
     out = [(rule.id, rule.why) for rule in webhook_rules()]
+    out += [(r.id, cluster.INLINE_WHY) for r in native_rules() if BUILDERS[r.id].reads_facts and not live(policies)]
     for rule in native_rules():
         missing = target.lacks(BUILDERS[rule.id].needs)
         if missing:

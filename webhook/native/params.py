@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from webhook.core import gpupolicy
+from webhook.core.clustersummary import FRESH_FOR
 from webhook.core.policyschema import CHECK_SETTINGS, DEFAULTS, PLATFORM_TRUSTS
 from webhook.native.celtext import boolean, lit, lits
 
@@ -117,6 +118,26 @@ def expression(name: str) -> str:
         return f"int({text})"
     return text
 
+# --- the cluster's facts (status.cluster) ------------------------------------------------------------------------
+# CEL has no clock: the summary's age is judged against the request's time, as the apiserver wrote it into the object
+# before admission: creationTimestamp on CREATE, the newest managedFields time on UPDATE. The facts count when that
+# time is within FRESH_FOR seconds of writtenAt, either way (no managedFields time at or after the write, as on an
+# update that changed no managed field, is no clock). Otherwise, or with no summary, they read as empty.
+REQUEST_TIMES = ("request.operation == 'CREATE' ? [timestamp(object.metadata.creationTimestamp)] : "
+                 "(has(object.metadata.managedFields) ? object.metadata.managedFields.filter(entry, "
+                 "has(entry.time)).map(entry, timestamp(entry.time)) : [])")
+FACTS = "variables.cluster_facts"
+FACTS_EXPRESSION = (f"[params.?status.?cluster.orValue({{}})].map(facts, has(facts.writtenAt) && "
+                    f"variables.request_times.all(moment, moment - timestamp(facts.writtenAt) <= "
+                    f"duration('{FRESH_FOR}s')) && variables.request_times.exists(moment, "
+                    f"timestamp(facts.writtenAt) - moment <= duration('{FRESH_FOR}s')) ? facts : {{}})[0]")
+
+
+def facts_section(name: str) -> str:
+    """Whether the facts hold section ``name`` whole (present, and not cut at its bound)."""
+    return f"{lit(name)} in {FACTS} && !({lit(name)} in {FACTS}.?truncated.orValue([]))"
+
+
 
 def variables(texts: list[str], platform: str) -> list[tuple[str, str]]:
     """The value variables the CEL ``texts`` read, in :data:`LIVE`'s order; the trusted namespace test too."""
@@ -126,6 +147,8 @@ def variables(texts: list[str], platform: str) -> list[tuple[str, str]]:
         out.insert(0, (NAMESPACE_VARIABLE, f"{OVERRIDE}.orValue({{}})"))
     if "variables.trusted_namespace" in read:
         out.append(("trusted_namespace", trusted(None, platform)))
+    if FACTS in read:
+        out += [("request_times", REQUEST_TIMES), ("cluster_facts", FACTS_EXPRESSION)]
     return out
 
 

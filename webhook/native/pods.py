@@ -123,7 +123,7 @@ def per_pod_limit(ctx: Ctx) -> list[Finding]:
 # --- the accelerator --------------------------------------------------------------------------------------
 
 
-def _annotated(r: Reads) -> str:
+def annotated(r: Reads) -> str:
     """The accelerator annotation when a non-empty string (``accelerator_of``), else null."""
     annotations = r.get("pod.meta", "annotations", "map", "{}")
     key = lit(r.ctx.policy.annotation)
@@ -133,7 +133,7 @@ def _annotated(r: Reads) -> str:
             f"{annotations}[{key}] : null)")
 
 
-def _selected(r: Reads) -> str:
+def selected(r: Reads) -> str:
     selector = r.get("pod.spec", "nodeSelector", "map", "{}")
     key = lit(r.ctx.policy.node_label)
     if r.typed:
@@ -170,8 +170,8 @@ def accelerator_not_allowed(ctx: Ctx) -> list[Finding]:
     loops = (Each("pod", "variables.templates", "pod.uses"),)
     return [Finding("accelerator-not-allowed", loops, where, path, stable, "accelerator", message,
                     (("accelerator", value),))
-            for path, stable, value in ((_annotation_path(ctx), _annotation_path(ctx), _annotated(r)),
-                                        (selector_path(ctx), selector_path(ctx, "pod.stable"), _selected(r)))]
+            for path, stable, value in ((_annotation_path(ctx), _annotation_path(ctx), annotated(r)),
+                                        (selector_path(ctx), selector_path(ctx, "pod.stable"), selected(r)))]
 
 
 @native("accelerator-conflict", fires=(ANNOTATED,))
@@ -184,7 +184,7 @@ def accelerator_conflict(ctx: Ctx) -> list[Finding]:
     return [Finding("accelerator-conflict", (Each("pod", "variables.templates", "pod.uses"),),
                     "accelerator != null && selected != null && accelerator != selected", path, path,
                     "accelerator + ' != ' + selected", message,
-                    (("accelerator", _annotated(r)), ("selected", _selected(r))))]
+                    (("accelerator", annotated(r)), ("selected", selected(r))))]
 
 
 # --- odd shapes, ephemeral containers, pod-level resources -----------------------------------------------

@@ -51,6 +51,8 @@ class NativeRule:
     fires: tuple[Trigger, ...] = ()
     needs: tuple[str, ...] = ()  # CEL libraries beyond the 1.30 floor (target.LIBRARIES); else left to the webhook
     custom_only: bool = False  # the apiserver enforces it on Pods and built-in templates (validateResourceRequirements)
+    # reads the cluster's facts (GPUPolicy/default's status.cluster): native only where the policies read it live
+    reads_facts: bool = False
 
 
 # Every native rule, in the order the builders declared themselves (``webhook.native.rules`` imports them all).
@@ -58,7 +60,7 @@ REGISTRY: dict[str, NativeRule] = {}
 
 
 def native(rule: str, *, fires: tuple[Trigger, ...] = (), claims: bool = False, needs: tuple[str, ...] = (),
-           custom_only: bool = False) -> Callable[[Builder], Builder]:
+           custom_only: bool = False, reads_facts: bool = False) -> Callable[[Builder], Builder]:
     """Declare one of ``rule``'s builders, the catalog row's CEL half: on pod templates, with what can make it fire
     (required: a rule that named no trigger would be skipped on every pod it could fire on), or on claims."""
     if claims and (fires or custom_only):
@@ -74,6 +76,7 @@ def native(rule: str, *, fires: tuple[Trigger, ...] = (), claims: bool = False, 
         if claims:
             REGISTRY[rule] = replace(entry, claims=build, needs=needed)
         else:
-            REGISTRY[rule] = replace(entry, pods=build, fires=fires, needs=needed, custom_only=custom_only)
+            REGISTRY[rule] = replace(entry, pods=build, fires=fires, needs=needed, custom_only=custom_only,
+                                     reads_facts=reads_facts)
         return build
     return register

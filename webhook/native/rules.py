@@ -10,7 +10,7 @@ from webhook.core.podspecs import CONTAINER_LISTS
 from webhook.core.policy import CLUSTER_RULES, Policy
 
 # The rule families' modules: their builders declare themselves in the registry as they are imported.
-from webhook.native import claims, crossfield, isolation, params, pods, sharing  # noqa: F401
+from webhook.native import claims, cluster, crossfield, isolation, params, pods, sharing  # noqa: F401
 from webhook.native.celtext import lits
 from webhook.native.registry import NEVER, REGISTRY, NativeRule
 from webhook.native.snippets import Ctx

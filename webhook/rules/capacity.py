@@ -29,7 +29,7 @@ def check_cluster(
                         path,
                         "unknown-accelerator",
                         f"no node has {summary.node_label}={accelerator}, so the pod would stay "
-                        f"Pending ({summary.describe()})",
+                        f"Pending (values of {summary.node_label} on the nodes: {len(summary.by_accelerator)})",
                         accelerator,
                     )
                 )

@@ -1,0 +1,241 @@
+"""The cluster-facts differential: the generated policies reading GPUPolicy/default's ``status.cluster`` (evaluated by
+the apiserver's own CEL, tests/celeval) against the webhook with its own cluster view, on three generated clusters.
+
+The summary is what the status writer would write for each cluster (``core.clustersummary``), stamped ``writtenAt``;
+each request carries the time the apiserver would have written into it (``creationTimestamp`` on CREATE). The
+native cluster rules act on the summary only while the request is at most ``FRESH_FOR`` seconds after ``writtenAt``:
+older, or missing, and they refuse nothing, which is the webhook deciding without a view.
+
+Where the engines must differ, the reason is a test below: a pod whose GPUs are all DRA claims (the webhook follows
+the claims to count them; CEL cannot), and a RuntimeClass that the webhook's own mutation would inject into a template
+(a Pod is validated after that mutation, so it names it by then).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import re
+from typing import Any
+
+import pytest
+
+from tests.celeval import Request, evaluate
+from tests.native_corpus import (
+    NS,
+    POLICY,
+    RESEARCH,
+    RUNTIME,
+    Case,
+    as_deployment,
+    as_pod,
+    as_pytorchjob,
+    compare,
+    corpus,
+    gpu,
+    spec,
+)
+from tests.test_native_eval import compatibility, seen
+from webhook.core import clustersummary as cs
+from webhook.core.cluster import ClusterState
+from webhook.core.podspecs import group_of
+from webhook.core.policyfile import parse_policy
+from webhook.native.generate import RULES_ANNOTATION, generate
+from webhook.native.target import for_version
+from webhook.rules import admission
+
+POLICIES = parse_policy(POLICY + "cluster: {enabled: true}\n")
+GPU = "nvidia.com/gpu"
+WRITTEN = datetime.datetime(2026, 12, 6, 12, 0, 0, tzinfo=datetime.UTC)
+
+
+def stamp(moment: datetime.datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def node(name: str, model: str | None = None, gpus: int = 0) -> dict[str, Any]:
+    labels = {"kubernetes.io/hostname": name, **({"accelerator": model} if model else {})}
+    allocatable = {"cpu": "8", **({GPU: str(gpus)} if gpus else {})}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+            "status": {"allocatable": allocatable}}
+
+
+def runtime_class(name: str) -> dict[str, Any]:
+    return {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name}, "handler": name}
+
+
+# Three clusters: the corpus' accelerators and a RuntimeClass; another model alone and no RuntimeClass; CPU nodes.
+CLUSTERS = {
+    "mixed": [node("l4-a", "nvidia-l4", 4), node("l4-b", "nvidia-l4", 2), node("p100", "nvidia-tesla-p100", 8),
+              node("k80", "nvidia-tesla-k80", 4), node("cpu"), runtime_class("nvidia")],
+    "h100-only": [node("h100-a", "nvidia-h100", 8), node("h100-b", "nvidia-h100", 8)],
+    "cpu-only": [node("cpu-a"), node("cpu-b"), runtime_class("nvidia"), runtime_class("kata")],
+}
+
+
+def state_of(objects: list[dict[str, Any]]) -> ClusterState:
+    state = ClusterState("accelerator")
+    state.load(copy.deepcopy(objects), known=cs.KINDS)
+    return state
+
+
+def summary_of(state: ClusterState) -> dict[str, Any]:
+    facts = cs.summarize(cs.view_of(state, cs.KINDS), cs.KINDS, POLICIES.default.is_gpu)
+    return {**facts, "writtenAt": stamp(WRITTEN), "writer": "test"}
+
+
+def cluster_cases() -> list[Case]:
+    """Pods, Deployments and PyTorchJobs that name an accelerator (nodeSelector, annotation, or none: the default)
+    and a RuntimeClass, in a namespace with the corpus' default (nvidia-tesla-k80) and one with its own (nvidia-l4)."""
+    shapes: list[tuple[str, dict, dict]] = []
+    for model in ("nvidia-l4", "nvidia-tesla-p100", "nvidia-h100", "nvidia-a100"):
+        shapes.append((f"select-{model}", spec(gpu(1), nodeSelector={"accelerator": model}), {}))
+        shapes.append((f"annotate-{model}", spec(gpu(1)), {"gpu-webhook/accelerator": model}))
+    shapes.append(("default", spec(gpu(1)), {}))
+    shapes.append(("cpu-selects-a100", spec({"name": "c", "image": "busybox"}, nodeSelector={"accelerator": "x"}), {}))
+    for name in ("nvidia", "kata", "missing"):
+        shapes.append((f"runtime-{name}", spec(gpu(1), runtimeClassName=name), {}))
+        shapes.append((f"cpu-runtime-{name}", spec({"name": "c", "image": "busybox"}, runtimeClassName=name), {}))
+    cases = []
+    for name, s, meta in shapes:
+        for wrap in (as_pod, as_deployment, as_pytorchjob):
+            for namespace in (NS, RESEARCH):
+                obj = wrap(f"{name}-{wrap.__name__[3:]}", s, meta)
+                cases.append(Case(obj["metadata"]["name"], namespace, obj))
+    return cases
+
+
+def requested(cases: list[Case], at: datetime.datetime) -> list[Case]:
+    """The cases as the apiserver hands them to admission on CREATE: ``creationTimestamp`` is the request's time."""
+    out = []
+    for case in cases:
+        obj = copy.deepcopy(case.obj)
+        obj["metadata"]["creationTimestamp"] = stamp(at)
+        out.append(Case(case.name, case.namespace, obj))
+    return out
+
+
+def native(cluster: str, cases: list[Case], version: str, cluster_status: dict[str, Any] | None):
+    generated = generate(POLICIES, for_version(version))
+    param = copy.deepcopy(generated.policy_object)
+    assert param is not None
+    if cluster_status is not None:
+        param["status"] = {"cluster": cluster_status}
+    objects = [o for o in generated.objects if o["kind"].startswith("Validating")] + [param]
+    evaluation = evaluate(objects, [Request(c.obj, c.namespace) for c in cases], compatibility(generated.target))
+    assert evaluation.compile_errors == [], evaluation.compile_errors
+    return generated, [seen(a) for a in evaluation.answers]
+
+
+@pytest.fixture(scope="module", params=["1.30", "1.37"])
+def version(request) -> str:
+    return request.param
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS)
+def test_with_fresh_facts_the_policies_decide_as_the_webhook_with_its_view(cluster, version):
+    state = state_of(CLUSTERS[cluster])
+    # The corpus once (the rest of it is test_native_eval's), the cluster cases on every cluster.
+    everything = (corpus() if cluster == "mixed" else []) + cluster_cases()
+    cases = requested(everything, WRITTEN + datetime.timedelta(seconds=cs.FRESH_FOR))
+    generated, answers = native(cluster, cases, version, summary_of(state))
+    assert {"unknown-accelerator", "unknown-runtime-class"} <= set(generated.native)
+    cases, answers = claims_and_injections_aside(cases, answers, state)
+    found = compare(POLICIES, generated, cases, answers, state.view())
+    split = split_words(found.words, generated, cases, state)
+    found.words = [w for w in found.words if w not in split]
+    summary = found.summary(f"{version} {cluster}", len(cases)) + f"; {len(split)} told by a sibling policy"
+    print(summary)
+    assert not found, summary + "\n" + found.details()
+    refused_by_facts = [c for c, a in zip(cases, answers, strict=True)
+                        if not a.allowed and ("no node has accelerator" in a.message
+                                              or "no such RuntimeClass" in a.message)]
+    assert len(refused_by_facts) >= 12, [c.name for c in refused_by_facts]
+
+
+@pytest.mark.parametrize("when, facts", [
+    ("stale", WRITTEN + datetime.timedelta(seconds=cs.FRESH_FOR + 1)),
+    ("missing", None),
+])
+def test_with_stale_or_missing_facts_the_cluster_rules_refuse_nothing(when, facts, version):
+    """A request more than FRESH_FOR seconds after writtenAt, or no summary at all: the policies decide as the
+    webhook without a cluster view (its cluster rules off), so a model added while the writer was down is not
+    refused, and no pod is refused for a fact."""
+    state = state_of(CLUSTERS["h100-only"])  # every corpus accelerator is unknown here
+    cases = requested(cluster_cases(), facts or WRITTEN)
+    _, answers = native("h100-only", cases, version, summary_of(state) if facts else None)
+    for case, answer in zip(cases, answers, strict=True):
+        expected = admission.decide(case.obj, group_of(case.obj["apiVersion"]), case.kind, case.namespace, POLICIES)
+        assert "no node has" not in answer.message and "no such RuntimeClass" not in answer.message, case.name
+        assert answer.allowed == expected.allowed, (case.name, answer.message, expected.message)
+
+
+def test_on_update_the_newest_managed_fields_time_is_the_requests(version):
+    """An UPDATE carries no new creationTimestamp; managedFields carry the update's time. Recent: the facts count.
+    Only times long before the facts were written (an update that changed no managed field keeps the old ones): no
+    clock, so they do not, and the update is admitted."""
+    state = state_of(CLUSTERS["h100-only"])
+    old = as_pod("upd", spec(gpu(1)), {})
+    old["metadata"]["creationTimestamp"] = stamp(WRITTEN - datetime.timedelta(days=30))
+    new = copy.deepcopy(old)
+    new["spec"]["nodeSelector"] = {"accelerator": "nvidia-l4"}  # allowed by the policy, on no node of the cluster
+
+    def with_times(*moments: datetime.datetime) -> dict[str, Any]:
+        obj = copy.deepcopy(new)
+        obj["metadata"]["managedFields"] = [{"manager": f"m{i}", "operation": "Update", "apiVersion": "v1",
+                                             "time": stamp(m)} for i, m in enumerate(moments)]
+        return obj
+
+    recent = with_times(WRITTEN - datetime.timedelta(days=30), WRITTEN + datetime.timedelta(seconds=60))
+    stale = with_times(WRITTEN - datetime.timedelta(days=30))
+    generated = generate(POLICIES, for_version(version))
+    param = {**copy.deepcopy(generated.policy_object), "status": {"cluster": summary_of(state)}}
+    objects = [o for o in generated.objects if o["kind"].startswith("Validating")] + [param]
+    evaluation = evaluate(objects, [Request(recent, NS, "UPDATE", old), Request(stale, NS, "UPDATE", old)],
+                          compatibility(generated.target))
+    refused, admitted = evaluation.answers
+    assert not refused.allowed and "no node has accelerator=nvidia-l4" in refused.message, refused.message
+    assert admitted.allowed, admitted.message
+
+
+def claims_and_injections_aside(cases, answers, state):
+    """The cases where the engines must differ, each checked for its reason and set aside."""
+    kept_cases, kept_answers = [], []
+    view = state.view()
+    for case, answer in zip(cases, answers, strict=True):
+        expected = admission.decide(case.obj, group_of(case.obj["apiVersion"]), case.kind, case.namespace, POLICIES,
+                                    view)
+        rules = {v.rule for v in expected.violations}
+        if "unknown-runtime-class" in rules and not answer_names_runtime(answer):
+            # isolation.runtimeClass would inject it (namespace RUNTIME): the webhook judges the injection.
+            assert case.namespace == RUNTIME or "runtimeClassName" not in str(case.obj), case.name
+            continue
+        kept_cases.append(case)
+        kept_answers.append(answer)
+    return kept_cases, kept_answers
+
+
+def answer_names_runtime(answer) -> bool:
+    return "no such RuntimeClass" in answer.message or "no such RuntimeClass" in " ".join(answer.warnings)
+
+
+def split_words(words: list[str], generated, cases: list[Case], state: ClusterState) -> list[str]:
+    """The word differences that are the apiserver stopping at the first policy that denies: a custom kind's rules
+    are cut into several deny policies, and a violation of a rule another of them carries is told only when that
+    one is the first to deny (the verdict is the same). Each is checked to be exactly that."""
+    rules_of = {o["metadata"]["name"]: set(o["metadata"]["annotations"][RULES_ANNOTATION].split(","))
+                for o in generated.objects if o["kind"] == "ValidatingAdmissionPolicy"}
+    by_where = {f"{c.namespace}/{c.kind}/{c.name}": c for c in cases}
+    view = state.view()
+    out = []
+    for word in words:
+        where, _, rest = word.partition(": ")
+        case = by_where[where]
+        denying = re.search(r"ValidatingAdmissionPolicy \\?'([^'\\]+)", rest)  # quoted in a repr
+        expected = admission.decide(case.obj, group_of(case.obj["apiVersion"]), case.kind, case.namespace, POLICIES,
+                                    view)
+        quoted = rest.split(" not in ")[0]
+        said = [v for v in expected.violations if quoted in (repr(str(v)), repr(f"{v.path}: "))]
+        if denying and said and all(v.rule not in rules_of[denying[1]] for v in said):
+            out.append(word)
+    return out
