@@ -6,9 +6,10 @@ each request carries the time the apiserver would have written into it (``creati
 native cluster rules act on the summary only while the request is at most ``FRESH_FOR`` seconds after ``writtenAt``:
 older, or missing, and they refuse nothing, which is the webhook deciding without a view.
 
-Where the engines must differ, the reason is a test below: a pod whose GPUs are all DRA claims (the webhook follows
-the claims to count them; CEL cannot), and a RuntimeClass that the webhook's own mutation would inject into a template
-(a Pod is validated after that mutation, so it names it by then).
+Where the engines must differ, the reason is checked below: a RuntimeClass that ``isolation.runtimeClass`` would have
+the webhook's mutation inject (a Pod is validated after that mutation, so it names the class by then; the policies
+judge only a class the object names), and a violation told by another of the policies a custom kind's rules are cut
+into (the apiserver stops at the first policy that denies; the verdict is the same).
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ def summary_of(state: ClusterState) -> dict[str, Any]:
 
 def cluster_cases() -> list[Case]:
     """Pods, Deployments and PyTorchJobs that name an accelerator (nodeSelector, annotation, or none: the default)
-    and a RuntimeClass, in a namespace with the corpus' default (nvidia-tesla-k80) and one with its own (nvidia-l4)."""
+    and a RuntimeClass, in namespaces with the corpus' default (nvidia-tesla-k80), their own (nvidia-l4), and one
+    where isolation.runtimeClass injects nvidia."""
     shapes: list[tuple[str, dict, dict]] = []
     for model in ("nvidia-l4", "nvidia-tesla-p100", "nvidia-h100", "nvidia-a100"):
         shapes.append((f"select-{model}", spec(gpu(1), nodeSelector={"accelerator": model}), {}))
@@ -99,7 +101,7 @@ def cluster_cases() -> list[Case]:
     cases = []
     for name, s, meta in shapes:
         for wrap in (as_pod, as_deployment, as_pytorchjob):
-            for namespace in (NS, RESEARCH):
+            for namespace in (NS, RESEARCH, RUNTIME):
                 obj = wrap(f"{name}-{wrap.__name__[3:]}", s, meta)
                 cases.append(Case(obj["metadata"]["name"], namespace, obj))
     return cases
@@ -140,7 +142,8 @@ def test_with_fresh_facts_the_policies_decide_as_the_webhook_with_its_view(clust
     cases = requested(everything, WRITTEN + datetime.timedelta(seconds=cs.FRESH_FOR))
     generated, answers = native(cluster, cases, version, summary_of(state))
     assert {"unknown-accelerator", "unknown-runtime-class"} <= set(generated.native)
-    cases, answers = claims_and_injections_aside(cases, answers, state)
+    cases, answers, injected = injections_aside(cases, answers, state)
+    assert bool(injected) == (cluster == "h100-only"), injected  # the one cluster without RuntimeClass nvidia
     found = compare(POLICIES, generated, cases, answers, state.view())
     split = split_words(found.words, generated, cases, state)
     found.words = [w for w in found.words if w not in split]
@@ -198,21 +201,22 @@ def test_on_update_the_newest_managed_fields_time_is_the_requests(version):
     assert admitted.allowed, admitted.message
 
 
-def claims_and_injections_aside(cases, answers, state):
-    """The cases where the engines must differ, each checked for its reason and set aside."""
-    kept_cases, kept_answers = [], []
+def injections_aside(cases, answers, state):
+    """The cases where the webhook refuses the RuntimeClass its own mutation would inject, which the policies do not
+    see: checked for that reason and set aside (with their names)."""
+    kept_cases, kept_answers, aside = [], [], []
     view = state.view()
     for case, answer in zip(cases, answers, strict=True):
         expected = admission.decide(case.obj, group_of(case.obj["apiVersion"]), case.kind, case.namespace, POLICIES,
                                     view)
         rules = {v.rule for v in expected.violations}
         if "unknown-runtime-class" in rules and not answer_names_runtime(answer):
-            # isolation.runtimeClass would inject it (namespace RUNTIME): the webhook judges the injection.
-            assert case.namespace == RUNTIME or "runtimeClassName" not in str(case.obj), case.name
+            assert case.namespace == RUNTIME and "runtimeClassName" not in str(case.obj), case.name
+            aside.append(case.name)
             continue
         kept_cases.append(case)
         kept_answers.append(answer)
-    return kept_cases, kept_answers
+    return kept_cases, kept_answers, aside
 
 
 def answer_names_runtime(answer) -> bool:
