@@ -42,7 +42,7 @@ def test_an_unknown_accelerator_is_refused_then_admitted_once_a_node_has_it(clus
     refused = try_create(cluster, wants)
     assert refused.returncode != 0
     assert "no node has accelerator=nvidia-h100, so the pod would stay Pending" in refused.stderr
-    assert "nvidia-l4: " in refused.stderr
+    assert "(values of accelerator on the nodes: " in refused.stderr
 
     add_gpu_node(cluster, "h100-node", "nvidia-h100", gpus=8)
     added = time.monotonic()

@@ -1,0 +1,202 @@
+"""Issue 32 on real apiservers (1.30.14 and 1.37.2): the cluster rules the generated policies carry hold with no
+webhook in the request path, from the facts the webhook's status writer keeps in GPUPolicy/default's status.
+
+The bed: the generated policies of ``cluster: {enabled: true}`` (read live), GPUPolicy/default, Nodes with an
+accelerator label and a RuntimeClass, and a webhook process run only as the status writer (``--policy-object``,
+``--status-lease``): it is never registered with the apiserver, so every verdict here is the apiserver's alone.
+Requests are server-side dry runs, so nothing is stored.
+
+- a GPU pod that asks for an accelerator no node has, or a RuntimeClass that does not exist, is refused; a pod
+  that can schedule is admitted; a CPU pod is never judged by them;
+- facts change (a node with a new model joins, a RuntimeClass is created): the time until the apiserver's verdict
+  follows, p50 and p99 (goal p99 <= 5 s). The writer writes status.cluster at most once per 10 s, so a change
+  within 10 s of its last write waits up to that long (measured: 9.5 s); the changes here are 11 s apart;
+- the writer SIGKILLed: the facts still count until 300 s after their last stamp (a model added meanwhile is
+  refused); past that they count for nothing. The 300 s are not waited out: ``writtenAt`` is set 301 s back, as a
+  writer dead that long would have left it. A summary removed counts for nothing either.
+
+Run with ``-s`` for the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from tests.e2e import gpupolicy as gp
+from tests.e2e.cluster import ControlPlane
+from tests.e2e.conftest import MATRIX_BEDS
+from tests.e2e.gpupolicy import eventually
+from tests.e2e.native_bed import Api, apply
+from tests.e2e.test_placement import add_gpu_node
+from tests.manifests import container, pod
+from tests.server import WebhookProcess, make_certs, start_webhook
+from webhook.cli.policies import discover
+from webhook.core import clustersummary, policycrd
+from webhook.core.policyfile import parse_policy
+from webhook.kube.client import Kube
+from webhook.native.generate import generate
+
+BEDS = [bed for bed in MATRIX_BEDS if bed.id in ("1.30", "1.37")]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900),
+              pytest.mark.parametrize("matrix_cluster", BEDS, ids=[b.id for b in BEDS], indirect=True)]
+
+GPU = "nvidia.com/gpu"
+TENANT = "tenant"
+LIVE = "gpu-webhook-live-deny"
+CHANGES = {"1.30": 5, "1.37": 20}  # facts changes measured on each bed
+SPACING = 11.0  # the writer writes status.cluster at most once per 10 s
+FIGURES: dict[str, dict[str, Any]] = {}
+
+
+def gpu_pod(name: str, **spec: Any) -> dict[str, Any]:
+    return pod(container(limits={GPU: 1}), name=name, **spec)
+
+
+def selecting(model: str) -> dict[str, Any]:
+    return gpu_pod("selects", nodeSelector={"accelerator": model})
+
+
+def deployment(name: str, runtime: str, gpus: int = 1) -> dict[str, Any]:
+    """A Deployment whose pods run with RuntimeClass ``runtime``: a Pod naming a RuntimeClass that does not exist is
+    refused by the apiserver's own RuntimeClass admission plugin, before any policy; a template is not."""
+    resources = {"limits": {GPU: gpus}} if gpus else {"requests": {"cpu": "100m"}}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+            "spec": {"selector": {"matchLabels": {"app": name}}, "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"runtimeClassName": runtime, "nodeSelector": {"accelerator": "nvidia-h100"} if not gpus
+                         else {}, "containers": [{"name": "c", "image": "busybox", "resources": resources}]}}}}
+
+
+def runtime_class(name: str) -> dict[str, Any]:
+    return {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name}, "handler": name}
+
+
+@dataclass
+class Bed:
+    cluster: ControlPlane
+    api: Api
+    kube: Kube
+    writer: WebhookProcess
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def create(self, obj: dict[str, Any]):
+        where = "api/v1" if obj["kind"] == "Pod" else "apis/apps/v1"
+        plural = {"Pod": "pods", "Deployment": "deployments"}[obj["kind"]]
+        return self.api.send("POST", f"/{where}/namespaces/{TENANT}/{plural}?dryRun=All", obj)
+
+    def refused_for(self, obj: dict[str, Any], words: str) -> bool:
+        answer = self.create(obj)
+        return not answer.admitted and f"ValidatingAdmissionPolicy '{LIVE}'" in answer.message \
+            and words in answer.message
+
+    def admitted(self, obj: dict[str, Any]) -> bool:
+        return self.create(obj).admitted
+
+    def summary(self) -> dict[str, Any]:
+        return ((gp.get(self.kube) or {}).get("status") or {}).get("cluster") or {}
+
+
+@pytest.fixture(scope="module")
+def bed(matrix_cluster: ControlPlane, tmp_path_factory) -> Iterator[Bed]:
+    cluster = matrix_cluster
+    cluster.kubectl("create", "namespace", TENANT, check=True)
+    kube = Kube.connect(str(cluster.kubeconfig))
+    out = generate(parse_policy("cluster: {enabled: true}\n"), discover(kube))
+    assert out.policy_object is not None and "unknown-accelerator" in out.native
+    gp.install_crd(cluster, policycrd.crd())
+    add_gpu_node(cluster, "l4-a", "nvidia-l4", gpus=4)
+    add_gpu_node(cluster, "l4-b", "nvidia-l4", gpus=2)
+    apply(cluster, [runtime_class("nvidia"), out.policy_object])
+    apply(cluster, [o for o in out.objects if o["kind"] != gp.gpupolicy.KIND])
+    tmp = tmp_path_factory.mktemp(f"cluster-facts-{cluster.bed.id if cluster.bed else 'main'}")
+    writer = start_webhook(tmp, "--policy-object", "default", "--kubeconfig", str(cluster.kubeconfig),
+                           "--status-lease", "default/gpu-webhook-status", certs=make_certs(tmp / "tls", "127.0.0.1"))
+    found = Bed(cluster, Api(cluster), kube, writer)
+    try:
+        started = time.monotonic()
+        eventually("the facts written", lambda: "nvidia-l4" in found.summary().get("models", {}), timeout=120)
+        # The policies compile asynchronously (the 1.30 bed, loaded, has taken a minute).
+        eventually("the policies enforce the facts", lambda: found.refused_for(selecting("nvidia-h100"), "no node"),
+                   timeout=240, every=0.2)
+        found.figures["facts written and enforced after start (s)"] = round(time.monotonic() - started, 1)
+        yield found
+    finally:
+        writer.stop()
+        kube.close()
+        FIGURES[cluster.bed.id if cluster.bed else "main"] = found.figures
+        print(f"\nfigures: {json.dumps(found.figures, indent=1)}")
+
+
+def test_the_apiserver_alone_refuses_what_could_never_run_and_admits_what_can(bed):
+    assert bed.refused_for(selecting("nvidia-h100"),
+                           "spec: no node has accelerator=nvidia-h100, so the pod would stay Pending (values of "
+                           "accelerator on the nodes: 1)")
+    assert bed.refused_for(deployment("runtime", "missing"),
+                           "spec.template.spec.runtimeClassName: runtimeClassName missing, but no such RuntimeClass "
+                           "exists")
+    assert bed.admitted(gpu_pod("fits", nodeSelector={"accelerator": "nvidia-l4"}, runtimeClassName="nvidia"))
+    assert bed.admitted(deployment("fits", "nvidia"))
+    assert bed.admitted(gpu_pod("anywhere"))
+    # No GPU: neither rule judges it, whatever it names.
+    assert bed.admitted(deployment("cpu", "missing", gpus=0))
+    assert bed.admitted(pod(container(requests={"cpu": "100m"}), name="cpu",
+                            nodeSelector={"accelerator": "nvidia-h100"}))
+
+
+def test_the_verdict_follows_a_change_of_the_facts(bed):
+    count = CHANGES[bed.cluster.bed.id if bed.cluster.bed else "1.37"]
+    took = []
+    time.sleep(SPACING)  # the facts were written just now: a change within 10 s waits for the writer's next turn
+    for i in range(count):
+        model = f"model-{i}-{int(time.time())}"
+        assert bed.refused_for(selecting(model), "no node has")
+        changed = time.monotonic()  # from before the node is created to the first admission
+        add_gpu_node(bed.cluster, f"node-{model}", model, gpus=1)
+        eventually(f"{model} admitted", lambda m=model: bed.admitted(selecting(m)), timeout=60, every=0.05)
+        took.append(time.monotonic() - changed)
+        time.sleep(max(0.0, SPACING - (time.monotonic() - changed)))
+    assert bed.refused_for(deployment("late-class", "late"), "no such RuntimeClass")
+    created = time.monotonic()
+    apply(bed.cluster, [runtime_class("late")])
+    eventually("the new RuntimeClass admitted", lambda: bed.admitted(deployment("late-class", "late")), timeout=60,
+               every=0.05)
+    class_took = time.monotonic() - created
+    took_sorted = sorted(took)
+    p99 = took_sorted[min(len(took_sorted) - 1, round(0.99 * (len(took_sorted) - 1)))]
+    bed.figures["facts change -> verdict"] = {
+        "changes": count, "p50_s": round(statistics.median(took), 2), "p99_s": round(p99, 2),
+        "max_s": round(max(took), 2), "runtime_class_s": round(class_took, 2),
+        "each_s": [round(t, 2) for t in took]}
+    assert p99 <= 5.0, bed.figures
+
+
+def test_with_the_writer_killed_the_facts_count_until_they_are_too_old_then_refuse_nothing(bed):
+    bed.writer.stop(signal.SIGKILL)
+    time.sleep(3)  # its status process notices its parent gone within 2 s
+    stamped = bed.summary()["writtenAt"]
+    add_gpu_node(bed.cluster, "node-late", "late-model", gpus=1)
+    time.sleep(3)
+    # Nothing writes the facts now: a model added since is refused while they are fresh, as designed.
+    assert bed.summary()["writtenAt"] == stamped and "late-model" not in bed.summary()["models"]
+    assert bed.refused_for(selecting("late-model"), "no node has accelerator=late-model")
+    # As a writer dead for over FRESH_FOR seconds leaves it.
+    old = (datetime.now(UTC) - timedelta(seconds=clustersummary.FRESH_FOR + 1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    bed.kube.request("PATCH", f"{gp.path()}/status", None, {"status": {"cluster": {"writtenAt": old}}},
+                     "application/merge-patch+json")
+    stale = eventually("stale facts refuse nothing", lambda: bed.admitted(selecting("late-model")), timeout=60,
+                       every=0.1)
+    assert bed.admitted(selecting("nvidia-h100")) and bed.admitted(deployment("runtime", "missing"))
+    bed.kube.request("PATCH", f"{gp.path()}/status", None, {"status": {"cluster": None}},
+                     "application/merge-patch+json")
+    eventually("the summary removed", lambda: bed.summary() == {}, timeout=30)
+    assert bed.admitted(selecting("nvidia-h100")) and bed.admitted(deployment("runtime", "missing"))
+    bed.figures["stale facts stop refusing within (s)"] = round(stale, 2)
