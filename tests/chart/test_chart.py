@@ -1150,6 +1150,16 @@ def test_notes_warn_about_test_settings_and_avoid_excluded_namespaces(helm: Helm
     assert "kubectl -n gpu-webhook-test run gpu-test" in text
 
 
+def test_notes_of_hybrid_mode_with_cluster_checks_name_the_cluster_rules_the_policies_carry(helm: Helm) -> None:
+    cluster = values_args({"policy": {"cluster": {"enabled": True}}})
+    live = notes(helm, "--set", "admissionPolicies.enabled=true", *cluster)
+    assert "The webhook still sees every GPU object" in live
+    assert "carry unknown-accelerator, unknown-runtime-class without it" in " ".join(live.split())
+    inline = notes(helm, "--set", "admissionPolicies.enabled=true", *values_args(
+        {"policy": {"cluster": {"enabled": True}, "nativePolicies": {"params": "inline"}}}))
+    assert "The webhook still sees every GPU object" in inline and "unknown-accelerator" not in inline
+
+
 def test_cluster_checks_bring_read_only_node_and_runtime_class_access_and_nothing_else(helm: Helm) -> None:
     reader = f"{FULLNAME}-cluster-reader"
     assert not [d for d in helm.template() if d["metadata"]["name"] == reader]

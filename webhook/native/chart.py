@@ -14,6 +14,7 @@ from webhook.core.policyfile import parse_policy
 from webhook.core.policyschema import EXCLUDED_NAMESPACES
 from webhook.native import hybrid, kinds
 from webhook.native.generate import DRA_MINOR
+from webhook.native.rules import BUILDERS
 from webhook.native.target import GROUP, LIBRARIES, MAP, NEWEST, OLDEST, VAP, Target
 
 HEADER = """{{- /*
@@ -95,6 +96,7 @@ def helpers() -> str:
         f'{{{{- if semverCompare ">=1.{hybrid.carries_all_from()}-0" .Capabilities.KubeVersion.Version }}}}true'
         "{{- end }}")))
     parts.append(_define("webhookChecks", ",".join(hybrid.webhook_checks())))
+    parts.append(_define("factRules", ", ".join(r for r, entry in BUILDERS.items() if entry.reads_facts)))
     parts.append(_define("knownKinds", json.dumps([f"{k.group}/{k.resource}" for k in kinds.KNOWN_KINDS])))
     parts.append(_define("excludeNamespaces", json.dumps(list(EXCLUDED_NAMESPACES))))
     parts.append(_define("registryResources", json.dumps(registry_rules())))

@@ -39,6 +39,10 @@ the webhook too. */}}
 processCountMismatch,replicaAcceleratorMismatch
 {{- end }}
 
+{{- define "gpu-webhook.native.factRules" -}}
+unknown-accelerator, unknown-runtime-class
+{{- end }}
+
 {{- define "gpu-webhook.native.knownKinds" -}}
 ["kubeflow.org/pytorchjobs", "kubeflow.org/tfjobs", "kubeflow.org/mpijobs", "kubeflow.org/xgboostjobs", "kubeflow.org/paddlejobs", "ray.io/rayclusters", "ray.io/rayjobs", "ray.io/rayservices", "jobset.x-k8s.io/jobsets", "leaderworkerset.x-k8s.io/leaderworkersets"]
 {{- end }}
