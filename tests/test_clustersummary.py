@@ -389,8 +389,12 @@ def test_the_holder_writes_the_facts_with_its_stamps_and_again_for_the_stamps_on
     assert len(kube.patches) == patches + 1
     assert written_cluster(kube) == {"writtenAt": "1970-01-01T00:03:43Z"}
     echo(obj, kube, rv="10")
-    writer.step(103.0 + cs.HEARTBEAT + 60)
+    writer.step(103.0 + cs.HEARTBEAT + 1)
     assert len(kube.patches) == patches + 1
+    # A stamp does not hold back a change of a fact: a model that arrives right after it is written at once.
+    facts.state.indices["nodes"].apply("ADDED", node("a100-a", "nvidia-a100", **{GPU: "8"}))
+    writer.step(103.0 + cs.HEARTBEAT + 3)
+    assert len(kube.patches) == patches + 2 and "nvidia-a100" in written_cluster(kube)["models"]
 
 
 def test_the_cluster_facts_condition_says_whether_the_policies_act_on_the_facts():

@@ -327,7 +327,7 @@ class StatusWriter:
         if native is not None:
             self._set_native(native)
         desired = desired_status(current, snap, self._rules(now), native, now)
-        cluster, cluster_wait = self._cluster(current.get("cluster"), now)
+        cluster, cluster_wait, stamp_only = self._cluster(current.get("cluster"), now)
         until_renew = min(until_renew, cluster_wait)
         if self.facts is not None:
             after = current.get("cluster") if cluster is _KEEP else cluster
@@ -352,34 +352,36 @@ class StatusWriter:
                 return min(until_renew, self.settings.interval)
             raise
         metrics.safely(lambda: metrics.POLICY_STATUS_WRITES.labels(result="success").inc())
-        if cluster is not _KEEP:
+        if cluster is not _KEEP and not stamp_only:
             self.cluster_written = now
         logs.event("policy_status_written", name=self.settings.name, generation=snap.generation,
                    accepted=not snap.problems, enforced=snap.enforced, cluster=cluster is not _KEEP)
         return min(until_renew, self.settings.interval)
 
-    def _cluster(self, written: Any, now: float) -> tuple[Any, float]:
+    def _cluster(self, written: Any, now: float) -> tuple[Any, float, bool]:
         """What to write of ``status.cluster`` over ``written``: ``_KEEP``, None (remove it) or the summary with
-        its stamps; and the seconds until a pending write of it is due (or a long while)."""
+        its stamps; the seconds until a pending write of it is due (or a long while); whether only its stamps are
+        new (a stamp does not hold back the next change of a fact: the 10 s bound is on the facts)."""
         idle = 60.0
         if self.facts is None:
-            return _KEEP, idle
+            return _KEEP, idle, False
         policy = self.obj.value
         if not policy.default.cluster_enabled:
-            return (None if written is not None else _KEEP), idle
+            return (None if written is not None else _KEEP), idle, False
         facts = self.facts.facts(policy, now)
         if facts is None:
-            return _KEEP, 1.0  # the informers are loading
+            return _KEEP, 1.0, False  # the informers are loading
         if facts == clustersummary.facts_of(written):
             # Unchanged: stamped again once HEARTBEAT has passed, so that the policies can tell it is current.
             beat = written_at(written) + clustersummary.HEARTBEAT - now
             if beat > 0:
-                return _KEEP, min(beat, max(0.1, self.facts.seconds_until_due(now)) if self.facts.stale else idle)
-            return {**facts, "writtenAt": meta_time(now), "writer": self.lease.identity}, idle
+                due = max(0.1, self.facts.seconds_until_due(now)) if self.facts.stale else idle
+                return _KEEP, min(beat, due), False
+            return {**facts, "writtenAt": meta_time(now), "writer": self.lease.identity}, idle, True
         wait = self.cluster_written + self.settings.cluster_interval - now
         if wait > 0:
-            return _KEEP, wait
-        return {**facts, "writtenAt": meta_time(now), "writer": self.lease.identity}, idle
+            return _KEEP, wait, False
+        return {**facts, "writtenAt": meta_time(now), "writer": self.lease.identity}, idle, False
 
     def _rules(self, now: float) -> dict[str, Any] | None:
         if self.target is None and now - self.discovered >= DISCOVER_EVERY:
