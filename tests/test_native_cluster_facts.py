@@ -74,6 +74,16 @@ CLUSTERS = {
 }
 
 
+# What the policies themselves must say on each cluster (an accelerator the policy allows but no node has, and so on).
+NATIVELY_REFUSED = {
+    "mixed": ["the pod needs 6 nvidia.com/gpu on one node; nodes with accelerator=nvidia-l4: 2, largest allocatable "
+              "nvidia.com/gpu: 4", "no node advertises nvidia.com/mig-1g.5gb", "runtimeClassName missing, but no "
+              "such RuntimeClass exists"],
+    "h100-only": ["no node has accelerator=nvidia-l4", "runtimeClassName nvidia, but no such RuntimeClass exists"],
+    "cpu-only": ["no node has accelerator=nvidia-tesla-p100"],  # every pod has an accelerator: no capacity judged
+}
+
+
 def state_of(objects: list[dict[str, Any]]) -> ClusterState:
     state = ClusterState("accelerator")
     state.load(copy.deepcopy(objects), known=cs.KINDS)
@@ -94,6 +104,11 @@ def cluster_cases() -> list[Case]:
         shapes.append((f"select-{model}", spec(gpu(1), nodeSelector={"accelerator": model}), {}))
         shapes.append((f"annotate-{model}", spec(gpu(1)), {"gpu-webhook/accelerator": model}))
     shapes.append(("default", spec(gpu(1)), {}))
+    # More GPUs than one node has (6 in two containers: within the corpus' caps), and a GPU no node offers.
+    shapes.append(("six-l4", spec(gpu(3, "a"), gpu(3, "b"), nodeSelector={"accelerator": "nvidia-l4"}), {}))
+    shapes.append(("six-p100", spec(gpu(3, "a"), gpu(3, "b"), nodeSelector={"accelerator": "nvidia-tesla-p100"}), {}))
+    shapes.append(("six-default", spec(gpu(3, "a"), gpu(3, "b")), {}))
+    shapes.append(("mig", spec(gpu(1, resource="nvidia.com/mig-1g.5gb")), {}))
     shapes.append(("cpu-selects-a100", spec({"name": "c", "image": "busybox"}, nodeSelector={"accelerator": "x"}), {}))
     for name in ("nvidia", "kata", "missing"):
         shapes.append((f"runtime-{name}", spec(gpu(1), runtimeClassName=name), {}))
@@ -141,7 +156,8 @@ def test_with_fresh_facts_the_policies_decide_as_the_webhook_with_its_view(clust
     everything = (corpus() if cluster == "mixed" else []) + cluster_cases()
     cases = requested(everything, WRITTEN + datetime.timedelta(seconds=cs.FRESH_FOR))
     generated, answers = native(cluster, cases, version, summary_of(state))
-    assert {"unknown-accelerator", "unknown-runtime-class"} <= set(generated.native)
+    assert {"unknown-accelerator", "unknown-runtime-class", "exceeds-node-capacity",
+            "unadvertised-resource"} <= set(generated.native)
     cases, answers, injected = injections_aside(cases, answers, state)
     assert bool(injected) == (cluster == "h100-only"), injected  # the one cluster without RuntimeClass nvidia
     found = compare(POLICIES, generated, cases, answers, state.view())
@@ -151,9 +167,12 @@ def test_with_fresh_facts_the_policies_decide_as_the_webhook_with_its_view(clust
     print(summary)
     assert not found, summary + "\n" + found.details()
     refused_by_facts = [c for c, a in zip(cases, answers, strict=True)
-                        if not a.allowed and ("no node has accelerator" in a.message
-                                              or "no such RuntimeClass" in a.message)]
+                        if not a.allowed and any(words in a.message for words in (
+                            "no node has accelerator", "no such RuntimeClass", "on one node;", "no node advertises"))]
     assert len(refused_by_facts) >= 12, [c.name for c in refused_by_facts]
+    said = " ".join(a.message for a in answers)
+    for words in NATIVELY_REFUSED[cluster]:  # each rule the facts carry refuses something, natively
+        assert words in said, words
 
 
 @pytest.mark.parametrize("when, facts", [

@@ -1154,7 +1154,9 @@ def test_notes_of_hybrid_mode_with_cluster_checks_name_the_cluster_rules_the_pol
     cluster = values_args({"policy": {"cluster": {"enabled": True}}})
     live = notes(helm, "--set", "admissionPolicies.enabled=true", *cluster)
     assert "The webhook still sees every GPU object" in live
-    assert "carry unknown-accelerator, unknown-runtime-class without it" in " ".join(live.split())
+    sentence = " ".join(live.split()).split(" and carry ")[1].split(" without it")[0]
+    assert set(sentence.split(", ")) == {"unknown-accelerator", "exceeds-node-capacity", "unadvertised-resource",
+                                         "unknown-runtime-class"}
     inline = notes(helm, "--set", "admissionPolicies.enabled=true", *values_args(
         {"policy": {"cluster": {"enabled": True}, "nativePolicies": {"params": "inline"}}}))
     assert "The webhook still sees every GPU object" in inline and "unknown-accelerator" not in inline

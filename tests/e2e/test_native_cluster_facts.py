@@ -6,8 +6,9 @@ accelerator label and a RuntimeClass, and a webhook process run only as the stat
 ``--status-lease``): it is never registered with the apiserver, so every verdict here is the apiserver's alone.
 Requests are server-side dry runs, so nothing is stored.
 
-- a GPU pod that asks for an accelerator no node has, or a RuntimeClass that does not exist, is refused; a pod
-  that can schedule is admitted; a CPU pod is never judged by them;
+- a GPU pod that asks for an accelerator no node has, more GPUs than any node of its model has, a GPU resource no
+  node offers, or a RuntimeClass that does not exist, is refused; a pod that can schedule is admitted; a CPU pod is
+  never judged by them;
 - facts change (a node with a new model joins, a RuntimeClass is created): the time until the apiserver's verdict
   follows, p50 and p99 (goal p99 <= 5 s). The writer writes status.cluster at most once per 10 s, so a change
   within 10 s of its last write waits up to that long (measured: 9.5 s); the changes here are 11 s apart;
@@ -95,8 +96,8 @@ class Bed:
 
     def refused_for(self, obj: dict[str, Any], words: str) -> bool:
         answer = self.create(obj)
-        return not answer.admitted and f"ValidatingAdmissionPolicy '{LIVE}'" in answer.message \
-            and words in answer.message
+        return not answer.admitted and f"ValidatingAdmissionPolicy '{LIVE}" in answer.message \
+            and words in answer.message  # gpu-webhook-live-deny, or one of the policies it is cut into
 
     def admitted(self, obj: dict[str, Any]) -> bool:
         return self.create(obj).admitted
@@ -140,6 +141,12 @@ def test_the_apiserver_alone_refuses_what_could_never_run_and_admits_what_can(be
     assert bed.refused_for(selecting("nvidia-h100"),
                            "spec: no node has accelerator=nvidia-h100, so the pod would stay Pending (values of "
                            "accelerator on the nodes: 1)")
+    six = pod(container("a", limits={GPU: 3}), container("b", limits={GPU: 3}), name="six",
+              nodeSelector={"accelerator": "nvidia-l4"})
+    assert bed.refused_for(six, "spec: the pod needs 6 nvidia.com/gpu on one node; nodes with accelerator=nvidia-l4: "
+                                "2, largest allocatable nvidia.com/gpu: 4")
+    assert bed.refused_for(pod(container(limits={"nvidia.com/mig-1g.5gb": 1}), name="mig"),
+                           "spec: no node advertises nvidia.com/mig-1g.5gb in allocatable or through a DeviceClass")
     assert bed.refused_for(deployment("runtime", "missing"),
                            "spec.template.spec.runtimeClassName: runtimeClassName missing, but no such RuntimeClass "
                            "exists")

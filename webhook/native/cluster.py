@@ -14,7 +14,7 @@ from __future__ import annotations
 from webhook.native import params
 from webhook.native.celtext import lit
 from webhook.native.findings import Each, Finding
-from webhook.native.pods import ANNOTATED, annotated, selected
+from webhook.native.pods import ANNOTATED, annotated, selected, total
 from webhook.native.reads import Reads
 from webhook.native.registry import Trigger, native
 from webhook.native.snippets import Ctx, is_gpu
@@ -31,6 +31,14 @@ def _selects(ctx: Ctx) -> str:
     return f"has(pod.spec.nodeSelector) && {lit(ctx.policy.node_label)} in pod.spec.nodeSelector"
 
 
+def _accelerator(ctx: Ctx, r: Reads) -> str:
+    """The accelerator of template ``pod`` as ``capacity.check_cluster`` takes it: the first of the annotation, the
+    nodeSelector and the default that is a non-empty string; else null."""
+    candidates = f"[{annotated(r)}, {selected(r)}, dyn({params.of('default')})]"
+    return (f"dyn([{candidates}.filter(value, value != null && value != '')].map(found, "
+            f"size(found) > 0 ? found[0] : null)[0])")
+
+
 @native("unknown-accelerator", reads_facts=True,
         fires=(ANNOTATED, Trigger("template", _selects, "selector"), Trigger("name", _default_gpu, "default-gpu")))
 def unknown_accelerator(ctx: Ctx) -> list[Finding]:
@@ -40,17 +48,13 @@ def unknown_accelerator(ctx: Ctx) -> list[Finding]:
         return []
     r = Reads(ctx)
     label = ctx.policy.node_label
-    # The first of the annotation, the nodeSelector and the default that is a non-empty string (accelerator_of).
-    candidates = f"[{annotated(r)}, {selected(r)}, dyn({params.of('default')})]"
-    chosen = (f"[{candidates}.filter(value, value != null && value != '')].map(found, "
-              f"size(found) > 0 ? found[0] : null)[0]")
     models = f"{params.FACTS}.models"
     message = (f"{lit('no node has ' + label + '=')} + accelerator + "
                f"{lit(', so the pod would stay Pending (values of ' + label + ' on the nodes: ')} + "
                f"string(size({models})) + ')'")
     return [Finding("unknown-accelerator", (Each("pod", "variables.templates", "pod.uses"),),
                     f"accelerator != null && {params.facts_section('models')} && !(accelerator in {models})",
-                    "pod.path", "pod.stable", "accelerator", message, (("accelerator", f"dyn({chosen})"),))]
+                    "pod.path", "pod.stable", "accelerator", message, (("accelerator", _accelerator(ctx, r)),))]
 
 
 @native("unknown-runtime-class", reads_facts=True, fires=(Trigger(
@@ -69,3 +73,49 @@ def unknown_runtime_class(ctx: Ctx) -> list[Finding]:
                     f"runtime_class != '' && {params.facts_section('runtimeClasses')} && !(runtime_class in {classes})",
                     "pod.path + '.runtimeClassName'", "pod.stable + '.runtimeClassName'", "runtime_class", message,
                     (("runtime_class", name),))]
+
+
+# Each GPU name of the pod once, at the first container that counts it (per-pod-limit's walk); ``count`` is the pod's
+# total of it (``pod_gpu_totals``), as the scheduler holds it on one node.
+_FIRST = ("!pod.gpuCounts.exists(other, (other.list == container.list ? other.pos < container.pos : "
+          "other.list == 'containers') && other.counts.exists(counted, counted.name == gpu.name))")
+GPU_NAME = Trigger("name", lambda ctx: is_gpu(ctx, "name"), "gpu-name")
+
+
+def _capacity(ctx: Ctx, rule: str, where: str, message: str, value: str) -> list[Finding]:
+    """A finding per GPU name of a pod whose accelerator the nodes carry, or that names none (``check_cluster``
+    judges the capacity only then), with ``count``, ``accelerator`` and the extended resources bound."""
+    if not (ctx.live and ctx.policy.cluster_enabled):
+        return []
+    r = Reads(ctx)
+    models = f"{params.FACTS}.models"
+    known = (f"{params.facts_section('extendedResources')} && (accelerator == null || "
+             f"({params.facts_section('models')} && accelerator in {models}))")
+    loops = (Each("pod", "variables.templates", "pod.uses"), Each("container", "pod.gpuCounts"),
+             Each("gpu", "container.counts", _FIRST))
+    return [Finding(rule, loops, f"count > 0 && {known} && {where}", "pod.path", "pod.stable",
+                    value, message, (("accelerator", _accelerator(ctx, r)), ("count", total("gpu.name"))))]
+
+
+@native("unadvertised-resource", reads_facts=True, fires=(GPU_NAME,))
+def unadvertised_resource(ctx: Ctx) -> list[Finding]:
+    """``capacity.check_cluster``: a GPU resource no node offers at all (allocatable or a DeviceClass's)."""
+    resources = f"{params.FACTS}.extendedResources"
+    return _capacity(ctx, "unadvertised-resource", f"{resources}[?gpu.name].orValue(0) == 0",
+                     "'no node advertises ' + gpu.name + ' in allocatable or through a DeviceClass'", "gpu.name")
+
+
+@native("exceeds-node-capacity", reads_facts=True, fires=(GPU_NAME,))
+def exceeds_node_capacity(ctx: Ctx) -> list[Finding]:
+    """``capacity.check_cluster``: more of a GPU resource than the largest node (of the pod's accelerator) has."""
+    label = ctx.policy.node_label
+    resources = f"{params.FACTS}.extendedResources"
+    model = f"{params.FACTS}.models[accelerator]"
+    largest = f"(accelerator != null ? {model}.largest[?gpu.name].orValue(0) : {resources}[gpu.name])"
+    where = (f"(accelerator != null ? {lit('nodes with ' + label + '=')} + accelerator + ': ' + "
+             f"string({model}.nodes) : 'all nodes')")
+    message = (f"'the pod needs ' + string(count) + ' ' + gpu.name + ' on one node; ' + {where} + "
+               f"', largest allocatable ' + gpu.name + ': ' + string({largest})")
+    return _capacity(ctx, "exceeds-node-capacity",
+                     f"{resources}[?gpu.name].orValue(0) != 0 && count > {largest}", message,
+                     "string(count) + ' ' + gpu.name")

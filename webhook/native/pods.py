@@ -80,7 +80,7 @@ def _effective(container: str, name: str) -> str:
     return f"([0] + {container}.counts.filter(counted, counted.name == {name}).map(counted, counted.count)).sum()"
 
 
-def _total(name: str) -> str:
+def total(name: str) -> str:
     """``pod_gpu_totals`` of ``name`` in template ``pod``: app containers and sidecars together, or an init container
     with the sidecars started before it, whichever is larger."""
     running = (f"([0] + pod.gpuCounts.filter(entry, entry.list == 'containers' || entry.sidecar)"
@@ -117,7 +117,7 @@ def per_pod_limit(ctx: Ctx) -> list[Finding]:
              Each("gpu", "container.counts", first))
     message = f"'pod asks for ' + string(count) + ' ' + gpu.name + ', over the limit of ' + string({cap}) + ' per pod'"
     return [Finding("per-pod-limit", loops, f"count > {cap}", "pod.path", "pod.stable",
-                    "string(count) + ' ' + gpu.name", message, (("count", _total("gpu.name")),))]
+                    "string(count) + ' ' + gpu.name", message, (("count", total("gpu.name")),))]
 
 
 # --- the accelerator --------------------------------------------------------------------------------------

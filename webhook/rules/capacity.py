@@ -45,8 +45,7 @@ def check_cluster(
                     Violation(
                         path,
                         "unadvertised-resource",
-                        f"no node advertises {name} in allocatable or through a DeviceClass "
-                        f"(nodes: {summary.total.nodes})",
+                        f"no node advertises {name} in allocatable or through a DeviceClass",
                         name,
                     )
                 )

@@ -40,7 +40,7 @@ processCountMismatch,replicaAcceleratorMismatch
 {{- end }}
 
 {{- define "gpu-webhook.native.factRules" -}}
-unknown-accelerator, unknown-runtime-class
+unknown-accelerator, unknown-runtime-class, unadvertised-resource, exceeds-node-capacity
 {{- end }}
 
 {{- define "gpu-webhook.native.knownKinds" -}}
