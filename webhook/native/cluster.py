@@ -14,13 +14,18 @@ from __future__ import annotations
 from webhook.native import params
 from webhook.native.celtext import lit
 from webhook.native.findings import Each, Finding
-from webhook.native.pods import ANNOTATED, annotated, selected, total
+from webhook.native.pods import ANNOTATED, FIRST_COUNTED, annotated, selected, total
 from webhook.native.reads import Reads
 from webhook.native.registry import Trigger, native
 from webhook.native.snippets import Ctx, is_gpu
 
 INLINE_WHY = ("reads the cluster's facts in GPUPolicy/default's status.cluster, which only policies that read the "
               "object live can (nativePolicies.params: live)")
+
+
+def _reads_facts(ctx: Ctx) -> bool:
+    """Whether these rules are generated: the policies read the object live and ``cluster.enabled`` (compiled in)."""
+    return ctx.live and ctx.policy.cluster_enabled
 
 
 def _default_gpu(ctx: Ctx) -> str:
@@ -44,7 +49,7 @@ def _accelerator(ctx: Ctx, r: Reads) -> str:
 def unknown_accelerator(ctx: Ctx) -> list[Finding]:
     """``capacity.check_cluster``: the accelerator the pod names (annotation, then nodeSelector) or the default
     mutation injects is a value of the node label that no node carries."""
-    if not (ctx.live and ctx.policy.cluster_enabled):  # cluster.enabled is compiled in
+    if not _reads_facts(ctx):
         return []
     r = Reads(ctx)
     label = ctx.policy.node_label
@@ -62,7 +67,7 @@ def unknown_accelerator(ctx: Ctx) -> list[Finding]:
 def unknown_runtime_class(ctx: Ctx) -> list[Finding]:
     """``isolation.check_runtime_class``: the RuntimeClass a GPU pod names does not exist. (One the webhook's
     mutation would inject is named in the object by the time a Pod is validated.)"""
-    if not (ctx.live and ctx.policy.cluster_enabled):  # cluster.enabled is compiled in
+    if not _reads_facts(ctx):
         return []
     r = Reads(ctx)
     name = r.get("pod.spec", "runtimeClassName", "string", "''")
@@ -75,24 +80,21 @@ def unknown_runtime_class(ctx: Ctx) -> list[Finding]:
                     (("runtime_class", name),))]
 
 
-# Each GPU name of the pod once, at the first container that counts it (per-pod-limit's walk); ``count`` is the pod's
-# total of it (``pod_gpu_totals``), as the scheduler holds it on one node.
-_FIRST = ("!pod.gpuCounts.exists(other, (other.list == container.list ? other.pos < container.pos : "
-          "other.list == 'containers') && other.counts.exists(counted, counted.name == gpu.name))")
 GPU_NAME = Trigger("name", lambda ctx: is_gpu(ctx, "name"), "gpu-name")
 
 
 def _capacity(ctx: Ctx, rule: str, where: str, message: str, value: str) -> list[Finding]:
     """A finding per GPU name of a pod whose accelerator the nodes carry, or that names none (``check_cluster``
-    judges the capacity only then), with ``count``, ``accelerator`` and the extended resources bound."""
-    if not (ctx.live and ctx.policy.cluster_enabled):
+    judges the capacity only then), each name once (per-pod-limit's walk), with ``accelerator`` and ``count``, the
+    pod's total of it as the scheduler holds it on one node (``pod_gpu_totals``), bound."""
+    if not _reads_facts(ctx):
         return []
     r = Reads(ctx)
     models = f"{params.FACTS}.models"
     known = (f"{params.facts_section('extendedResources')} && (accelerator == null || "
              f"({params.facts_section('models')} && accelerator in {models}))")
     loops = (Each("pod", "variables.templates", "pod.uses"), Each("container", "pod.gpuCounts"),
-             Each("gpu", "container.counts", _FIRST))
+             Each("gpu", "container.counts", FIRST_COUNTED))
     return [Finding(rule, loops, f"count > 0 && {known} && {where}", "pod.path", "pod.stable",
                     value, message, (("accelerator", _accelerator(ctx, r)), ("count", total("gpu.name"))))]
 

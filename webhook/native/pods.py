@@ -80,6 +80,12 @@ def _effective(container: str, name: str) -> str:
     return f"([0] + {container}.counts.filter(counted, counted.name == {name}).map(counted, counted.count)).sum()"
 
 
+# Each GPU name ``gpu.name`` once: at the first container of ``pod.gpuCounts`` (app containers, then init containers)
+# that counts it, where the pod's total of it is summed.
+FIRST_COUNTED = ("!pod.gpuCounts.exists(other, (other.list == container.list ? other.pos < container.pos : "
+                 "other.list == 'containers') && other.counts.exists(counted, counted.name == gpu.name))")
+
+
 def total(name: str) -> str:
     """``pod_gpu_totals`` of ``name`` in template ``pod``: app containers and sidecars together, or an init container
     with the sidecars started before it, whichever is larger."""
@@ -109,12 +115,8 @@ def per_pod_limit(ctx: Ctx) -> list[Finding]:
     if not ctx.any(lambda p: p.per_pod):
         return []
     cap = _cap(ctx, "per_pod")
-    # Each name once: at the first container (app containers, then init containers) that counts it; the pod's
-    # total is summed only there.
-    first = ("!pod.gpuCounts.exists(other, (other.list == container.list ? other.pos < container.pos : "
-             "other.list == 'containers') && other.counts.exists(counted, counted.name == gpu.name))")
     loops = (Each("pod", "variables.templates", f"{cap} != 0 && pod.uses"), Each("container", "pod.gpuCounts"),
-             Each("gpu", "container.counts", first))
+             Each("gpu", "container.counts", FIRST_COUNTED))
     message = f"'pod asks for ' + string(count) + ' ' + gpu.name + ', over the limit of ' + string({cap}) + ' per pod'"
     return [Finding("per-pod-limit", loops, f"count > {cap}", "pod.path", "pod.stable",
                     "string(count) + ' ' + gpu.name", message, (("count", total("gpu.name")),))]
