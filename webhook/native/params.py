@@ -118,6 +118,7 @@ def expression(name: str) -> str:
         return f"int({text})"
     return text
 
+
 # --- the cluster's facts (status.cluster) ------------------------------------------------------------------------
 # CEL has no clock: the summary's age is judged against the request's time, as the apiserver wrote it into the object
 # before admission: creationTimestamp on CREATE, the newest managedFields time on UPDATE. The facts count when that
@@ -136,7 +137,6 @@ FACTS_EXPRESSION = (f"[params.?status.?cluster.orValue({{}})].map(facts, has(fac
 def facts_section(name: str) -> str:
     """Whether the facts hold section ``name`` whole (present, and not cut at its bound)."""
     return f"{lit(name)} in {FACTS} && !({lit(name)} in {FACTS}.?truncated.orValue([]))"
-
 
 
 def variables(texts: list[str], platform: str) -> list[tuple[str, str]]:

@@ -371,17 +371,18 @@ class StatusWriter:
         facts = self.facts.facts(policy, now)
         if facts is None:
             return _KEEP, 1.0, False  # the informers are loading
+        stamped = {**facts, "writtenAt": meta_time(now), "writer": self.lease.identity}
         if facts == clustersummary.facts_of(written):
             # Unchanged: stamped again once HEARTBEAT has passed, so that the policies can tell it is current.
             beat = written_at(written) + clustersummary.HEARTBEAT - now
             if beat > 0:
                 due = max(0.1, self.facts.seconds_until_due(now)) if self.facts.stale else idle
                 return _KEEP, min(beat, due), False
-            return {**facts, "writtenAt": meta_time(now), "writer": self.lease.identity}, idle, True
+            return stamped, idle, True
         wait = self.cluster_written + self.settings.cluster_interval - now
         if wait > 0:
             return _KEEP, wait, False
-        return {**facts, "writtenAt": meta_time(now), "writer": self.lease.identity}, idle, False
+        return stamped, idle, False
 
     def _rules(self, now: float) -> dict[str, Any] | None:
         if self.target is None and now - self.discovered >= DISCOVER_EVERY:
