@@ -29,6 +29,12 @@ apiserver to pick up changes:
 ``--policy bench`` (the default) is the bench's policy below; ``--policy default`` is the embedded default policy,
 for the generator, the webhook server and the charts alike.
 
+``--cluster`` turns the cluster checks on (``cluster: {enabled: true}``) in that policy, everywhere: the webhook
+server then reads GPUPolicy/default (``--policy-object``) and the cluster, and writes the cluster's facts into the
+object's status, which the live policies read; the plane gets GPU nodes of every model the policy allows (8 GPUs
+each), so that the measured pod can run. ``hybrid`` is then hybrid mode with the cluster checks (the webhook
+configurations of ``policy.cluster.enabled``), against ``webhook``, the webhook with them.
+
 Each round sends, per configuration in turn, ``--creates`` server-side dry-run creates of a 7-container GPU pod (one
 kept-alive connection, one request at a time) and reads the apiserver's own
 ``apiserver_admission_step_admission_duration_seconds`` (sum and count of CREATEs, per step type) before and after:
@@ -809,19 +815,64 @@ def ratios(summary: dict[str, Any]) -> dict[str, float | None]:
             "inline_over_webhook": over("inline", "webhook"), "hybrid_over_webhook": over("hybrid", "webhook")}
 
 
+CLUSTER_GPUS = 8  # per node: the measured pod asks for 7
+
+
+def with_cluster(policy: dict[str, Any] | None) -> dict[str, Any]:
+    """``policy`` (None: the embedded default) with the cluster checks on."""
+    return {**(policy or {}), "cluster": {"enabled": True}}
+
+
+def add_nodes(plane: Any, policy: dict[str, Any]) -> list[str]:
+    """A node of each model the policy allows (one unlabelled where it names none), each with CLUSTER_GPUS GPUs and
+    its status in the create, as a kubelet registers it."""
+    models = (policy.get("accelerator") or {}).get("allowed") or [None]
+    names = []
+    for n, model in enumerate(models):
+        name = f"gpu-{n}"
+        resources = {"cpu": "64", "memory": "256Gi", "pods": "110", GPU: str(CLUSTER_GPUS)}
+        labels = {"kubernetes.io/hostname": name, **({"accelerator": model} if model else {})}
+        kubectl(plane, "create", "-f", "-", stdin=json.dumps({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+            "status": {"capacity": resources, "allocatable": resources}}))
+        names.append(name)
+    return names
+
+
+def facts_written(plane: Any, nodes: int, timeout: float = 120) -> dict[str, Any]:
+    """Wait until the webhook's status writer has written the cluster's facts (every node counted)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = plane.kubectl("get", "gpupolicy", "default", "-o", "json")
+        cluster = ((json.loads(done.stdout).get("status") or {}).get("cluster") or {}) if not done.returncode else {}
+        counted = sum(m.get("nodes", 0) for m in (cluster.get("models") or {}).values())
+        if cluster.get("writtenAt") and (counted >= nodes or "extendedResources" in cluster and not cluster["models"]):
+            return cluster
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the cluster's facts were never written: {cluster}")
+        time.sleep(0.5)
+
+
 def run(plane: Any, creates: int, rounds: int, corpus_size: int, workdir: Path, policy_name: str = "bench",
-        before_ref: str | None = None) -> dict[str, Any]:
+        before_ref: str | None = None, cluster: bool = False) -> dict[str, Any]:
     from tests.e2e.cluster import ADMIN_TOKEN
     from tests.server import make_certs, start_webhook
 
-    policy = POLICIES[policy_name]
+    policy = with_cluster(POLICIES[policy_name]) if cluster else POLICIES[policy_name]
     configs = BEFORE_CONFIGS if before_ref else CONFIGS
     before_tree, before_commit = None, None
     if before_ref:
         before_tree = workdir / "before"
         before_commit = export_tree(before_ref, before_tree)
     args = ["--workers", "1"]
-    if policy is not None:
+    facts: dict[str, Any] = {}
+    if cluster:
+        assert policy is not None
+        facts["nodes"] = add_nodes(plane, policy)
+        install_policy_object(plane, policy)
+        args += ["--kubeconfig", str(plane.kubeconfig), "--policy-object", "default",
+                 "--status-lease", "default/gpu-webhook-status"]
+    elif policy is not None:
         policy_file = workdir / "webhook-policy.yaml"
         policy_file.write_text(yaml.safe_dump(policy))
         args += ["--policy", str(policy_file)]
@@ -829,6 +880,8 @@ def run(plane: Any, creates: int, rounds: int, corpus_size: int, workdir: Path, 
     api = Api(plane.url, ADMIN_TOKEN, plane.ca_file)
     apiserver_pid = next(p.proc.pid for p in reversed(plane.processes) if p.name == "kube-apiserver")
     try:
+        if cluster:
+            facts["written"] = facts_written(plane, len(facts["nodes"]))
         said = set_up(plane, server, workdir, configs, policy, before_tree)
         configured = wait_configured(api, configs, policy, before_objects=said.get("before_objects", []))
         started = time.monotonic()
@@ -841,7 +894,8 @@ def run(plane: Any, creates: int, rounds: int, corpus_size: int, workdir: Path, 
         result = {"rounds": measured, "summary": summary, "ratios": ratios(summary), "probe": configured,
                   "traffic": traffic(api, server, corpus_size, traffic_configs),
                   "seconds": round(time.monotonic() - started, 1), "policy": policy_name,
-                  "policy_document": policy, "apiserver_version": plane.version(), "generators_said": said}
+                  "policy_document": policy, "apiserver_version": plane.version(), "generators_said": said,
+                  "cluster": facts or None}
         if before_ref:
             result["before"] = {"ref": before_ref, "commit": before_commit}
         return result
@@ -859,6 +913,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="bench: the bench's policy (default); default: the embedded default policy")
     parser.add_argument("--before", metavar="REF", default=None,
                         help="also measure native-before and hybrid-before: the generator and chart of this commit")
+    parser.add_argument("--cluster", action="store_true",
+                        help="the cluster checks on, in every configuration, with GPU nodes and the facts written")
     parser.add_argument("--memory-rounds", type=int, default=1,
                         help="fresh control planes per mode (none, inline, params) for the apiserver's memory; 0: skip")
     parser.add_argument("--output", type=Path, default=None,
@@ -869,6 +925,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--creates, --rounds and --corpus must be at least 1, --memory-rounds at least 0")
     output = args.output or (RESULTS if args.policy == "bench"
                              else RESULTS.with_name("admission-paths-default-policy.json"))
+    if args.cluster and not args.output:
+        output = output.with_name(output.stem + "-cluster.json")
     from tests.e2e.cluster import ControlPlane
     from tests.tools import CONTROL_PLANE_BINARIES, control_plane_bin, missing_binaries
 
@@ -885,7 +943,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     try:
         plane.start()
-        result = run(plane, args.creates, args.rounds, args.corpus, workdir, args.policy, args.before)
+        result = run(plane, args.creates, args.rounds, args.corpus, workdir, args.policy, args.before, args.cluster)
         plane.stop()
         if args.memory_rounds:
             result["memory"] = memory(bin_dir, workdir, POLICIES[args.policy], args.memory_rounds)
@@ -898,7 +956,8 @@ def main(argv: list[str] | None = None) -> int:
                          "load_average_after": [round(x, 2) for x in load]}
     result["started"] = started.isoformat(timespec="seconds")
     result["arguments"] = {"creates": args.creates, "rounds": args.rounds, "corpus": args.corpus,
-                           "policy": args.policy, "before": args.before, "memory_rounds": args.memory_rounds}
+                           "policy": args.policy, "before": args.before, "memory_rounds": args.memory_rounds,
+                           "cluster": args.cluster}
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

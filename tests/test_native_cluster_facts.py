@@ -31,6 +31,7 @@ from tests.native_corpus import (
     as_deployment,
     as_pod,
     as_pytorchjob,
+    claim_cases,
     compare,
     corpus,
     gpu,
@@ -65,11 +66,19 @@ def runtime_class(name: str) -> dict[str, Any]:
     return {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name}, "handler": name}
 
 
-# Three clusters: the corpus' accelerators and a RuntimeClass; another model alone and no RuntimeClass; CPU nodes.
+def device_class(name: str) -> dict[str, Any]:
+    selector = {"cel": {"expression": f"device.driver == '{name}'"}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+            "spec": {"selectors": [selector]}}
+
+
+# Three clusters: the corpus' accelerators, a RuntimeClass and the corpus' GPU DeviceClasses; another model alone, no
+# RuntimeClass and one DeviceClass; CPU nodes and no DeviceClass.
 CLUSTERS = {
     "mixed": [node("l4-a", "nvidia-l4", 4), node("l4-b", "nvidia-l4", 2), node("p100", "nvidia-tesla-p100", 8),
-              node("k80", "nvidia-tesla-k80", 4), node("cpu"), runtime_class("nvidia")],
-    "h100-only": [node("h100-a", "nvidia-h100", 8), node("h100-b", "nvidia-h100", 8)],
+              node("k80", "nvidia-tesla-k80", 4), node("cpu"), runtime_class("nvidia"),
+              device_class("gpu.nvidia.com"), device_class("mig.nvidia.com")],
+    "h100-only": [node("h100-a", "nvidia-h100", 8), node("h100-b", "nvidia-h100", 8), device_class("gpu.nvidia.com")],
     "cpu-only": [node("cpu-a"), node("cpu-b"), runtime_class("nvidia"), runtime_class("kata")],
 }
 
@@ -81,6 +90,14 @@ NATIVELY_REFUSED = {
               "such RuntimeClass exists"],
     "h100-only": ["no node has accelerator=nvidia-l4", "runtimeClassName nvidia, but no such RuntimeClass exists"],
     "cpu-only": ["no node has accelerator=nvidia-tesla-p100"],  # every pod has an accelerator: no capacity judged
+}
+# ... and on claims, where resource.k8s.io/v1 is served (the claims policies are generated from 1.34).
+CLAIMS_REFUSED = {
+    "mixed": ['device class "gpu.example.com" does not exist, so the claim can never be allocated (DeviceClasses in '
+              'the cluster: 2)'],
+    "h100-only": ['device class "mig.nvidia.com" does not exist'],
+    "cpu-only": ['device class "gpu.nvidia.com" does not exist, so the claim can never be allocated (DeviceClasses in '
+                 'the cluster: 0)'],
 }
 
 
@@ -152,12 +169,13 @@ def version(request) -> str:
 @pytest.mark.parametrize("cluster", CLUSTERS)
 def test_with_fresh_facts_the_policies_decide_as_the_webhook_with_its_view(cluster, version):
     state = state_of(CLUSTERS[cluster])
-    # The corpus once (the rest of it is test_native_eval's), the cluster cases on every cluster.
-    everything = (corpus() if cluster == "mixed" else []) + cluster_cases()
+    # The corpus once (the rest of it is test_native_eval's), its claims and the cluster cases on every cluster.
+    everything = (corpus() if cluster == "mixed" else claim_cases()) + cluster_cases()
     cases = requested(everything, WRITTEN + datetime.timedelta(seconds=cs.FRESH_FOR))
     generated, answers = native(cluster, cases, version, summary_of(state))
-    assert {"unknown-accelerator", "unknown-runtime-class", "exceeds-node-capacity",
-            "unadvertised-resource"} <= set(generated.native)
+    claims = generated.target.minor >= 34
+    assert {"unknown-accelerator", "unknown-runtime-class", "exceeds-node-capacity", "unadvertised-resource",
+            *(["unknown-device-class"] if claims else [])} <= set(generated.native)
     cases, answers, injected = injections_aside(cases, answers, state)
     assert bool(injected) == (cluster == "h100-only"), injected  # the one cluster without RuntimeClass nvidia
     found = compare(POLICIES, generated, cases, answers, state.view())
@@ -168,11 +186,12 @@ def test_with_fresh_facts_the_policies_decide_as_the_webhook_with_its_view(clust
     assert not found, summary + "\n" + found.details()
     refused_by_facts = [c for c, a in zip(cases, answers, strict=True)
                         if not a.allowed and any(words in a.message for words in (
-                            "no node has accelerator", "no such RuntimeClass", "on one node;", "no node advertises"))]
+                            "no node has accelerator", "no such RuntimeClass", "on one node;", "no node advertises",
+                            "so the claim can never be allocated"))]
     assert len(refused_by_facts) >= 12, [c.name for c in refused_by_facts]
     said = " ".join(a.message for a in answers)
-    for words in NATIVELY_REFUSED[cluster]:  # each rule the facts carry refuses something, natively
-        assert words in said, words
+    for words in NATIVELY_REFUSED[cluster] + (CLAIMS_REFUSED[cluster] if claims else []):
+        assert words in said, words  # each rule the facts carry refuses something, natively
 
 
 @pytest.mark.parametrize("when, facts", [
@@ -183,13 +202,20 @@ def test_with_stale_or_missing_facts_the_cluster_rules_refuse_nothing(when, fact
     """A request more than FRESH_FOR seconds after writtenAt, or no summary at all: the policies decide as the
     webhook without a cluster view (its cluster rules off), so a model added while the writer was down is not
     refused, and no pod is refused for a fact."""
-    state = state_of(CLUSTERS["h100-only"])  # every corpus accelerator is unknown here
-    cases = requested(cluster_cases(), facts or WRITTEN)
-    _, answers = native("h100-only", cases, version, summary_of(state) if facts else None)
+    state = state_of(CLUSTERS["h100-only"])  # every corpus accelerator is unknown here, and DeviceClass mig.nvidia.com
+    cases = requested(cluster_cases() + claim_cases(), facts or WRITTEN)
+    generated, answers = native("h100-only", cases, version, summary_of(state) if facts else None)
+    claims = 0
     for case, answer in zip(cases, answers, strict=True):
+        if case.kind.startswith("ResourceClaim"):
+            if generated.target.minor < 34:
+                continue  # resource.k8s.io/v1 is not served: no claims policy
+            claims += 1
         expected = admission.decide(case.obj, group_of(case.obj["apiVersion"]), case.kind, case.namespace, POLICIES)
-        assert "no node has" not in answer.message and "no such RuntimeClass" not in answer.message, case.name
+        for words in ("no node has", "no such RuntimeClass", "does not exist, so the claim"):
+            assert words not in answer.message, (case.name, answer.message)
         assert answer.allowed == expected.allowed, (case.name, answer.message, expected.message)
+    assert claims == (len(claim_cases()) if generated.target.minor >= 34 else 0)
 
 
 def test_on_update_the_newest_managed_fields_time_is_the_requests(version):

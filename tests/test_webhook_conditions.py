@@ -15,7 +15,7 @@ import copy
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,9 @@ import yaml
 
 from tests import day_one, native_corpus
 from tests.celeval import PLURALS, Request, evaluate
+from webhook.core.cluster import KINDS as CLUSTER_KINDS
+from webhook.core.cluster import ClusterState
+from webhook.core.clusterview import ClusterView
 from webhook.core.kinds import BLOCK_KINDS, KNOWN_KINDS
 from webhook.core.podspecs import group_of
 from webhook.core.policy import PolicySet
@@ -53,6 +56,22 @@ DRA_KINDS = {"ResourceClaim", "ResourceClaimTemplate", "DeviceClass"}
 WITH_MAP, WITHOUT_MAP = Target(36, True, "v1"), Target(35, True, None)
 
 
+def cluster_view() -> ClusterView:
+    """A cluster for the modes with the cluster checks on, so that their rules speak: one model of the corpus, a
+    RuntimeClass whose node selector other models contradict, a DeviceClass, no claims (every kind complete)."""
+    state = ClusterState("accelerator")
+    labels = {"accelerator": "nvidia-l4", "kubernetes.io/hostname": "l4"}
+    state.load([
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "l4", "labels": labels},
+         "status": {"allocatable": {"cpu": "8", "nvidia.com/gpu": "4"}}},
+        {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"}, "handler": "nvidia",
+         "scheduling": {"nodeSelector": {"accelerator": "nvidia-l4"}}},
+        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
+         "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}},
+    ], known=CLUSTER_KINDS)
+    return state.view()
+
+
 @dataclass(frozen=True)
 class Mode:
     """A chart mode: per webhook, its matchConditions (None: no condition, everything is sent); what the native
@@ -62,6 +81,7 @@ class Mode:
     conditions: Mapping[str, Sequence[str] | None]
     native: frozenset[str] = frozenset()
     native_mutation: bool = False
+    view: ClusterView | None = field(default=None, compare=False)  # the cluster the rules see (cluster checks on)
 
 
 def modes(document: Mapping[str, Any]) -> list[Mode]:
@@ -70,15 +90,20 @@ def modes(document: Mapping[str, Any]) -> list[Mode]:
     webhook_only = {"validate": [own["validate"]], "mutate": [own["mutate"]], "dra": [own["dra"]], "custom": None}
     out = [Mode("webhook-only", webhook_only)]
     cluster = parse_policy(json.dumps({**document, "cluster": {"enabled": True}}))
+    inline = parse_policy(json.dumps({**document, "cluster": {"enabled": True},
+                                      "nativePolicies": {"params": "inline"}}))
+    out.append(Mode("webhook-only-cluster", webhook_only, view=cluster_view()))
     for name, target, policy_set in (("hybrid", WITH_MAP, policies), ("hybrid-no-map", WITHOUT_MAP, policies),
-                                     ("hybrid-cluster", WITH_MAP, cluster)):
+                                     ("hybrid-cluster", WITH_MAP, cluster), ("hybrid-cluster-inline", WITH_MAP, inline),
+                                     ("hybrid-cluster-no-map", WITHOUT_MAP, cluster)):
         extra = hybrid.conditions(policy_set, target)
         conditions: dict[str, list[str] | None] = {}
         for hook, first in webhook_only.items():
             more = [text for _, text in extra[hook] or ()]
             conditions[hook] = None if first is None and not more else [*(first or ()), *more]
         native_mutation = extra["mutate"] is not None
-        out.append(Mode(name, conditions, frozenset(generate(policy_set, target).native), native_mutation))
+        out.append(Mode(name, conditions, frozenset(generate(policy_set, target).native), native_mutation,
+                        cluster_view() if policy_set.default.cluster_enabled else None))
     return out
 
 
@@ -118,6 +143,19 @@ def cases() -> list[tuple[str, str, dict[str, Any]]]:
             "main", envFrom=[{"configMapRef": {"name": "c"}}])), {})),
         ("gpu-fraction-node-name", ns, native_corpus.as_pod("gpu-fraction-node-name", native_corpus.spec(
             bare, nodeName="n1"), fraction)),
+        # What the cluster rules speak of (with the cluster checks on): a RuntimeClass whose node selector the pod's
+        # contradicts, or that does not exist; a claim the namespace does not have; a model no node has.
+        ("gpu-runtime-conflict", ns, native_corpus.as_pod("gpu-runtime-conflict", native_corpus.spec(
+            gpu, runtimeClassName="nvidia", nodeSelector={"accelerator": "nvidia-tesla-p100"}), {})),
+        ("gpu-runtime-conflict-deployment", ns, native_corpus.as_deployment("gpu-runtime-conflict-deployment",
+                                                                            native_corpus.spec(
+            gpu, runtimeClassName="nvidia", nodeSelector={"accelerator": "nvidia-tesla-p100"}), {})),
+        ("gpu-runtime-missing", ns, native_corpus.as_pod("gpu-runtime-missing", native_corpus.spec(
+            gpu, runtimeClassName="missing"), {})),
+        ("claim-missing", ns, native_corpus.as_pod("claim-missing", native_corpus.spec(
+            bare, resourceClaims=[{"name": "gpu", "resourceClaimName": "missing"}]), {})),
+        ("gpu-unknown-model", ns, native_corpus.as_pod("gpu-unknown-model", native_corpus.spec(
+            gpu, nodeSelector={"accelerator": "nvidia-h100"}), {})),
     ]
     return out
 
@@ -133,16 +171,18 @@ def hook_of(obj: Mapping[str, Any]) -> str:
     return "dra" if group == "resource.k8s.io" and kind in DRA_KINDS else "custom"
 
 
-def said(name: str, namespace: str, obj: Mapping[str, Any], policies: PolicySet) -> tuple[set[str], bool]:
-    """(the rules /validate speaks of, whether /mutate patches) for the object, on CREATE."""
+def said(name: str, namespace: str, obj: Mapping[str, Any], policies: PolicySet,
+         view: ClusterView | None = None) -> tuple[set[str], bool]:
+    """(the rules /validate speaks of, whether /mutate patches) for the object, on CREATE, in the cluster
+    ``view``."""
     group, kind = _group_kind(obj)
-    decision = admission.decide(copy.deepcopy(obj), group, kind, namespace, policies)
+    decision = admission.decide(copy.deepcopy(obj), group, kind, namespace, policies, view)
     rules = {v.rule for v in decision.violations}
     patched = False
     if (group, kind) == ("", "Pod"):
         request = {"operation": "CREATE", "object": copy.deepcopy(obj), "namespace": namespace,
                    "kind": {"group": "", "version": "v1", "kind": "Pod"}}
-        patched = bool(admission.mutate(request, policies).patch)
+        patched = bool(admission.mutate(request, policies, view).patch)
     return rules, patched
 
 
@@ -207,6 +247,7 @@ def unsent(conditions: Mapping[str, Mapping[str, Mode]], documents: Mapping[str,
     failures = []
     for policy_name, by_mode in conditions.items():
         policies = parse_policy(json.dumps(documents[policy_name]))
+        with_cluster = parse_policy(json.dumps({**documents[policy_name], "cluster": {"enabled": True}}))
         excluded = set(policies.document.get("excludeNamespaces", EXCLUDED_NAMESPACES))
         for name, namespace, obj in every:
             if namespace in excluded or id(obj) not in evaluated:
@@ -214,8 +255,10 @@ def unsent(conditions: Mapping[str, Mapping[str, Mode]], documents: Mapping[str,
             answer = evaluated[id(obj)]
             if not answer:
                 continue  # refused by the apiserver itself (decoding, validation) before any webhook
-            rules, patched = said(name, namespace, obj, policies)
+            plain = said(name, namespace, obj, policies)
+            in_cluster = said(name, namespace, obj, with_cluster, cluster_view())
             for mode in by_mode.values():
+                rules, patched = in_cluster if mode.view is not None else plain
                 left = rules - mode.native - webhooks.UNSENT
                 if left and not sent(mode.conditions[hook_of(obj)], answer, (name, mode.name)):
                     failures.append(f"{policy_name}/{mode.name}/{name}: {sorted(left)} not sent to /validate")
@@ -300,8 +343,8 @@ def test_the_webhooks_conditions_do_not_go_stale_when_the_policy_object_is_edite
     """Read live (the default), an edit of GPUPolicy/default reaches no webhook configuration, so nothing the
     chart rendered from the values may depend on what the edit changes: the conditions of every webhook, in every
     mode, are the same before and after. Inline, the same edit may narrow them (the values were compiled in)."""
-    before = {m.name: m for m in modes({})}
-    after = {m.name: m for m in modes(edit)}
+    before = {m.name: m for m in modes({}) if not m.name.endswith("-inline")}  # that mode compiles values in
+    after = {m.name: m for m in modes(edit) if not m.name.endswith("-inline")}
     assert after == before
     inline = {"nativePolicies": {"params": "inline"}}
     narrowed = {m.name: m for m in modes({**edit, **inline})} != {m.name: m for m in modes(inline)}

@@ -223,9 +223,17 @@ def test_a_bare_off_in_a_values_file_is_off(helm: Helm, tmp_path) -> None:
     assert " || " not in custom
 
 
-def test_the_cluster_checks_keep_everything_with_the_webhook(helm: Helm) -> None:
+def test_the_cluster_checks_keep_the_dra_objects_custom_kinds_and_pods_the_policies_cannot_judge(helm: Helm) -> None:
     found = conditions(helm.template(*enabled(policy={"cluster": {"enabled": True}},
                                               webhook={"customResources": CUSTOM})))
+    assert found["validate.gpu-webhook.io"] == ["gpu-or-isolation", "left-to-the-webhook"]
+    assert found["validate-custom.gpu-webhook.io"] == []
+    assert found["validate-dra.gpu-webhook.io"] == ["requests-devices-or-names-extended-resource"]
+
+
+def test_inline_policies_with_the_cluster_checks_keep_everything_with_the_webhook(helm: Helm) -> None:
+    policy = {"cluster": {"enabled": True}, "nativePolicies": {"params": "inline"}}
+    found = conditions(helm.template(*enabled(policy=policy, webhook={"customResources": CUSTOM})))
     assert found["validate.gpu-webhook.io"] == ["gpu-or-isolation"]
     assert found["validate-custom.gpu-webhook.io"] == []
     assert found["validate-dra.gpu-webhook.io"] == ["requests-devices-or-names-extended-resource"]

@@ -25,6 +25,9 @@ FLAGS = {
     "hybrid": ("--kube-version", "1.36.0", *MAP_API),
     "hybrid-no-map": ("--kube-version", "1.35.0"),
     "hybrid-cluster": ("--kube-version", "1.36.0", *MAP_API),
+    "webhook-only-cluster": ("--kube-version", "1.36.0", *MAP_API),
+    "hybrid-cluster-inline": ("--kube-version", "1.36.0", *MAP_API),
+    "hybrid-cluster-no-map": ("--kube-version", "1.35.0"),
 }
 HOOKS = {"validate": "validate.gpu-webhook.io", "mutate": "mutate.gpu-webhook.io", "dra": "validate-dra.gpu-webhook.io",
          "custom": "validate-custom.gpu-webhook.io"}
@@ -51,10 +54,12 @@ def test_the_chart_renders_the_conditions_the_property_test_holds_to_the_rules(h
     document = conditions.POLICIES[policy]
     for mode in conditions.modes(document):
         values: dict[str, Any] = {"policy": document}
-        if mode.name != "webhook-only":
+        if not mode.name.startswith("webhook-only"):
             values["admissionPolicies"] = {"enabled": True}
-        if mode.name == "hybrid-cluster":
+        if "-cluster" in mode.name:
             values["policy"] = {**document, "cluster": {"enabled": True}}
+        if mode.name.endswith("-inline"):
+            values["policy"]["nativePolicies"] = {"params": "inline"}
         got = rendered(helm.template(*FLAGS[mode.name], *values_args(values)))
         want = {HOOKS[hook]: list(texts or ()) for hook, texts in mode.conditions.items()}
         assert got == want, (policy, mode.name)

@@ -32,9 +32,10 @@ def _define(name: str, body: str) -> str:
     return f'{{{{- define "gpu-webhook.native.{name}" -}}}}\n{body}\n{{{{- end }}}}\n'
 
 
-def _validate_buckets() -> list[tuple[int, str]]:
-    """(first minor, the validate webhook's hybrid condition from there on), in order."""
-    policies = parse_policy("{}")
+def _validate_buckets(cluster: bool = False) -> list[tuple[int, str]]:
+    """(first minor, the validate webhook's hybrid condition from there on), in order; with the cluster checks on
+    (read live), or not."""
+    policies = parse_policy("cluster: {enabled: true}" if cluster else "{}")
     out: list[tuple[int, str]] = []
     for minor in range(OLDEST, NEWEST + 1):
         text = hybrid.validate_condition(policies, Target(minor, True, None))
@@ -101,6 +102,7 @@ def helpers() -> str:
     parts.append(_define("excludeNamespaces", json.dumps(list(EXCLUDED_NAMESPACES))))
     parts.append(_define("registryResources", json.dumps(registry_rules())))
     parts.append(_define("validateCondition", _by_minor(_validate_buckets())))
+    parts.append(_define("validateClusterCondition", _by_minor(_validate_buckets(cluster=True))))
     custom = hybrid.custom_condition([kinds.CustomKind("__", "__", ())], replicas=False).replace(
         "['__/__']", KINDS)
     replicas = hybrid.custom_condition([kinds.CustomKind("__", "__", ())], replicas=True).replace(
@@ -168,9 +170,9 @@ def _hybrid_defines() -> list[str]:
             "{{- end }}")),
         _define("hybridConditions", (
             "{{- /* The hybrid matchConditions of one webhook (call with (dict \"root\" $ \"hook\" "
-            "mutate|validate|dra|custom)), as\nhybrid.conditions gives them: nothing outside hybrid mode, and nothing "
-            "but the mutation's while the cluster checks\nare on (the webhook keeps every object its own condition "
-            "lets through). */}}\n"
+            "mutate|validate|dra|custom)), as\nhybrid.conditions gives them: nothing outside hybrid mode; while the "
+            "cluster checks are on, the mutation's\nand, with the policies read live, the pods' (the webhook keeps "
+            "every other object its own condition lets\nthrough). */}}\n"
             "{{- $root := .root }}\n"
             "{{- if $root.Values.admissionPolicies.enabled }}\n"
             '{{- if eq .hook "mutate" }}\n'
@@ -178,7 +180,18 @@ def _hybrid_defines() -> list[str]:
             "# Every mutation is in the MutatingAdmissionPolicy (requests from limits: the apiserver copies them).\n"
             f"- name: {names['mutate']}\n  expression: {q(hybrid.NOTHING)}\n"
             "{{- end }}\n"
-            '{{- else if not (include "gpu-webhook.clusterChecks" $root) }}\n'
+            '{{- else if include "gpu-webhook.clusterChecks" $root }}\n'
+            '{{- if and (eq .hook "validate") '
+            '(ne ((($root.Values.policy | default dict).nativePolicies | default dict).params | default "live") '
+            '"inline") }}\n'
+            "# The generated policies hold the rest, and the cluster rules whose facts GPUPolicy/default's status "
+            "keeps:\n# the pods whose claims the webhook follows, those that name a RuntimeClass, and what this "
+            "version's CEL cannot\n# carry. The DRA objects and the custom kinds the cluster rules it keeps read "
+            "come here whole.\n"
+            f"- name: {names['validate']}\n  expression: |-\n"
+            '    {{- include "gpu-webhook.native.validateClusterCondition" $root | trim | nindent 4 }}\n'
+            "{{- end }}\n"
+            "{{- else }}\n"
             '{{- if eq .hook "validate" }}\n'
             "# The generated policies hold the rest: the pods whose claims the webhook follows, and what this "
             "version's CEL\n# cannot carry.\n"

@@ -57,8 +57,8 @@ def _trusted(ctx: Ctx) -> str:
     return ctx.ns(lambda p: boolean(p.trusted), live="variables.trusted_namespace")
 
 
-def _class() -> str:
-    return "device.body.?deviceClassName.orValue(null)"
+# The class a device request names (null when none).
+DEVICE_CLASS = "device.body.?deviceClassName.orValue(null)"
 
 
 @native("device-class-not-allowed", claims=True)
@@ -74,7 +74,7 @@ def device_class_not_allowed(ctx: Ctx) -> list[Finding]:
     return [Finding("device-class-not-allowed", (REQUESTS, DEVICES),
                     f"device_class != null && !{ctx.compiled(allowed)}",
                     "device.path + '.deviceClassName'", "device.stable + '.deviceClassName'", "device_class", message,
-                    (("device_class", _class()),))]
+                    (("device_class", DEVICE_CLASS),))]
 
 
 @native("allocation-mode-all", claims=True)
@@ -150,7 +150,7 @@ def _count_cap(ctx: Ctx, rule: str) -> list[Finding]:
     where = (f"device_class != null && {matches('device_class', globs_regex(classes))} && "
              f"device.body.?allocationMode.orValue('') != 'All' && {cap} != 0 && count > {cap}")
     return [Finding(rule, (REQUESTS, DEVICES), where, "device.path + '.count'", "device.stable + '.count'",
-                    "string(count)", message, (("device_class", _class()), ("count", count)))]
+                    "string(count)", message, (("device_class", DEVICE_CLASS), ("count", count)))]
 
 
 def _live_cap(rule: str) -> str:

@@ -1,10 +1,10 @@
 """The cluster rules that read the cluster's facts: ``status.cluster`` of GPUPolicy/default, through ``params``.
 
 The status writer keeps a summary of the cluster there (``webhook.core.clustersummary``), so a policy that reads the
-object live can also read which accelerator models the nodes carry and which RuntimeClasses exist. CEL has no
-clock; ``params.FACTS`` is the summary while it is at most ``FRESH_FOR`` seconds older than the request (see
-``webhook.native.params``), else empty: with no summary, a stale one, or a section cut at its bound (``truncated``),
-these rules refuse nothing and the webhook, where it runs, still decides.
+object live can also read which accelerator models the nodes carry and which RuntimeClasses and DeviceClasses exist.
+CEL has no clock; ``params.FACTS`` is the summary while it is at most ``FRESH_FOR`` seconds older than the request
+(see ``webhook.native.params``), else empty: with no summary, a stale one, or a section cut at its bound
+(``truncated``), these rules refuse nothing and the webhook, where it runs, still decides.
 
 Inline policies read no object, so there these rules stay with the webhook (:data:`INLINE_WHY`).
 """
@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from webhook.native import params
 from webhook.native.celtext import lit
+from webhook.native.claims import DEVICE_CLASS, DEVICES, REQUESTS
 from webhook.native.findings import Each, Finding
 from webhook.native.pods import ANNOTATED, FIRST_COUNTED, annotated, selected, total
 from webhook.native.reads import Reads
 from webhook.native.registry import Trigger, native
-from webhook.native.snippets import Ctx, is_gpu
+from webhook.native.snippets import Ctx, is_gpu, quoted
 
 INLINE_WHY = ("reads the cluster's facts in GPUPolicy/default's status.cluster, which only policies that read the "
               "object live can (nativePolicies.params: live)")
@@ -121,3 +122,19 @@ def exceeds_node_capacity(ctx: Ctx) -> list[Finding]:
     return _capacity(ctx, "exceeds-node-capacity",
                      f"{resources}[?gpu.name].orValue(0) != 0 && count > {largest}", message,
                      "string(count) + ' ' + gpu.name")
+
+
+@native("unknown-device-class", claims=True, reads_facts=True)
+def unknown_device_class(ctx: Ctx) -> list[Finding]:
+    """``draobjects.check_device_class_exists``: a device request of a claim or claim template names a DeviceClass
+    the cluster does not have."""
+    if not _reads_facts(ctx):
+        return []
+    classes = f"{params.FACTS}.deviceClasses"
+    message = (f"'device class ' + {quoted('device_class')} + ' does not exist, so the claim can never be allocated "
+               f"(DeviceClasses in the cluster: ' + string(size({classes})) + ')'")
+    return [Finding("unknown-device-class", (REQUESTS, DEVICES),
+                    f"device_class != null && device_class != '' && {params.facts_section('deviceClasses')} && "
+                    f"!(device_class in {classes})",
+                    "device.path + '.deviceClassName'", "device.stable + '.deviceClassName'", "device_class", message,
+                    (("device_class", DEVICE_CLASS),))]

@@ -10,7 +10,11 @@ everything its own conditions let through):
 - ``custom``: the custom kinds the policies do not know;
 - ``mutate``: nothing where a MutatingAdmissionPolicy is served (unless the runtime class must read the cluster).
 
-The webhook keeps everything when the cluster-aware checks are on (``cluster.enabled``). The two ``checks.*``
+With the cluster-aware checks on (``cluster.enabled``), the policies that read the object live carry the cluster
+rules whose facts the status writer keeps (``webhook.native.cluster``): the validating webhook still takes the pods
+whose claims it follows and those that name a RuntimeClass (``runtime-class-conflict`` reads its node selector
+against the pod's); the others, the DRA objects and the custom kinds it keeps whole. Inline policies read no facts,
+so there the webhook keeps everything. The two ``checks.*``
 rules only the webhook carries (process counts and accelerators across replicas) read PyTorchJobs and the
 RayCluster of RayClusters, RayJobs and RayServices alone (``webhook.rules.crossfield.REPLICA_KINDS``): while either
 is on, those kinds go to the webhook too. The chart renders the same from its generated helpers
@@ -41,6 +45,10 @@ FLAT_WILDCARDS = 1
 # The pods whose claims the webhook follows (gpu-limit-and-claim and the cluster's claim checks read the claims a
 # pod names, which CEL cannot read).
 FOLLOWS_CLAIMS = ("has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims) > 0")
+# With the cluster checks, the pods that name a RuntimeClass: runtime-class-conflict, which reads its node selector
+# (the facts hold it, but comparing two selectors is left to the webhook), and one isolation.runtimeClass injects is
+# named by the time a Pod is validated.
+NAMES_RUNTIME_CLASS = "has(pod.spec.runtimeClassName) && pod.spec.runtimeClassName != ''"
 
 
 def webhook_checks() -> list[str]:
@@ -51,8 +59,9 @@ def webhook_checks() -> list[str]:
 
 
 def keeps_all(policies: PolicySet) -> bool:
-    """The cluster-aware checks are on: the webhook must see every GPU object."""
-    return policies.default.cluster_enabled
+    """The cluster-aware checks are on and the policies read no facts (inline): the webhook must see every GPU
+    object."""
+    return policies.default.cluster_enabled and not live(policies)
 
 
 def replica_checks_on(policies: PolicySet) -> bool:
@@ -84,8 +93,12 @@ def carries_all_from() -> int:
 def validate_condition(policies: PolicySet, target: Target) -> str:
     """The CEL of what Pods and built-in workloads must still bring to the webhook on this target."""
     triggers = trigger_expression(Ctx(policies), lacking(target))
-    template = f"has(pod.spec) && (({FOLLOWS_CLAIMS})" + (f" || {triggers}" if triggers != "false" else "") + ")"
-    return f"({BUILTIN_TEMPLATE}).exists(pod, {template})"
+    clauses = [f"({FOLLOWS_CLAIMS})"]
+    if policies.default.cluster_enabled:
+        clauses.append(f"({NAMES_RUNTIME_CLASS})")
+    if triggers != "false":
+        clauses.append(triggers)
+    return f"({BUILTIN_TEMPLATE}).exists(pod, has(pod.spec) && ({' || '.join(clauses)}))"
 
 
 def custom_condition(custom: list[kinds.CustomKind], replicas: bool) -> str:
@@ -115,6 +128,8 @@ def conditions(policies: PolicySet, target: Target) -> dict[str, list[Condition]
     if keeps_all(policies):
         return out
     out["validate"] = [(NAMES["validate"], validate_condition(policies, target))]
+    if policies.default.cluster_enabled:
+        return out  # the DRA objects and the custom kinds: the cluster rules the webhook keeps read them too
     if target.minor >= DRA_MINOR:
         out["dra"] = [(NAMES["dra"], NOTHING)]
     if target.minor >= carries_all_from():
@@ -122,5 +137,6 @@ def conditions(policies: PolicySet, target: Target) -> dict[str, list[Condition]
     return out
 
 
-__all__ = ["FLAT_WILDCARDS", "FOLLOWS_CLAIMS", "NAMES", "NOTHING", "carries_all_from", "conditions", "custom_condition",
-           "keeps_all", "lacking", "replica_checks_on", "replica_kinds", "validate_condition", "webhook_checks"]
+__all__ = ["FLAT_WILDCARDS", "FOLLOWS_CLAIMS", "NAMES", "NAMES_RUNTIME_CLASS", "NOTHING", "carries_all_from",
+           "conditions", "custom_condition", "keeps_all", "lacking", "replica_checks_on", "replica_kinds",
+           "validate_condition", "webhook_checks"]

@@ -74,9 +74,9 @@ def native(rule: str, *, fires: tuple[Trigger, ...] = (), claims: bool = False, 
             raise ValueError(f"{rule}: two builders")
         needed = tuple(dict.fromkeys(entry.needs + needs))
         if claims:
-            REGISTRY[rule] = replace(entry, claims=build, needs=needed)
+            REGISTRY[rule] = replace(entry, claims=build, needs=needed, reads_facts=entry.reads_facts or reads_facts)
         else:
             REGISTRY[rule] = replace(entry, pods=build, fires=fires, needs=needed, custom_only=custom_only,
-                                     reads_facts=reads_facts)
+                                     reads_facts=entry.reads_facts or reads_facts)
         return build
     return register

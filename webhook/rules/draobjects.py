@@ -53,10 +53,10 @@ def check_device_class_exists(
         return []
     if name in view.classes or not policy.checks("unknown-device-class"):
         return []
-    known = ", ".join(sorted(view.classes)) or "none"
     return [Violation(
         path.child("deviceClassName"), "unknown-device-class",
-        f"device class {quoted(name)} does not exist, so the claim can never be allocated (classes: {known})",
+        f"device class {quoted(name)} does not exist, so the claim can never be allocated "
+        f"(DeviceClasses in the cluster: {len(view.classes)})",
         name,
     )]
 

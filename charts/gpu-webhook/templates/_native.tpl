@@ -40,7 +40,7 @@ processCountMismatch,replicaAcceleratorMismatch
 {{- end }}
 
 {{- define "gpu-webhook.native.factRules" -}}
-unknown-accelerator, unknown-runtime-class, unadvertised-resource, exceeds-node-capacity
+unknown-accelerator, unknown-runtime-class, unadvertised-resource, exceeds-node-capacity, unknown-device-class
 {{- end }}
 
 {{- define "gpu-webhook.native.knownKinds" -}}
@@ -60,6 +60,14 @@ unknown-accelerator, unknown-runtime-class, unadvertised-resource, exceeds-node-
 (request.kind.kind == 'Pod' ? [object] : request.kind.kind == 'PodTemplate' ? (has(object.template) ? [object.template] : []) : request.kind.kind == 'CronJob' ? (has(object.spec.jobTemplate.spec.template) ? [object.spec.jobTemplate.spec.template] : []) : (has(object.spec.template) ? [object.spec.template] : [])).exists(pod, has(pod.spec) && ((has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims) > 0)))
 {{- else }}
 (request.kind.kind == 'Pod' ? [object] : request.kind.kind == 'PodTemplate' ? (has(object.template) ? [object.template] : []) : request.kind.kind == 'CronJob' ? (has(object.spec.jobTemplate.spec.template) ? [object.spec.jobTemplate.spec.template] : []) : (has(object.spec.template) ? [object.spec.template] : [])).exists(pod, has(pod.spec) && ((has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims) > 0) || ((has(pod.spec.volumes) && pod.spec.volumes.exists(volume, has(volume.hostPath))) || ['containers', 'initContainers', 'ephemeralContainers'].exists(field, field in pod.spec && pod.spec[field].exists(container, (has(container.volumeMounts) && container.volumeMounts.exists(mount, mount.mountPath.contains('nvidia-container-devices'))))))))
+{{- end }}
+{{- end }}
+
+{{- define "gpu-webhook.native.validateClusterCondition" -}}
+{{- if semverCompare ">=1.35-0" .Capabilities.KubeVersion.Version }}
+(request.kind.kind == 'Pod' ? [object] : request.kind.kind == 'PodTemplate' ? (has(object.template) ? [object.template] : []) : request.kind.kind == 'CronJob' ? (has(object.spec.jobTemplate.spec.template) ? [object.spec.jobTemplate.spec.template] : []) : (has(object.spec.template) ? [object.spec.template] : [])).exists(pod, has(pod.spec) && ((has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims) > 0) || (has(pod.spec.runtimeClassName) && pod.spec.runtimeClassName != '')))
+{{- else }}
+(request.kind.kind == 'Pod' ? [object] : request.kind.kind == 'PodTemplate' ? (has(object.template) ? [object.template] : []) : request.kind.kind == 'CronJob' ? (has(object.spec.jobTemplate.spec.template) ? [object.spec.jobTemplate.spec.template] : []) : (has(object.spec.template) ? [object.spec.template] : [])).exists(pod, has(pod.spec) && ((has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims) > 0) || (has(pod.spec.runtimeClassName) && pod.spec.runtimeClassName != '') || ((has(pod.spec.volumes) && pod.spec.volumes.exists(volume, has(volume.hostPath))) || ['containers', 'initContainers', 'ephemeralContainers'].exists(field, field in pod.spec && pod.spec[field].exists(container, (has(container.volumeMounts) && container.volumeMounts.exists(mount, mount.mountPath.contains('nvidia-container-devices'))))))))
 {{- end }}
 {{- end }}
 
@@ -121,8 +129,9 @@ webhook
 
 {{- define "gpu-webhook.native.hybridConditions" -}}
 {{- /* The hybrid matchConditions of one webhook (call with (dict "root" $ "hook" mutate|validate|dra|custom)), as
-hybrid.conditions gives them: nothing outside hybrid mode, and nothing but the mutation's while the cluster checks
-are on (the webhook keeps every object its own condition lets through). */}}
+hybrid.conditions gives them: nothing outside hybrid mode; while the cluster checks are on, the mutation's
+and, with the policies read live, the pods' (the webhook keeps every other object its own condition lets
+through). */}}
 {{- $root := .root }}
 {{- if $root.Values.admissionPolicies.enabled }}
 {{- if eq .hook "mutate" }}
@@ -131,7 +140,16 @@ are on (the webhook keeps every object its own condition lets through). */}}
 - name: left-to-mutating-admission-policy
   expression: "false"
 {{- end }}
-{{- else if not (include "gpu-webhook.clusterChecks" $root) }}
+{{- else if include "gpu-webhook.clusterChecks" $root }}
+{{- if and (eq .hook "validate") (ne ((($root.Values.policy | default dict).nativePolicies | default dict).params | default "live") "inline") }}
+# The generated policies hold the rest, and the cluster rules whose facts GPUPolicy/default's status keeps:
+# the pods whose claims the webhook follows, those that name a RuntimeClass, and what this version's CEL cannot
+# carry. The DRA objects and the custom kinds the cluster rules it keeps read come here whole.
+- name: left-to-the-webhook
+  expression: |-
+    {{- include "gpu-webhook.native.validateClusterCondition" $root | trim | nindent 4 }}
+{{- end }}
+{{- else }}
 {{- if eq .hook "validate" }}
 # The generated policies hold the rest: the pods whose claims the webhook follows, and what this version's CEL
 # cannot carry.
