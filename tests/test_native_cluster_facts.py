@@ -19,6 +19,7 @@ import datetime
 import re
 from typing import Any
 
+import jsonpatch
 import pytest
 
 from tests.celeval import Request, evaluate
@@ -35,6 +36,7 @@ from tests.native_corpus import (
     compare,
     corpus,
     gpu,
+    mutation_pods,
     spec,
 )
 from tests.test_native_eval import compatibility, seen
@@ -288,3 +290,80 @@ def split_words(words: list[str], generated, cases: list[Case], state: ClusterSt
         if denying and said and all(v.rule not in rules_of[denying[1]] for v in said):
             out.append(word)
     return out
+
+
+# --- the mutation: isolation.runtimeClass as the facts allow ---------------------------------------------------
+
+def classes_cluster(selector: dict[str, str] | None) -> list[dict[str, Any]]:
+    """RuntimeClass nvidia (scheduling.nodeSelector ``selector``; None: no class at all) on a k80 and an l4 node."""
+    objects = [node("k80", "nvidia-tesla-k80", 4), node("l4", "nvidia-l4", 4)]
+    if selector is not None:
+        objects.append({**runtime_class("nvidia"), "scheduling": {"nodeSelector": selector}})
+    return objects
+
+
+MUTATION_CLUSTERS = {
+    "no-class": classes_cluster(None),
+    "any-node": classes_cluster({}),
+    "k80-only": classes_cluster({"accelerator": "nvidia-tesla-k80"}),
+}
+
+
+def mutation_cases(at: datetime.datetime) -> list[Case]:
+    """The mutation corpus and pods that select or are given an accelerator, in the namespace where
+    isolation.runtimeClass injects nvidia; each with the managedFields entry the apiserver writes before a mutating
+    policy runs (creationTimestamp comes later)."""
+    cases = mutation_pods()
+    for name, s, meta in [
+        ("selects-l4", spec(gpu(1), nodeSelector={"accelerator": "nvidia-l4"}), {}),
+        ("selects-k80", spec(gpu(1), nodeSelector={"accelerator": "nvidia-tesla-k80"}), {}),
+        ("annotated-l4", spec(gpu(1)), {"gpu-webhook/accelerator": "nvidia-l4"}),
+        ("defaulted", spec(gpu(1)), {}),
+        ("other-key", spec(gpu(1), nodeSelector={"zone": "a"}), {}),
+    ]:
+        cases.append(Case(f"m-{name}", RUNTIME, as_pod(f"m-{name}", s, meta)))
+    cases += [Case(c.name, RUNTIME, c.obj) for c in mutation_pods() if c.namespace == NS]
+    out = []
+    for case in cases:
+        obj = copy.deepcopy(case.obj)
+        obj["metadata"]["managedFields"] = [{"manager": "kubectl", "operation": "Update", "apiVersion": "v1",
+                                             "time": stamp(at), "fieldsType": "FieldsV1", "fieldsV1": {}}]
+        out.append(Case(case.name, case.namespace, obj))
+    return out
+
+
+@pytest.mark.parametrize("cluster", MUTATION_CLUSTERS)
+@pytest.mark.parametrize("fresh", [True, False], ids=["fresh", "stale"])
+def test_the_mutating_policy_injects_the_runtime_class_as_the_webhook_with_its_view(cluster, fresh):
+    """With fresh facts, the MutatingAdmissionPolicy gives a GPU pod isolation.runtimeClass only where the webhook
+    with its view would: the class exists, and its node selector agrees with the pod's and the accelerator this
+    policy adds. With stale facts, as the webhook without a view: always."""
+    target = for_version("1.37")
+    state = state_of(MUTATION_CLUSTERS[cluster])
+    generated = generate(POLICIES, target)
+    param = {**copy.deepcopy(generated.policy_object), "status": {"cluster": summary_of(state)}}
+    objects = [o for o in generated.objects if o["kind"].startswith("Mutating")] + [param]
+    at = WRITTEN + datetime.timedelta(seconds=60 if fresh else cs.FRESH_FOR + 1)
+    cases = mutation_cases(at)
+    evaluation = evaluate(objects, [Request(c.obj, c.namespace) for c in cases], compatibility(target))
+    assert evaluation.compile_errors == []
+    differ, injected = [], 0
+    for case, answer in zip(cases, evaluation.answers, strict=True):
+        seen = answer.decoded or case.obj
+        request = {"uid": "u", "operation": "CREATE", "namespace": case.namespace,
+                   "kind": {"group": "", "version": "v1", "kind": "Pod"}, "object": seen}
+        patch = list(admission.mutate(request, POLICIES, state.view() if fresh else None).patch)
+        expected = jsonpatch.apply_patch(seen, patch)
+        got = answer.mutated or seen
+        injected += "runtimeClassName" in got["spec"]
+        if expected["spec"] != got["spec"] or answer.errors:
+            differ.append(f"{case.namespace}/{case.name}: {answer.errors} expected {expected['spec']} "
+                          f"got {got['spec']}")
+    assert not differ, "\n".join(differ[:10])
+    # What the cluster allows: nowhere without the class; else every GPU pod of the namespace that may run there.
+    # (the 16 GPU pods there; 4 of them select or are given nvidia-l4, which the k80-only class contradicts).
+    runtime_gpu_pods = 16
+    if not fresh:
+        assert injected == runtime_gpu_pods, injected
+    else:
+        assert injected == {"no-class": 0, "any-node": runtime_gpu_pods, "k80-only": 12}[cluster], injected

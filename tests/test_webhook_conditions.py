@@ -58,7 +58,8 @@ WITH_MAP, WITHOUT_MAP = Target(36, True, "v1"), Target(35, True, None)
 
 def cluster_view() -> ClusterView:
     """A cluster for the modes with the cluster checks on, so that their rules speak: one model of the corpus, a
-    RuntimeClass whose node selector other models contradict, a DeviceClass, no claims (every kind complete)."""
+    RuntimeClass whose node selector other models contradict, a DeviceClass and a claim of it (every kind
+    complete)."""
     state = ClusterState("accelerator")
     labels = {"accelerator": "nvidia-l4", "kubernetes.io/hostname": "l4"}
     state.load([
@@ -68,6 +69,9 @@ def cluster_view() -> ClusterView:
          "scheduling": {"nodeSelector": {"accelerator": "nvidia-l4"}}},
         {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
          "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}},
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+         "metadata": {"name": "one-gpu", "namespace": native_corpus.NS},
+         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}},
     ], known=CLUSTER_KINDS)
     return state.view()
 
@@ -154,6 +158,10 @@ def cases() -> list[tuple[str, str, dict[str, Any]]]:
             gpu, runtimeClassName="missing"), {})),
         ("claim-missing", ns, native_corpus.as_pod("claim-missing", native_corpus.spec(
             bare, resourceClaims=[{"name": "gpu", "resourceClaimName": "missing"}]), {})),
+        # A GPU through a claim alone: the webhook gives it the accelerator, reading the claim.
+        ("claim-gpu", ns, native_corpus.as_pod("claim-gpu", native_corpus.spec(
+            native_corpus.ctr("main", resources={"claims": [{"name": "gpu"}]}),
+            resourceClaims=[{"name": "gpu", "resourceClaimName": "one-gpu"}]), {})),
         ("gpu-unknown-model", ns, native_corpus.as_pod("gpu-unknown-model", native_corpus.spec(
             gpu, nodeSelector={"accelerator": "nvidia-h100"}), {})),
     ]
@@ -262,7 +270,10 @@ def unsent(conditions: Mapping[str, Mapping[str, Mode]], documents: Mapping[str,
                 left = rules - mode.native - webhooks.UNSENT
                 if left and not sent(mode.conditions[hook_of(obj)], answer, (name, mode.name)):
                     failures.append(f"{policy_name}/{mode.name}/{name}: {sorted(left)} not sent to /validate")
-                if patched and not mode.native_mutation and not sent(mode.conditions["mutate"], answer, name):
+                # With the cluster checks the webhook's patch of a pod with claims reads them: no policy can.
+                claims = bool(obj.get("spec", {}).get("resourceClaims")) and mode.view is not None
+                if patched and (claims or not mode.native_mutation) and not sent(mode.conditions["mutate"], answer,
+                                                                                 name):
                     failures.append(f"{policy_name}/{mode.name}/{name}: the patch not sent to /mutate")
     return failures
 

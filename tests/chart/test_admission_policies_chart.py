@@ -239,9 +239,13 @@ def test_inline_policies_with_the_cluster_checks_keep_everything_with_the_webhoo
     assert found["validate-dra.gpu-webhook.io"] == ["requests-devices-or-names-extended-resource"]
 
 
-def test_mutate_stays_for_cluster_checked_runtime_class(helm: Helm) -> None:
+def test_mutate_stays_for_a_runtime_class_inline_policies_cannot_check_against_the_cluster(helm: Helm) -> None:
     policy = {"cluster": {"enabled": True}, "isolation": {"runtimeClass": "nvidia"}}
-    assert conditions(helm.template(*enabled(policy=policy)))["mutate.gpu-webhook.io"] == ["gpu-or-hidden-namespace"]
+    inline = {**policy, "nativePolicies": {"params": "inline"}}
+    assert conditions(helm.template(*enabled(policy=inline)))["mutate.gpu-webhook.io"] == ["gpu-or-hidden-namespace"]
+    # Read live, the MutatingAdmissionPolicy checks it against the facts; the webhook keeps the pods with claims.
+    assert conditions(helm.template(*enabled(policy=policy)))["mutate.gpu-webhook.io"] == [
+        "gpu-or-hidden-namespace", "pod-with-claims"]
 
 
 def test_failure_policy_in_hybrid_mode(helm: Helm) -> None:

@@ -10,6 +10,8 @@ Requests are server-side dry runs, so nothing is stored.
   node offers, or a RuntimeClass that does not exist, is refused; so is a ResourceClaim naming a DeviceClass that
   does not exist, where resource.k8s.io/v1 is served (1.37); a pod that can schedule is admitted; a CPU pod is
   never judged by them;
+- the MutatingAdmissionPolicy (1.37) gives a GPU pod the namespace's isolation.runtimeClass only where the facts
+  say the class exists;
 - facts change (a node with a new model joins, a RuntimeClass or a DeviceClass is created): the time until the
   apiserver's verdict
   follows, p50 and p99 (goal p99 <= 5 s). The writer computes and writes status.cluster at most once per 10 s,
@@ -56,6 +58,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900),
 
 GPU = "nvidia.com/gpu"
 TENANT = "tenant"
+# Namespaces whose isolation.runtimeClass names a class that exists, and one that does not.
+ISOLATED, ISOLATED_ABSENT = "isolated", "isolated-absent"
+POLICY = (f"cluster: {{enabled: true}}\nnamespaces:\n  {ISOLATED}: {{isolation: {{runtimeClass: nvidia}}}}\n"
+          f"  {ISOLATED_ABSENT}: {{isolation: {{runtimeClass: absent}}}}\n")
 LIVE = "gpu-webhook-live-deny"
 CLAIMS = "gpu-webhook-claims-live-deny"
 CHANGES = {"1.30": 5, "1.37": 20}  # facts changes measured on each bed
@@ -115,12 +121,19 @@ class Bed:
     kube: Kube
     writer: WebhookProcess
     claims: bool  # resource.k8s.io/v1 is served, so the claims policies are generated
+    mutating: bool  # a MutatingAdmissionPolicy is served and generated
     figures: dict[str, Any] = field(default_factory=dict)
 
-    def create(self, obj: dict[str, Any]):
+    def create(self, obj: dict[str, Any], namespace: str = TENANT):
         where = "api/v1" if obj["apiVersion"] == "v1" else f"apis/{obj['apiVersion']}"
         plural = {"Pod": "pods", "Deployment": "deployments", "ResourceClaim": "resourceclaims"}[obj["kind"]]
-        return self.api.send("POST", f"/{where}/namespaces/{TENANT}/{plural}?dryRun=All", obj)
+        return self.api.send("POST", f"/{where}/namespaces/{namespace}/{plural}?dryRun=All", obj)
+
+    def runtime_class_given(self, namespace: str) -> str | None:
+        """The runtimeClassName a GPU pod created in ``namespace`` ends up with (the mutating policy's doing)."""
+        answer = self.create(gpu_pod("given"), namespace)
+        assert answer.admitted, answer.message
+        return (answer.body or {}).get("spec", {}).get("runtimeClassName")
 
     def refused_for(self, obj: dict[str, Any], words: str) -> bool:
         answer = self.create(obj)
@@ -138,9 +151,10 @@ class Bed:
 @pytest.fixture(scope="module")
 def bed(matrix_cluster: ControlPlane, tmp_path_factory) -> Iterator[Bed]:
     cluster = matrix_cluster
-    cluster.kubectl("create", "namespace", TENANT, check=True)
+    for namespace in (TENANT, ISOLATED, ISOLATED_ABSENT):
+        cluster.kubectl("create", "namespace", namespace, check=True)
     kube = Kube.connect(str(cluster.kubeconfig))
-    out = generate(parse_policy("cluster: {enabled: true}\n"), discover(kube))
+    out = generate(parse_policy(POLICY), discover(kube))
     assert out.policy_object is not None and "unknown-accelerator" in out.native
     gp.install_crd(cluster, policycrd.crd())
     add_gpu_node(cluster, "l4-a", "nvidia-l4", gpus=4)
@@ -152,13 +166,17 @@ def bed(matrix_cluster: ControlPlane, tmp_path_factory) -> Iterator[Bed]:
     tmp = tmp_path_factory.mktemp(f"cluster-facts-{cluster.bed.id if cluster.bed else 'main'}")
     writer = start_webhook(tmp, "--policy-object", "default", "--kubeconfig", str(cluster.kubeconfig),
                            "--status-lease", "default/gpu-webhook-status", certs=make_certs(tmp / "tls", "127.0.0.1"))
-    found = Bed(cluster, Api(cluster), kube, writer, claims)
+    mutating = any(o["kind"] == "MutatingAdmissionPolicy" for o in out.objects)
+    found = Bed(cluster, Api(cluster), kube, writer, claims, mutating)
     try:
         started = time.monotonic()
         eventually("the facts written", lambda: "nvidia-l4" in found.summary().get("models", {}), timeout=120)
         # The policies compile asynchronously (the 1.30 bed, loaded, has taken a minute).
         eventually("the policies enforce the facts", lambda: found.refused_for(selecting("nvidia-h100"), "no node"),
                    timeout=240, every=0.2)
+        if claims:  # each policy is compiled on its own
+            eventually("the claims policy enforces the facts", lambda: found.refused_for(
+                claim("unknown", "missing.example.com"), "does not exist"), timeout=240, every=0.2)
         found.figures["facts written and enforced after start (s)"] = round(time.monotonic() - started, 1)
         yield found
     finally:
@@ -193,6 +211,14 @@ def test_the_apiserver_alone_refuses_what_could_never_run_and_admits_what_can(be
     assert bed.admitted(deployment("cpu", "missing", gpus=0))
     assert bed.admitted(pod(container(requests={"cpu": "100m"}), name="cpu",
                             nodeSelector={"accelerator": "nvidia-h100"}))
+
+
+def test_the_mutating_policy_gives_a_runtime_class_only_where_it_exists(bed):
+    if not bed.mutating:
+        pytest.skip("no MutatingAdmissionPolicy on this version: the mutation stays with the webhook")
+    assert bed.runtime_class_given(ISOLATED) == "nvidia"
+    assert bed.runtime_class_given(ISOLATED_ABSENT) is None  # the facts know no RuntimeClass absent
+    assert bed.runtime_class_given(TENANT) is None  # no isolation.runtimeClass there
 
 
 def test_the_verdict_follows_a_change_of_the_facts(bed):
@@ -248,6 +274,11 @@ def test_with_the_writer_killed_the_facts_count_until_they_are_too_old_then_refu
                        every=0.1)
     assert bed.admitted(selecting("nvidia-h100")) and bed.admitted(deployment("runtime", "missing"))
     assert not bed.claims or bed.admitted(claim("unknown", "missing.example.com"))
+    if bed.mutating:  # not knowing the RuntimeClasses, the policy injects the namespace's, as the webhook would
+        answer = bed.create(gpu_pod("given"), ISOLATED_ABSENT)
+        said = answer.body.get("spec", {}).get("runtimeClassName") if answer.admitted else answer.message
+        bed.figures["stale facts: a GPU pod where isolation.runtimeClass names a class that does not exist"] = said
+        assert "absent" in str(said), said
     bed.kube.request("PATCH", f"{gp.path()}/status", None, {"status": {"cluster": None}},
                      "application/merge-patch+json")
     eventually("the summary removed", lambda: bed.summary() == {}, timeout=30)

@@ -12,9 +12,11 @@ Then ``helm upgrade --set admissionPolicies.enabled=true --set admissionPolicies
 the hook Job applies the generated ValidatingAdmissionPolicies and MutatingAdmissionPolicy and waits until the
 apiserver enforces them, so from the moment helm returns a pod over the cap is refused (no window: the same load,
 every other pod over the cap, started as helm returns, has no wrong decision in its first 5 s), and the same kill
-under the same load must fail no admission. Last, with every webhook pod gone, the native rules still refuse a
-PyTorchJob with half a GPU and a pod over the per-container cap, naming the ValidatingAdmissionPolicy, and still
-inject the default accelerator.
+under the same load must fail no admission. Then ``policy.cluster.enabled`` on (a Node object with the default
+accelerator added): the policies read the cluster's facts, and the same kill, under a load of which every other pod
+asks for a model no node has, fails nothing and admits none of those. Last, with every webhook pod gone, the native
+rules still refuse a PyTorchJob with half a GPU, a pod over the per-container cap and a pod asking for a model no
+node has, naming the ValidatingAdmissionPolicy, and still inject the default accelerator.
 
 Beside each kill, 10 s of the same load without one (``_steady``): client latencies and the apiserver's own admission
 time per step and per webhook, from its metrics; the kill's latencies are split before the kill and from the kill
@@ -30,6 +32,7 @@ import os
 import re
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 
@@ -141,11 +144,13 @@ def _steady(bed: NodeBed, seconds: float = 10.0) -> dict[str, object]:
             "load average (1 min)": round(os.getloadavg()[0], 1)}
 
 
-def _kill_a_replica_under_load(bed: NodeBed) -> dict[str, object]:
-    """SIGKILL the container of the replica that served most admissions in the last seconds; load from 2 s before
-    until it has restarted, is Ready and both endpoints are ready again (bounded)."""
+def _kill_a_replica_under_load(bed: NodeBed, sent: Callable[[int], tuple[str, dict]] | None = None
+                               ) -> dict[str, object]:
+    """SIGKILL the container of the replica that served most admissions in the last seconds; load (the pods
+    ``sent`` gives, else GPU pods) from 2 s before until it has restarted, is Ready and both endpoints are ready
+    again (bounded)."""
     pods = _settle(bed)
-    with AdmissionLoad(bed.url, bed.tokens["admin"], bed.ca_file, rate=RATE) as load:
+    with AdmissionLoad(bed.url, bed.tokens["admin"], bed.ca_file, rate=RATE, pods=sent) as load:
         time.sleep(2.5)
         since = time.time() - 2.5
         served = {p["metadata"]["name"]: _admissions(bed, p, "validate", since) + _admissions(bed, p, "mutate", since)
@@ -287,6 +292,79 @@ def test_hybrid_a_killed_replica_costs_no_admission(node_bed):
     assert {r.accelerator for r in report.results if r.ok} == {"nvidia-tesla-k80"}, figures
 
 
+K80_NODE = "gw-e2e-k80"  # a Node object (no kubelet) with the policy's default accelerator and 4 GPUs
+L4_POD = pod(container("cuda", limits={"nvidia.com/gpu": "1"}), name="l4", nodeSelector={"accelerator": "nvidia-l4"})
+NO_L4 = "no node has accelerator=nvidia-l4"  # allowed by the policy, on no node of the bed
+
+
+@pytest.fixture(scope="module")
+def k80_node(node_bed):
+    from tests.e2e.test_placement import add_gpu_node
+
+    add_gpu_node(node_bed, K80_NODE, "nvidia-tesla-k80", gpus=4)
+    node_bed.kubectl("apply", "-f", "-", check=True, stdin=json.dumps(
+        {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"}, "handler": "nvidia"}))
+    try:
+        yield K80_NODE
+    finally:
+        node_bed.kubectl("delete", "node", K80_NODE, "--ignore-not-found")
+        node_bed.kubectl("delete", "runtimeclass", "nvidia", "--ignore-not-found")
+
+
+def _cluster_load(index: int) -> tuple[str, dict]:
+    """Every other pod must be refused by a cluster rule (an accelerator no node has); of the rest, every other
+    names a RuntimeClass, which sends it to the validating webhook (runtime-class-conflict is the webhook's)."""
+    if index % 2:
+        return "default", {**L4_POD, "metadata": {"name": f"l4-{index}"}}
+    if index % 4 == 2:
+        named = gpu_pod(f"runtime-{index}")
+        named["spec"]["runtimeClassName"] = "nvidia"
+        return "default", named
+    return "default", gpu_pod(f"fits-{index}")
+
+
+def test_hybrid_with_the_cluster_checks_a_killed_replica_costs_no_admission_and_no_wrong_decision(node_bed,
+                                                                                                    k80_node):
+    """Issue 32's availability: ``policy.cluster.enabled`` in hybrid mode, the chart's default failure policies. The
+    policies read the cluster's facts from GPUPolicy/default's status, so a GPU pod asking for a model no node has
+    is refused by the apiserver alone, and the webhooks are sent only what the rules they keep read (pods naming a
+    RuntimeClass, pods with claims). The kill under the same load fails nothing and admits nothing wrong."""
+    helm = _upgrade(node_bed, "--set", "policy.cluster.enabled=true")
+    FIGURES["hybrid + cluster checks: helm upgrade --wait (s)"] = round(helm, 1)
+
+    def facts() -> dict:
+        return ((node_bed.kubectl_json("get", "gpupolicy", "default").get("status") or {}).get("cluster") or {})
+
+    until("status.cluster naming the k80 node", lambda: "nvidia-tesla-k80" in (facts().get("models") or {}), 60,
+          interval=0.5)
+    until("the policies refusing an accelerator no node has", lambda: NO_L4 in _dry_run(node_bed, L4_POD).stderr, 60,
+          interval=0.5)
+    conditions = {hook["name"]: [c["name"] for c in hook.get("matchConditions", [])]
+                  for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
+                  for hook in node_bed.kubectl_json("get", kind, RELEASE)["webhooks"]}
+    assert conditions["validate.gpu-webhook.io"][-1] == "left-to-the-webhook", conditions
+    assert conditions["mutate.gpu-webhook.io"][-1] == "pod-with-claims", conditions
+    FIGURES["hybrid + cluster checks, steady (10 s)"] = _steady(node_bed)
+    figures = _kill_a_replica_under_load(node_bed, _cluster_load)
+    report = figures.pop("report")
+    assert isinstance(report, LoadReport)
+    refuse = [r for r in report.results if r.index % 2]
+    admit = [r for r in report.results if not r.index % 2]
+    figures["must be refused (no node has the model), admitted"] = sum(1 for r in refuse if r.ok)
+    figures["must be refused, refused by the ValidatingAdmissionPolicy"] = sum(
+        1 for r in refuse if not r.ok and NO_L4 in r.error and "ValidatingAdmissionPolicy" in r.error)
+    figures["must be admitted, refused"] = sum(1 for r in admit if not r.ok)
+    FIGURES["hybrid + cluster checks, one replica SIGKILLed"] = figures
+    print(json.dumps(FIGURES, indent=1))
+    assert len(refuse) >= 20 and len(admit) >= 20, figures
+    assert figures["failed (errors)"] == 0, figures
+    assert figures["must be refused (no node has the model), admitted"] == 0, figures
+    assert figures["must be refused, refused by the ValidatingAdmissionPolicy"] == len(refuse), figures
+    assert figures["must be admitted, refused"] == 0, figures
+    # The MutatingAdmissionPolicy gave every admitted pod the default accelerator, which the facts know.
+    assert {r.accelerator for r in admit} == {"nvidia-tesla-k80"}, figures
+
+
 def test_with_every_webhook_pod_gone_the_native_rules_still_refuse(node_bed):
     node_bed.kubectl("scale", DEPLOYMENT, "-n", NAMESPACE, "--replicas=0", check=True)
     node_bed.kubectl("delete", "pods", "-n", NAMESPACE, "-l", SELECTOR, "--grace-period=0", "--force",
@@ -315,5 +393,9 @@ def test_with_every_webhook_pod_gone_the_native_rules_still_refuse(node_bed):
     admitted = _dry_run(node_bed, unselected)
     assert admitted.returncode == 0, admitted.stderr
     assert json.loads(admitted.stdout)["spec"]["nodeSelector"] == {"accelerator": "nvidia-tesla-k80"}
-    FIGURES["no webhook pod: refusals"] = [refused.stderr.strip()[:300], over.stderr.strip()[:300]]
+    # The cluster checks too (on since the test before), from the facts the writer left, while they are fresh.
+    l4 = _dry_run(node_bed, L4_POD)
+    assert l4.returncode and VAP.rstrip("'") in l4.stderr and NO_L4 in l4.stderr, l4.stderr  # or a -2 cut of it
+    FIGURES["no webhook pod: refusals"] = [refused.stderr.strip()[:300], over.stderr.strip()[:300],
+                                           l4.stderr.strip()[:300]]
     print(json.dumps(FIGURES, indent=1))

@@ -156,13 +156,14 @@ def _hybrid_defines() -> list[str]:
             "{{- end }}\n"
             '{{- include "gpu-webhook.webhooks.celList" (uniq $kinds) }}')),
         _define("mutationEngine", (
-            "{{- /* \"native\" where a MutatingAdmissionPolicy is served and the runtime class needs no cluster state\n"
-            "(hybrid.conditions; read live, a namespace may be given one by an edit), else \"webhook\". */}}\n"
+            "{{- /* \"native\" where a MutatingAdmissionPolicy is served, unless inline policies would have to inject\n"
+            "a runtime class the cluster checks judge (hybrid.conditions), else \"webhook\". */}}\n"
             "{{- $policy := .Values.policy | default dict }}\n"
-            f"{{{{- $runtimeClass := or (get ($policy.isolation | default dict) {q(runtime_class)}) "
-            "(ne ((($policy.nativePolicies | default dict).params) | default \"live\") \"inline\") }}\n"
+            f"{{{{- $runtimeClass := and (get ($policy.isolation | default dict) {q(runtime_class)}) "
+            "(eq ((($policy.nativePolicies | default dict).params) | default \"live\") \"inline\") }}\n"
             "{{- range $ns, $overlay := ($policy.namespaces | default dict) }}\n"
-            f"{{{{- if get (($overlay | default dict).isolation | default dict) {q(runtime_class)} }}}}"
+            f"{{{{- if and (get (($overlay | default dict).isolation | default dict) {q(runtime_class)}) "
+            "(eq ((($policy.nativePolicies | default dict).params) | default \"live\") \"inline\") }}"
             "{{ $runtimeClass = true }}{{ end }}\n"
             "{{- end }}\n"
             '{{- if and (include "gpu-webhook.native.mutating" .) '
@@ -177,8 +178,14 @@ def _hybrid_defines() -> list[str]:
             "{{- if $root.Values.admissionPolicies.enabled }}\n"
             '{{- if eq .hook "mutate" }}\n'
             '{{- if eq (include "gpu-webhook.native.mutationEngine" $root) "native" }}\n'
+            '{{- if include "gpu-webhook.clusterChecks" $root }}\n'
+            "# The MutatingAdmissionPolicy mutates the rest; the accelerator of a pod that asks for GPUs through\n"
+            "# claims comes from its claims, which only the webhook reads.\n"
+            f"- name: {names['mutate-claims']}\n  expression: {q(hybrid.POD_WITH_CLAIMS)}\n"
+            "{{- else }}\n"
             "# Every mutation is in the MutatingAdmissionPolicy (requests from limits: the apiserver copies them).\n"
             f"- name: {names['mutate']}\n  expression: {q(hybrid.NOTHING)}\n"
+            "{{- end }}\n"
             "{{- end }}\n"
             '{{- else if include "gpu-webhook.clusterChecks" $root }}\n'
             '{{- if and (eq .hook "validate") '

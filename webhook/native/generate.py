@@ -422,7 +422,7 @@ def _mutating_policy(policies: PolicySet, exclude: Sequence[str], target: Target
     variables = mutations.variables(ctx)
     if ctx.live:
         texts = [e for _, e in variables] + [text for _, text in patches if text] + [mutations.matters(ctx)]
-        variables = params.variables(texts, policies.default.platform) + variables
+        variables = params.variables(texts, policies.default.platform, mutating=True) + variables
     policy: dict[str, Any] = {
         "apiVersion": api,
         "kind": "MutatingAdmissionPolicy",

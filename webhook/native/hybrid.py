@@ -8,7 +8,9 @@ everything its own conditions let through):
   (:data:`webhook.native.registry.REGISTRY`);
 - ``dra`` (ResourceClaims, ResourceClaimTemplates, DeviceClasses): nothing where ``resource.k8s.io/v1`` is served;
 - ``custom``: the custom kinds the policies do not know;
-- ``mutate``: nothing where a MutatingAdmissionPolicy is served (unless the runtime class must read the cluster).
+- ``mutate``: nothing where a MutatingAdmissionPolicy is served; with the cluster checks on, the pods with claims
+  (the webhook reads their claims for the accelerator and tolerations), and everything where inline policies
+  would have to inject a runtime class they cannot check against the cluster.
 
 With the cluster-aware checks on (``cluster.enabled``), the policies that read the object live carry the cluster
 rules whose facts the status writer keeps (``webhook.native.cluster``): the validating webhook still takes the pods
@@ -37,7 +39,8 @@ Condition = tuple[str, str]  # (name, CEL)
 
 # The name of each webhook's hybrid condition, and the CEL of "nothing is left to it".
 NAMES = {"mutate": "left-to-mutating-admission-policy", "validate": "left-to-the-webhook",
-         "dra": "left-to-validating-admission-policies", "custom": "kind-not-native"}
+         "dra": "left-to-validating-admission-policies", "custom": "kind-not-native",
+         "mutate-claims": "pod-with-claims"}
 NOTHING = "false"
 # A custom kind's template path with more wildcards than this is walked only where flatten exists ("lists").
 FLAT_WILDCARDS = 1
@@ -49,6 +52,8 @@ FOLLOWS_CLAIMS = ("has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims)
 # (the facts hold it, but comparing two selectors is left to the webhook), and one isolation.runtimeClass injects is
 # named by the time a Pod is validated.
 NAMES_RUNTIME_CLASS = "has(pod.spec.runtimeClassName) && pod.spec.runtimeClassName != ''"
+# The Pods the mutating webhook still takes with the cluster checks on.
+POD_WITH_CLAIMS = "has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0"
 
 
 def webhook_checks() -> list[str]:
@@ -117,14 +122,14 @@ def conditions(policies: PolicySet, target: Target) -> dict[str, list[Condition]
     # Carried whole: templates the target's CEL walks, and no resource block (those only the webhook reads).
     custom = [k for k in every_kind
               if k.templates and not k.blocks and (kinds.wildcards(k) <= FLAT_WILDCARDS or target.has("lists"))]
-    # With cluster checks the webhook injects isolation.runtimeClass (the native mutation cannot read the cluster):
-    # wherever a namespace sets one, or may once the object is edited.
-    runtime_class = live(policies) or any(p.runtime_class for p in every_policy(policies))
-    mutate_native = bool(target.mutating) and not (policies.default.cluster_enabled and runtime_class)
-    out: dict[str, list[Condition] | None] = {
-        "mutate": [(NAMES["mutate"], NOTHING)] if mutate_native else None,
-        "validate": None, "dra": None, "custom": None,
-    }
+    # With cluster checks, inline policies cannot check isolation.runtimeClass against the cluster: the webhook
+    # injects it wherever a namespace sets one. Read live, the MutatingAdmissionPolicy reads the facts.
+    cluster = policies.default.cluster_enabled
+    runtime_class = any(p.runtime_class for p in every_policy(policies))
+    mutate: list[Condition] | None = None
+    if target.mutating and not (cluster and not live(policies) and runtime_class):
+        mutate = [(NAMES["mutate-claims"], POD_WITH_CLAIMS)] if cluster else [(NAMES["mutate"], NOTHING)]
+    out: dict[str, list[Condition] | None] = {"mutate": mutate, "validate": None, "dra": None, "custom": None}
     if keeps_all(policies):
         return out
     out["validate"] = [(NAMES["validate"], validate_condition(policies, target))]
@@ -137,6 +142,7 @@ def conditions(policies: PolicySet, target: Target) -> dict[str, list[Condition]
     return out
 
 
-__all__ = ["FLAT_WILDCARDS", "FOLLOWS_CLAIMS", "NAMES", "NAMES_RUNTIME_CLASS", "NOTHING", "carries_all_from",
+__all__ = ["FLAT_WILDCARDS", "FOLLOWS_CLAIMS", "NAMES", "NAMES_RUNTIME_CLASS", "NOTHING", "POD_WITH_CLAIMS",
+           "carries_all_from",
            "conditions", "custom_condition", "keeps_all", "lacking", "replica_checks_on", "replica_kinds",
            "validate_condition", "webhook_checks"]

@@ -9,9 +9,11 @@ A MutatingAdmissionPolicy exists from Kubernetes 1.34 (``v1beta1``), whose CEL h
 comprehensions; the expressions need nothing newer.
 
 Not here: GPU requests copied from limits (the apiserver's Pod defaulting copies every limit into a missing
-request before admission, so there is nothing left to copy), and, with ``cluster.enabled``, the runtime
-class (the webhook injects it only when the RuntimeClass exists and agrees with the pod's selector, which
-CEL cannot read).
+request before admission, so there is nothing left to copy). With ``cluster.enabled``, the runtime class is injected
+only where the cluster's facts (``status.cluster``, read live) say the RuntimeClass exists and agrees with the pod's
+selector, as the webhook does with its view; inline policies cannot read them, and leave the mutation to the webhook.
+The accelerator and tolerations of a pod that asks for GPUs through claims alone need the claims, which no policy
+reads: with ``cluster.enabled`` the webhook mutates such pods.
 """
 
 from __future__ import annotations
@@ -78,11 +80,9 @@ def variables(ctx: Ctx) -> list[tuple[str, str]]:
     return [("used", names), ("gpu", gpu), ("fractional", fractional), ("trusted", trusted(ctx, SPEC))]
 
 
-def accelerator(ctx: Ctx) -> str | None:
-    """``mutate.inject_accelerator``: the annotation's accelerator, else the default, if allowed; never over an
-    existing key or a required node affinity on the label."""
-    if not ctx.any(lambda p: p.default) and not ctx.policy.annotation:
-        return None
+def _injected(ctx: Ctx) -> str:
+    """The accelerator ``inject_accelerator`` adds, as a list of none or one: the annotation's, else the default, if
+    allowed; never over an existing key or a required node affinity on the label."""
     label, annotation = ctx.policy.node_label, ctx.policy.annotation
     default = ctx.ns(lambda p: lit(p.default), live=params.of("default"))
     asked = f"object.metadata.?annotations[?{lit(annotation)}].orValue('')"
@@ -93,10 +93,17 @@ def accelerator(ctx: Ctx) -> str | None:
     by_affinity = (f"{terms}.exists(term, term.?matchExpressions.orValue([]).exists(requirement, "
                    f"requirement.key == {lit(label)}))")
     free = f"!({lit(label)} in object.spec.?nodeSelector.orValue({{}})) && !{by_affinity}"
+    return f"[{asked}].filter(model, model != '' && (size({allowed}) == 0 || model in {allowed}) && {free})"
+
+
+def accelerator(ctx: Ctx) -> str | None:
+    """``mutate.inject_accelerator``: :func:`_injected` into the pod's nodeSelector, on a pod that asks for GPUs."""
+    if not ctx.any(lambda p: p.default) and not ctx.policy.annotation:
+        return None
+    label = ctx.policy.node_label
     whole = f"JSONPatch{{op: 'add', path: '/spec/nodeSelector', value: {{{lit(label)}: model}}}}"
     one = f"JSONPatch{{op: 'add', path: {lit('/spec/nodeSelector/' + _escape_pointer(label))}, value: model}}"
-    return (f"variables.gpu ? [{asked}].filter(model, model != '' && (size({allowed}) == 0 || model in {allowed}) && "
-            f"{free}).map(model, has(object.spec.nodeSelector) ? {one} : {whole}) : []")
+    return f"variables.gpu ? {_injected(ctx)}.map(model, has(object.spec.nodeSelector) ? {one} : {whole}) : []"
 
 
 def _tolerated_by(taint: str, x: str) -> str:
@@ -165,14 +172,29 @@ def hide_gpus(ctx: Ctx) -> str | None:
     return (f"{value} != '' && !variables.fractional && !variables.trusted ? " + " + ".join(parts) + " : []")
 
 
+def _class_fits(ctx: Ctx, name: str) -> str:
+    """``inject_runtime_class`` knowing the RuntimeClasses (the facts count and hold the section whole): only a class
+    that exists and whose ``scheduling.nodeSelector`` agrees with the pod's, with the accelerator this policy adds
+    (``isolation.runtime_class_conflicts``); not knowing them, any."""
+    classes = f"{params.FACTS}.runtimeClasses"
+    wanted = f"{classes}[{name}].?nodeSelector.orValue({{}})"
+    selector = "object.spec.?nodeSelector.orValue({})"
+    label = lit(ctx.policy.node_label)
+    conflict = (f"{wanted}.exists(key, key in {selector} ? {selector}[key] != {wanted}[key] : "
+                f"key == {label} && {_injected(ctx)}.exists(model, model != {wanted}[key]))")
+    return f"(!({params.facts_section('runtimeClasses')}) || ({name} in {classes} && !({conflict})))"
+
+
 def runtime_class(ctx: Ctx) -> str | None:
-    """``mutate.inject_runtime_class`` without the cluster view: isolation.runtimeClass on GPU pods (a counted
-    GPU, no fractional scheduler) that name none."""
-    if not ctx.any(lambda p: p.runtime_class) or ctx.policy.cluster_enabled:
+    """``mutate.inject_runtime_class``: isolation.runtimeClass on GPU pods (a counted GPU, no fractional scheduler)
+    that name none; with ``cluster.enabled``, as the facts allow (:func:`_class_fits`)."""
+    if not ctx.any(lambda p: p.runtime_class) or (ctx.policy.cluster_enabled and not ctx.live):
         return None
     name = ctx.ns(lambda p: lit(p.runtime_class), live=params.of("runtimeClass"))
+    fits = f" && {_class_fits(ctx, name)}" if ctx.policy.cluster_enabled else ""
     return (f"{name} != '' && !has(object.spec.runtimeClassName) && variables.gpu && "
-            f"!variables.fractional ? [JSONPatch{{op: 'add', path: '/spec/runtimeClassName', value: {name}}}] : []")
+            f"!variables.fractional{fits} ? "
+            f"[JSONPatch{{op: 'add', path: '/spec/runtimeClassName', value: {name}}}] : []")
 
 
 MUTATIONS: dict[str, Callable[[Ctx], str | None]] = {
@@ -194,7 +216,7 @@ def matters(ctx: Ctx) -> str:
                            for s in ("limits", "requests"))
     gpu = (f"[object.spec.?containers.orValue([]), object.spec.?initContainers.orValue([])]"
            f".exists(containers, containers.exists(container, {extended}))")
-    runtime = not ctx.policy.cluster_enabled
+    runtime = not ctx.policy.cluster_enabled or ctx.live
     live = f"{params.expression('default')} != '' || {params.expression('tolerations')}" + (
         f" || {params.expression('runtimeClass')} != ''" if runtime else "")
     adds = ctx.ns(lambda p: boolean(bool(p.default) or p.tolerations or (runtime and bool(p.runtime_class))),

@@ -124,9 +124,12 @@ def expression(name: str) -> str:
 # before admission: creationTimestamp on CREATE, the newest managedFields time on UPDATE. The facts count when that
 # time is within FRESH_FOR seconds of writtenAt, either way (no managedFields time at or after the write, as on an
 # update that changed no managed field, is no clock). Otherwise, or with no summary, they read as empty.
-REQUEST_TIMES = ("request.operation == 'CREATE' ? [timestamp(object.metadata.creationTimestamp)] : "
-                 "(has(object.metadata.managedFields) ? object.metadata.managedFields.filter(entry, "
+MANAGED_TIMES = ("(has(object.metadata.managedFields) ? object.metadata.managedFields.filter(entry, "
                  "has(entry.time)).map(entry, timestamp(entry.time)) : [])")
+REQUEST_TIMES = f"request.operation == 'CREATE' ? [timestamp(object.metadata.creationTimestamp)] : {MANAGED_TIMES}"
+# A MutatingAdmissionPolicy runs before the apiserver sets creationTimestamp, but after it has written the request's
+# managedFields entry, with its time.
+MUTATING_REQUEST_TIMES = MANAGED_TIMES
 FACTS = "variables.cluster_facts"
 FACTS_EXPRESSION = (f"[params.?status.?cluster.orValue({{}})].map(facts, has(facts.writtenAt) && "
                     f"variables.request_times.all(moment, moment - timestamp(facts.writtenAt) <= "
@@ -139,8 +142,9 @@ def facts_section(name: str) -> str:
     return f"{lit(name)} in {FACTS} && !({lit(name)} in {FACTS}.?truncated.orValue([]))"
 
 
-def variables(texts: list[str], platform: str) -> list[tuple[str, str]]:
-    """The value variables the CEL ``texts`` read, in :data:`LIVE`'s order; the trusted namespace test too."""
+def variables(texts: list[str], platform: str, mutating: bool = False) -> list[tuple[str, str]]:
+    """The value variables the CEL ``texts`` read, in :data:`LIVE`'s order; the trusted namespace test too; the
+    cluster's facts, judged by the request's time as a validating or (``mutating``) a mutating policy sees it."""
     read = " ".join(texts)
     out = [(variable, expression(name)) for name, variable in VARIABLES.items() if f"variables.{variable}" in read]
     if f"variables.{NAMESPACE_VARIABLE}" in read:
@@ -148,7 +152,8 @@ def variables(texts: list[str], platform: str) -> list[tuple[str, str]]:
     if "variables.trusted_namespace" in read:
         out.append(("trusted_namespace", trusted(None, platform)))
     if FACTS in read:
-        out += [("request_times", REQUEST_TIMES), ("cluster_facts", FACTS_EXPRESSION)]
+        out += [("request_times", MUTATING_REQUEST_TIMES if mutating else REQUEST_TIMES),
+                ("cluster_facts", FACTS_EXPRESSION)]
     return out
 
 

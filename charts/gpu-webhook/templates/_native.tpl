@@ -113,12 +113,12 @@ with more than 1 wildcard only where flatten exists). */}}
 {{- end }}
 
 {{- define "gpu-webhook.native.mutationEngine" -}}
-{{- /* "native" where a MutatingAdmissionPolicy is served and the runtime class needs no cluster state
-(hybrid.conditions; read live, a namespace may be given one by an edit), else "webhook". */}}
+{{- /* "native" where a MutatingAdmissionPolicy is served, unless inline policies would have to inject
+a runtime class the cluster checks judge (hybrid.conditions), else "webhook". */}}
 {{- $policy := .Values.policy | default dict }}
-{{- $runtimeClass := or (get ($policy.isolation | default dict) "runtimeClass") (ne ((($policy.nativePolicies | default dict).params) | default "live") "inline") }}
+{{- $runtimeClass := and (get ($policy.isolation | default dict) "runtimeClass") (eq ((($policy.nativePolicies | default dict).params) | default "live") "inline") }}
 {{- range $ns, $overlay := ($policy.namespaces | default dict) }}
-{{- if get (($overlay | default dict).isolation | default dict) "runtimeClass" }}{{ $runtimeClass = true }}{{ end }}
+{{- if and (get (($overlay | default dict).isolation | default dict) "runtimeClass") (eq ((($policy.nativePolicies | default dict).params) | default "live") "inline") }}{{ $runtimeClass = true }}{{ end }}
 {{- end }}
 {{- if and (include "gpu-webhook.native.mutating" .) (not (and (include "gpu-webhook.clusterChecks" .) $runtimeClass)) -}}
 native
@@ -136,9 +136,16 @@ through). */}}
 {{- if $root.Values.admissionPolicies.enabled }}
 {{- if eq .hook "mutate" }}
 {{- if eq (include "gpu-webhook.native.mutationEngine" $root) "native" }}
+{{- if include "gpu-webhook.clusterChecks" $root }}
+# The MutatingAdmissionPolicy mutates the rest; the accelerator of a pod that asks for GPUs through
+# claims comes from its claims, which only the webhook reads.
+- name: pod-with-claims
+  expression: "has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0"
+{{- else }}
 # Every mutation is in the MutatingAdmissionPolicy (requests from limits: the apiserver copies them).
 - name: left-to-mutating-admission-policy
   expression: "false"
+{{- end }}
 {{- end }}
 {{- else if include "gpu-webhook.clusterChecks" $root }}
 {{- if and (eq .hook "validate") (ne ((($root.Values.policy | default dict).nativePolicies | default dict).params | default "live") "inline") }}
