@@ -120,3 +120,53 @@ def test_a_pod_claim_is_the_last_resort_of_a_probe():
         assert "undeclared-claim" not in rules[:-1], (probe.policy, rules)
     [live] = [p for p in found if p.policy == "gpu-webhook-live-deny"]
     assert [rule for _, rule in live.tries][-2:] == ["cdi-annotation", "undeclared-claim"]
+
+
+def test_with_the_cluster_checks_a_probe_refused_for_the_facts_moves_on_to_one_only_its_policy_refuses():
+    """With ``cluster.enabled`` the facts rules sit in another policy than the accelerator rules (the cut), and they
+    refuse candidates the webhook's decision without a view finds nothing against: an accelerator on no node, more
+    GPUs than a node has, a MIG slice no node offers. The apiserver may ask that other policy first every time (the
+    node bed's hook Job waited for gpu-webhook-live-deny until helm gave up). Each deny probe must end on a
+    candidate no other of its policies refuses, here judged by the apiserver's CEL (celeval) with the facts of a
+    cluster of one k80 node, whatever policy the apiserver would name first."""
+    from tests.celeval import Request, evaluate
+    from tests.native_corpus import Case
+    from tests.test_native_cluster_facts import WRITTEN, node, requested, stamp, state_of
+    from tests.test_native_eval import compatibility
+    from webhook.core import clustersummary as cs
+
+    policies = parse_policy(BENCH + "cluster: {enabled: true}\n")
+    target = for_version("1.37")
+    out = generate(policies, target)
+    state = state_of([node("k80", "nvidia-tesla-k80", 4)])
+    facts = {**cs.summarize(cs.view_of(state, cs.KINDS), cs.KINDS, policies.default.is_gpu),
+             "writtenAt": stamp(WRITTEN), "writer": "test"}
+    param = {**out.policy_object, "status": {"cluster": facts}}
+    found, _ = probes(out, policies, "default", None)
+    deny = [p for p in found if p.action == "deny" and family(p.policy) == "builtin"]
+    candidates = [Case(f"c{n}", "default", obj) for p in deny for n, (obj, _) in enumerate(p.tries)]
+    timed = requested(candidates, WRITTEN)
+    objects = [o for o in out.objects if o["kind"].startswith("Validating")] + [param]
+    answers = evaluate(objects, [Request(c.obj, "default") for c in timed], compatibility(target)).answers
+    denying = iter([{d["policy"] for d in a.decisions if d["evaluation"] == "deny"} for a in answers])
+    refused = {id(obj): next(denying) for p in deny for obj, _ in p.tries}
+    spoiled = 0
+    for probe in deny:
+        while True:
+            by = refused[id(probe.obj)]
+            if not by:  # refused by the apiserver's own validation ("half a GPU"): inconclusive, the next one
+                if not probe.give_up("invalid"):
+                    break
+                continue
+            others = sorted(by - {probe.policy})
+            if not others:
+                assert probe.policy in by, (probe.policy, probe.rule)
+                break
+            # the apiserver names one of the others first: the one the webhook's rules do not predict, if any
+            first = next((o for o in others if o not in probe.refusers[probe.at]), others[0])
+            message = f"pods \"p\" is forbidden: ValidatingAdmissionPolicy '{first}' with binding '{first}' denied"
+            seen = outcome(probe, 403, {"message": message}, [])
+            assert seen.startswith("inconclusive: "), (probe.policy, probe.rule, first, seen)
+            spoiled += 1
+            assert probe.give_up(seen), (probe.policy, probe.passed)
+    assert spoiled >= 1  # the facts did spoil a candidate

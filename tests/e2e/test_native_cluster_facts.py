@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import signal
 import statistics
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ from tests.e2e.gpupolicy import eventually
 from tests.e2e.native_bed import Api, apply
 from tests.e2e.test_placement import add_gpu_node
 from tests.manifests import container, pod
-from tests.server import WebhookProcess, make_certs, start_webhook
+from tests.server import GPU_WEBHOOK, WebhookProcess, make_certs, start_webhook
 from webhook.cli.policies import discover
 from webhook.core import clustersummary, policycrd
 from webhook.core.policyfile import parse_policy
@@ -257,6 +258,21 @@ def test_the_verdict_follows_a_change_of_the_facts(bed):
     assert p99 <= 5.0 and class_took <= 5.0 and (device_class_took or 0) <= 5.0, bed.figures
 
 
+def test_admission_policies_apply_waits_for_every_policy_with_the_facts_refusing_its_probes(bed, tmp_path):
+    """``admission-policies --apply`` (the chart's hook Job) waits until each policy acts on a probe. The facts
+    refuse probes the webhook's rules alone find nothing against (an accelerator no node has, more GPUs than a
+    node has), from another policy than the probe's; such a probe moves on to its next candidate instead of
+    waiting for ever (the node bed's Job did, until helm gave up)."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    done = subprocess.run([*GPU_WEBHOOK, "admission-policies", "--policy", str(policy), "--apply", "--wait", "90",
+                           "--probe-namespace", TENANT, "--kubeconfig", str(bed.cluster.kubeconfig)],
+                          capture_output=True, text=True, timeout=150, check=False)
+    bed.figures["admission-policies --apply with the facts"] = done.stdout.strip().splitlines()[-1:]
+    assert done.returncode == 0, done.stderr
+    assert "enforced:" in done.stdout, (done.stdout, done.stderr)
+
+
 def test_with_the_writer_killed_the_facts_count_until_they_are_too_old_then_refuse_nothing(bed):
     bed.writer.stop(signal.SIGKILL)
     time.sleep(3)  # its status process notices its parent gone within 2 s
@@ -284,3 +300,4 @@ def test_with_the_writer_killed_the_facts_count_until_they_are_too_old_then_refu
     eventually("the summary removed", lambda: bed.summary() == {}, timeout=30)
     assert bed.admitted(selecting("nvidia-h100")) and bed.admitted(deployment("runtime", "missing"))
     bed.figures["stale facts stop refusing within (s)"] = round(stale, 2)
+

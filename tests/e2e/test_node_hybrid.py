@@ -302,6 +302,8 @@ def k80_node(node_bed):
     from tests.e2e.test_placement import add_gpu_node
 
     add_gpu_node(node_bed, K80_NODE, "nvidia-tesla-k80", gpus=4)
+    # No kubelet runs it: nothing may be scheduled there (the chart's hook Job once was, and never ran).
+    node_bed.kubectl("taint", "node", K80_NODE, "gw-e2e/no-kubelet=true:NoSchedule", check=True)
     node_bed.kubectl("apply", "-f", "-", check=True, stdin=json.dumps(
         {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"}, "handler": "nvidia"}))
     try:

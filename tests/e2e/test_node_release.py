@@ -106,7 +106,12 @@ def _upgrade(bed: NodeBed, *args: str) -> float:
     start = time.monotonic()
     result = bed.helm("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reuse-values", *args,
                       "--wait", "--timeout=180s")
-    assert result.returncode == 0, f"helm upgrade {' '.join(args)} failed: {result.stderr}"
+    if result.returncode:
+        jobs = bed.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide").stdout + bed.kubectl(
+            "logs", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=admission-policies-job", "--tail=40",
+            "--all-containers").stdout
+        pytest.fail(f"helm upgrade {' '.join(args)} failed: {result.stderr}\nthe hook Job said:\n{jobs}",
+                    pytrace=False)
     return time.monotonic() - start
 
 

@@ -560,10 +560,10 @@ def _left_to_webhook(policies: PolicySet, target: Target, all_kinds: Sequence[ki
         out.append(("mutation (accelerator, tolerations, hideGpus, runtimeClass)",
                     f"Kubernetes {target.version} serves no MutatingAdmissionPolicy (v1 from 1.36, v1beta1 in 1.34 and "
                     f"1.35 when turned on)"))
-    elif policies.default.cluster_enabled and any(p.runtime_class for p in every_policy(policies)):
-        out.append(("mutation: isolation.runtimeClass",
-                    "with cluster.enabled the webhook injects it only when the RuntimeClass exists and agrees with "
-                    "the pod's selector, which CEL cannot read"))
+    elif policies.default.cluster_enabled and not live(policies) and any(p.runtime_class for p in
+                                                                         every_policy(policies)):
+        out.append(("mutation: isolation.runtimeClass", "with cluster.enabled it is injected only where the "
+                    "RuntimeClass exists and agrees with the pod's selector, which inline policies cannot read"))
     out.append(("mutation: requests from limits",
                 "the apiserver copies Pod limits into missing requests before admission; the webhook does not "
                 "mutate custom resources either"))

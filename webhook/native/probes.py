@@ -19,6 +19,7 @@ Nothing here does I/O.
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,7 +45,10 @@ class Probe:
     """Objects to dry-run create in ``namespace``, and what must be seen: ``policy`` refusing one (deny) or warning
     about it (warn), or (mutate) the answer holding ``expect`` (fields of the pod spec, and env per container).
     ``tries`` are the candidates that qualify, in order, each with the rule it breaks: the caller moves to the next
-    when something else refuses one first (RBAC, the apiserver's own validation, a CRD's schema)."""
+    when something else refuses one first (RBAC, the apiserver's own validation, a CRD's schema). ``refusers`` are,
+    per candidate, the generated policies whose rules the webhook's own decision (no cluster view) finds it
+    breaking with deny: another of those may refuse it first while this one compiles; one not among them refuses it
+    for what the decision cannot see (the cluster's facts), and will again."""
 
     policy: str
     action: str  # deny | warn | mutate
@@ -53,6 +57,7 @@ class Probe:
     expect: dict[str, Any] = field(default_factory=dict)
     at: int = 0  # the candidate in use
     passed: list[str] = field(default_factory=list)  # why earlier candidates were given up
+    refusers: list[frozenset[str]] = field(default_factory=list)  # per candidate (none known: any)
 
     @property
     def obj(self) -> dict[str, Any]:
@@ -197,13 +202,15 @@ def action(name: str) -> str:
     return "warn" if re.search(r"-warn(-\d+)?$", name) else "deny"
 
 
-def _acts(policies: PolicySet, obj: Mapping[str, Any], namespace: str, rules: set[str], wanted: str) -> str | None:
-    """The first of ``rules`` the webhook's decision on ``obj`` finds with action ``wanted``, or None."""
+def _judged(policies: PolicySet, obj: Mapping[str, Any], namespace: str) -> list[tuple[str, str]]:
+    """(rule, action) of every violation the webhook's decision on ``obj`` finds, in order."""
     verdict = admission.decide(obj, group_of(str(obj["apiVersion"])), str(obj["kind"]), namespace, policies)
-    for violation, taken in verdict.judged():
-        if violation.rule in rules and taken == wanted:
-            return str(violation.rule)
-    return None
+    return [(str(violation.rule), taken) for violation, taken in verdict.judged()]
+
+
+def _acts(judged: Sequence[tuple[str, str]], rules: set[str], wanted: str) -> str | None:
+    """The first of ``rules`` judged with action ``wanted``, or None."""
+    return next((rule for rule, taken in judged if rule in rules and taken == wanted), None)
 
 
 def mutation_expected(pod: Mapping[str, Any], policy: Policy, namespace: str) -> dict[str, Any]:
@@ -233,6 +240,20 @@ def probes(generated: Generated, policies: PolicySet, namespace: str,
                 served.append((kind, *how))
     found: list[Probe] = []
     missing: dict[str, str] = {}
+    deny_rules = {str(o["metadata"]["name"]): set(str(o["metadata"]["annotations"][RULES_ANNOTATION]).split(","))
+                  for o in generated.objects
+                  if o["kind"] == "ValidatingAdmissionPolicy" and action(str(o["metadata"]["name"])) == "deny"}
+    judged: dict[str, list[tuple[str, str]]] = {}
+
+    def judge(candidate: dict[str, Any]) -> list[tuple[str, str]]:
+        key = json.dumps(candidate, sort_keys=True)  # the custom kinds' candidates are built per policy
+        if key not in judged:
+            judged[key] = _judged(policies, candidate, namespace)
+        return judged[key]
+
+    def refusers(candidate: dict[str, Any]) -> frozenset[str]:
+        return frozenset(name for name, rules in deny_rules.items() if _acts(judge(candidate), rules, "deny"))
+
     for obj in generated.objects:
         name = str(obj["metadata"]["name"])
         if obj["kind"] == "MutatingAdmissionPolicy":
@@ -260,11 +281,11 @@ def probes(generated: Generated, policies: PolicySet, namespace: str,
             tries = _claims(policy, namespace)
         qualified = []
         for candidate in tries:
-            rule = _acts(policies, candidate, namespace, rules, wanted)
+            rule = _acts(judge(candidate), rules, wanted)
             if rule is not None:
                 qualified.append((candidate, rule))
         if qualified:
-            found.append(Probe(name, wanted, namespace, qualified))
+            found.append(Probe(name, wanted, namespace, qualified, refusers=[refusers(c) for c, _ in qualified]))
         else:
             missing[name] = ("no custom kind of the policy is served" if kin == "custom" and not served
                              else f"no candidate object breaks its rules with action {wanted} in {namespace}")
@@ -289,7 +310,14 @@ def outcome(probe: Probe, status: int, answer: Mapping[str, Any], warnings: Sequ
     if "ValidatingAdmissionPolicy '" in message and probe.action == "warn" and status in (400, 403, 422):
         # a deny policy refused it first: the warn policy's warning comes only on admission
         return "inconclusive: " + message[:200]
-    if "ValidatingAdmissionPolicy '" in message or 'admission webhook "' in message:
+    refused_by = message.split("ValidatingAdmissionPolicy '", 1)[1].split("'", 1)[0] if \
+        "ValidatingAdmissionPolicy '" in message else None
+    if refused_by is not None and probe.action == "deny" and probe.refusers and \
+            refused_by not in probe.refusers[probe.at]:
+        # Refused by another of ours for what the webhook's rules alone do not find here (the cluster's facts,
+        # which such a policy reads): it will be again, whatever the order the apiserver asks them in.
+        return "inconclusive: " + message[:200]
+    if refused_by is not None or 'admission webhook "' in message:
         return "waiting" if probe.action == "deny" else "inconclusive: " + message[:200]
     return "inconclusive: " + " ".join(message.split())[:200]
 
