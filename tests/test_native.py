@@ -393,11 +393,17 @@ def test_an_update_is_held_only_to_the_violations_the_old_object_did_not_have():
     assert variables["invalid_quantity"] == "variables.invalid_quantity_hits[0] != ''"
 
 
-def test_the_runtime_class_is_left_to_the_webhook_when_it_must_read_the_cluster():
-    clustered = generate(parse_policy("isolation: {runtimeClass: nvidia}\ncluster: {enabled: true}\n"))
-    mutating = by_name(clustered.objects)["MutatingAdmissionPolicy/gpu-webhook-live"]
+def test_with_the_cluster_checks_inline_policies_leave_the_runtime_class_to_the_webhook_and_live_ones_read_facts():
+    text = "isolation: {runtimeClass: nvidia}\ncluster: {enabled: true}\n"
+    inline = generate(parse_policy(text + "nativePolicies: {params: inline}\n"))
+    mutating = by_name(inline.objects)["MutatingAdmissionPolicy/gpu-webhook"]
     assert "runtimeClass" not in mutating["metadata"]["annotations"][RULES_ANNOTATION]
-    assert any(what == "mutation: isolation.runtimeClass" for what, _ in clustered.webhook_only)
+    assert any(what == "mutation: isolation.runtimeClass" for what, _ in inline.webhook_only)
+    clustered = generate(parse_policy(text))
+    mutating = by_name(clustered.objects)["MutatingAdmissionPolicy/gpu-webhook-live"]
+    assert "runtimeClass" in mutating["metadata"]["annotations"][RULES_ANNOTATION]
+    assert "variables.cluster_facts.runtimeClasses" in mutating["spec"]["mutations"][0]["jsonPatch"]["expression"]
+    assert not any(what == "mutation: isolation.runtimeClass" for what, _ in clustered.webhook_only)
 
 
 def test_stderr_lists_every_webhook_rule_and_why():

@@ -125,8 +125,8 @@ def test_a_pod_claim_is_the_last_resort_of_a_probe():
 def test_with_the_cluster_checks_a_probe_refused_for_the_facts_moves_on_to_one_only_its_policy_refuses():
     """With ``cluster.enabled`` the facts rules sit in another policy than the accelerator rules (the cut), and they
     refuse candidates the webhook's decision without a view finds nothing against: an accelerator on no node, more
-    GPUs than a node has, a MIG slice no node offers. The apiserver may ask that other policy first every time (the
-    node bed's hook Job waited for gpu-webhook-live-deny until helm gave up). Each deny probe must end on a
+    GPUs than a node has, a MIG slice no node offers. Should the apiserver ask that other policy first every time,
+    a probe that waited for its own policy would wait until --wait ran out. Each deny probe must end on a
     candidate no other of its policies refuses, here judged by the apiserver's CEL (celeval) with the facts of a
     cluster of one k80 node, whatever policy the apiserver would name first."""
     from tests.celeval import Request, evaluate

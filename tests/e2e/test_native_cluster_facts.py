@@ -262,7 +262,7 @@ def test_admission_policies_apply_waits_for_every_policy_with_the_facts_refusing
     """``admission-policies --apply`` (the chart's hook Job) waits until each policy acts on a probe. The facts
     refuse probes the webhook's rules alone find nothing against (an accelerator no node has, more GPUs than a
     node has), from another policy than the probe's; such a probe moves on to its next candidate instead of
-    waiting for ever (the node bed's Job did, until helm gave up)."""
+    waiting while that other policy keeps refusing it."""
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
     done = subprocess.run([*GPU_WEBHOOK, "admission-policies", "--policy", str(policy), "--apply", "--wait", "90",
