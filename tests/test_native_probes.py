@@ -97,6 +97,17 @@ def test_outcomes():
     assert probe.give_up("refused") and probe.rule == "s" and not probe.give_up("again")
 
 
+def test_a_claim_the_apiserver_dropped_cannot_be_refused():
+    """1.30 without DynamicResourceAllocation drops resources.claims and admits the last-resort probe: inconclusive,
+    not a wait until --wait runs out (with the cluster checks on, a 1.30 policy had no other candidate)."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": []}}
+    probe = Probe("gpu-webhook-live-deny-2", "deny", "default", [(pod, "undeclared-claim")])
+    dropped = {"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    kept = {"spec": {"containers": [{"name": "c", "resources": {"claims": [{"name": "undeclared"}]}}]}}
+    assert outcome(probe, 201, dropped, []).startswith("inconclusive: the apiserver dropped")
+    assert outcome(probe, 201, kept, []) == "waiting"
+
+
 def test_holds():
     assert holds({"tolerations": [{"key": "k"}], "env": {"c": [{"name": "X", "value": "1"}]}},
                  {"spec": {"tolerations": [{"key": "k"}, {"key": "other"}],

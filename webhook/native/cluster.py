@@ -15,7 +15,7 @@ from webhook.native import params
 from webhook.native.celtext import lit
 from webhook.native.claims import DEVICE_CLASS, DEVICES, REQUESTS
 from webhook.native.findings import Each, Finding
-from webhook.native.pods import ANNOTATED, FIRST_COUNTED, annotated, selected, total
+from webhook.native.pods import ANNOTATED, FIRST_COUNTED, ODD_COUNT, annotated, plain_sum, selected, total
 from webhook.native.reads import Reads
 from webhook.native.registry import Trigger, native
 from webhook.native.snippets import Ctx, is_gpu, quoted
@@ -29,12 +29,25 @@ def _reads_facts(ctx: Ctx) -> bool:
     return ctx.live and ctx.policy.cluster_enabled
 
 
+# What can make a rule fire (its trigger) reads the facts too: a matchCondition has no variables, so it reads the
+# param itself, fresh or not (a trigger may fire where the rule finds nothing, never the other way round). An
+# ordinary GPU pod on a cluster that has what it asks for then skips the policies that hold these rules.
+PARAM_FACTS = "params.?status.?cluster"
+
+
+def _unknown(value: str, section: str) -> str:
+    return f"!({value} in {PARAM_FACTS}.?{section}.orValue({{}}))"
+
+
 def _default_gpu(ctx: Ctx) -> str:
-    return f"{params.expression('default')} != '' && {is_gpu(ctx, 'name')}"
+    default = params.expression("default")
+    return f"{default} != '' && {_unknown(default, 'models')} && {is_gpu(ctx, 'name')}"
 
 
 def _selects(ctx: Ctx) -> str:
-    return f"has(pod.spec.nodeSelector) && {lit(ctx.policy.node_label)} in pod.spec.nodeSelector"
+    label = lit(ctx.policy.node_label)
+    return (f"has(pod.spec.nodeSelector) && {label} in pod.spec.nodeSelector && "
+            f"{_unknown(f'pod.spec.nodeSelector[{label}]', 'models')}")
 
 
 def _accelerator(ctx: Ctx, r: Reads) -> str:
@@ -64,7 +77,8 @@ def unknown_accelerator(ctx: Ctx) -> list[Finding]:
 
 
 @native("unknown-runtime-class", reads_facts=True, fires=(Trigger(
-    "template", "has(pod.spec.runtimeClassName) && pod.spec.runtimeClassName != ''", "runtime-named"),))
+    "template", "has(pod.spec.runtimeClassName) && pod.spec.runtimeClassName != '' && "
+    f"{_unknown('pod.spec.runtimeClassName', 'runtimeClasses')}"),))
 def unknown_runtime_class(ctx: Ctx) -> list[Finding]:
     """``isolation.check_runtime_class``: the RuntimeClass a GPU pod names does not exist. (One the webhook's
     mutation would inject is named in the object by the time a Pod is validated.)"""
@@ -81,7 +95,14 @@ def unknown_runtime_class(ctx: Ctx) -> list[Finding]:
                     (("runtime_class", name),))]
 
 
-GPU_NAME = Trigger("name", lambda ctx: is_gpu(ctx, "name"), "gpu-name")
+def _over_a_node(ctx: Ctx) -> str:
+    """The pod's GPU counts summed (:func:`plain_sum`, never less than a name's total) over the most of some GPU
+    resource on one node, of all nodes or of one model (0 where the model has none)."""
+    resources = f"{PARAM_FACTS}.?extendedResources.orValue({{}})"
+    models = f"{PARAM_FACTS}.?models.orValue({{}})"
+    return (f"[{plain_sum(ctx)}].exists(asked, asked > 0 && {resources}.exists(gpu, {is_gpu(ctx, 'gpu')} && "
+            f"(asked > {resources}[gpu] || {models}.exists(model, "
+            f"asked > {models}[model].?largest[?gpu].orValue(0)))))")
 
 
 def _capacity(ctx: Ctx, rule: str, where: str, message: str, value: str) -> list[Finding]:
@@ -100,7 +121,8 @@ def _capacity(ctx: Ctx, rule: str, where: str, message: str, value: str) -> list
                     value, message, (("accelerator", _accelerator(ctx, r)), ("count", total("gpu.name"))))]
 
 
-@native("unadvertised-resource", reads_facts=True, fires=(GPU_NAME,))
+@native("unadvertised-resource", reads_facts=True, fires=(Trigger(
+    "name", lambda ctx: f"{is_gpu(ctx, 'name')} && {PARAM_FACTS}.?extendedResources[?name].orValue(0) == 0"),))
 def unadvertised_resource(ctx: Ctx) -> list[Finding]:
     """``capacity.check_cluster``: a GPU resource no node offers at all (allocatable or a DeviceClass's)."""
     resources = f"{params.FACTS}.extendedResources"
@@ -108,7 +130,7 @@ def unadvertised_resource(ctx: Ctx) -> list[Finding]:
                      "'no node advertises ' + gpu.name + ' in allocatable or through a DeviceClass'", "gpu.name")
 
 
-@native("exceeds-node-capacity", reads_facts=True, fires=(GPU_NAME,))
+@native("exceeds-node-capacity", reads_facts=True, fires=(ODD_COUNT, Trigger("template", _over_a_node)))
 def exceeds_node_capacity(ctx: Ctx) -> list[Finding]:
     """``capacity.check_cluster``: more of a GPU resource than the largest node (of the pod's accelerator) has."""
     label = ctx.policy.node_label

@@ -98,16 +98,20 @@ def total(name: str) -> str:
     return f"([{running}] + {peaks}).max()"
 
 
-def _pod_over_cap(ctx: Ctx) -> str:
-    """The pod's GPU counts, every plain count of every container summed (more than any name's total, so never less
-    than the rule's), over the cap; other spellings are the count trigger's."""
-    per_pod = ctx.ns(lambda p: str(p.per_pod), live=params.expression("perPod"))
+def plain_sum(ctx: Ctx) -> str:
+    """Template ``pod``'s GPU counts, every plain count of every container summed: never less than any name's total;
+    other spellings are the count trigger's."""
     limits = "container.resources.limits"
-    plain_sum = (f"has(container.resources) && has({limits}) ? ([0] + {limits}.filter(name, {is_gpu(ctx, 'name')} && "
-                 f"{matches(limits + '[name]', DIGITS)}).map(name, int({limits}[name]))).sum() : 0")
-    return (f"{per_pod} != 0 && ([0] + {lits(('containers', 'initContainers'))}"
-            f".map(field, field in pod.spec ? ([0] + pod.spec[field].map(container, {plain_sum})).sum() : 0))"
-            f".sum() > {per_pod}")
+    each = (f"has(container.resources) && has({limits}) ? ([0] + {limits}.filter(name, {is_gpu(ctx, 'name')} && "
+            f"{matches(limits + '[name]', DIGITS)}).map(name, int({limits}[name]))).sum() : 0")
+    return (f"([0] + {lits(('containers', 'initContainers'))}"
+            f".map(field, field in pod.spec ? ([0] + pod.spec[field].map(container, {each})).sum() : 0)).sum()")
+
+
+def _pod_over_cap(ctx: Ctx) -> str:
+    """The pod's GPU counts (:func:`plain_sum`) over the cap."""
+    per_pod = ctx.ns(lambda p: str(p.per_pod), live=params.expression("perPod"))
+    return f"{per_pod} != 0 && {plain_sum(ctx)} > {per_pod}"
 
 
 @native("per-pod-limit", fires=(Trigger("template", _pod_over_cap, "pod-over-cap"),))

@@ -306,6 +306,10 @@ def outcome(probe: Probe, status: int, answer: Mapping[str, Any], warnings: Sequ
     elif status < 300:
         return "enforced" if holds(probe.expect, answer) else "waiting"
     if status < 300:
+        if probe.rule == "undeclared-claim" and not _claims_kept(answer):
+            # An apiserver without DynamicResourceAllocation (1.30's default) drops resources.claims: this candidate
+            # can never be refused there.
+            return "inconclusive: the apiserver dropped the containers' resources.claims (no DynamicResourceAllocation)"
         return "waiting"
     if "ValidatingAdmissionPolicy '" in message and probe.action == "warn" and status in (400, 403, 422):
         # a deny policy refused it first: the warn policy's warning comes only on admission
@@ -320,6 +324,12 @@ def outcome(probe: Probe, status: int, answer: Mapping[str, Any], warnings: Sequ
     if refused_by is not None or 'admission webhook "' in message:
         return "waiting" if probe.action == "deny" else "inconclusive: " + message[:200]
     return "inconclusive: " + " ".join(message.split())[:200]
+
+
+def _claims_kept(answer: Mapping[str, Any]) -> bool:
+    """Whether the pod the apiserver answered still names a claim in a container's resources."""
+    containers = (answer.get("spec") or {}).get("containers") or []
+    return any((c.get("resources") or {}).get("claims") for c in containers if isinstance(c, Mapping))
 
 
 def holds(expect: Mapping[str, Any], answer: Mapping[str, Any]) -> bool:
