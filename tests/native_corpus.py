@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import jsonpatch
+
 from webhook.core.clusterview import ClusterView
 from webhook.core.podspecs import group_of
 from webhook.core.policy import PolicySet
@@ -480,3 +482,21 @@ def compare(policies: PolicySet, generated: Generated, cases: Sequence[Case], se
             if said not in warnings:
                 out.words.append(f"{where}: no warning {said!r} in {warnings!r}")
     return out
+
+
+def mutation_differences(policies: PolicySet, cases: Sequence[Case], answers: Sequence[Any],
+                         view: ClusterView | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+    """Each case's Pod as the MutatingAdmissionPolicy left it (celeval's answers) against the webhook's own patch
+    (``admission.mutate``, with the cluster ``view`` if given): the differences, and the pod specs the policy gave."""
+    differ, specs = [], []
+    for case, answer in zip(cases, answers, strict=True):
+        seen = answer.decoded or case.obj
+        request = {"uid": "u", "operation": "CREATE", "namespace": case.namespace,
+                   "kind": {"group": "", "version": "v1", "kind": "Pod"}, "object": seen}
+        expected = jsonpatch.apply_patch(seen, list(admission.mutate(request, policies, view).patch))
+        got = answer.mutated or seen
+        specs.append(got["spec"])
+        if expected["spec"] != got["spec"] or answer.errors:
+            differ.append(f"{case.namespace}/{case.name}: {answer.errors} expected {expected['spec']} "
+                          f"got {got['spec']}")
+    return differ, specs
