@@ -106,6 +106,10 @@ def test_a_claim_the_apiserver_dropped_cannot_be_refused():
     kept = {"spec": {"containers": [{"name": "c", "resources": {"claims": [{"name": "undeclared"}]}}]}}
     assert outcome(probe, 201, dropped, []).startswith("inconclusive: the apiserver dropped")
     assert outcome(probe, 201, kept, []) == "waiting"
+    # A custom kind's answer holds no pod spec at the top, and keeps its claims: not enforced yet, so wait.
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "p"}, "spec": {}}
+    custom = Probe("gpu-webhook-custom-live-deny-3", "deny", "default", [(job, "undeclared-claim")])
+    assert outcome(custom, 201, {"spec": {"pytorchReplicaSpecs": {}}}, []) == "waiting"
 
 
 def test_holds():

@@ -306,9 +306,9 @@ def outcome(probe: Probe, status: int, answer: Mapping[str, Any], warnings: Sequ
     elif status < 300:
         return "enforced" if holds(probe.expect, answer) else "waiting"
     if status < 300:
-        if probe.rule == "undeclared-claim" and not _claims_kept(answer):
-            # An apiserver without DynamicResourceAllocation (1.30's default) drops resources.claims: this candidate
-            # can never be refused there.
+        if probe.rule == "undeclared-claim" and probe.obj["kind"] == "Pod" and not _claims_kept(answer):
+            # An apiserver without DynamicResourceAllocation (1.30's default) drops a Pod's resources.claims: this
+            # candidate can never be refused there. (A custom kind keeps what it was given.)
             return "inconclusive: the apiserver dropped the containers' resources.claims (no DynamicResourceAllocation)"
         return "waiting"
     if "ValidatingAdmissionPolicy '" in message and probe.action == "warn" and status in (400, 403, 422):
