@@ -233,9 +233,17 @@ def _dry_run(bed: NodeBed, document: dict, namespace: str = "default"):
 def _webhook_judged(bed: NodeBed) -> bool:
     """The webhook answered with its cluster view loaded. In the warn namespace nothing is refused, so the request
     reaches the webhook (a native policy that denies would stop it first: the accelerator rule is native too), and
-    the webhook's own warning, not a ValidatingAdmissionPolicy's, names the accelerator no node has."""
-    said = _dry_run(bed, _gpu_pod("probe", 1, "nvidia-l4"), LAB).stderr
-    return any(line.startswith("Warning: spec: no node has accelerator=nvidia-l4") for line in said.splitlines())
+    the webhook's own warning, not a ValidatingAdmissionPolicy's, names the accelerator no node has. With the
+    cluster checks the webhook is sent only templates that name a RuntimeClass (or have claims): a Deployment's
+    (a Pod naming a class that does not exist is refused before any webhook)."""
+    template = _gpu_pod("probe", 1, "nvidia-l4")
+    template["metadata"]["labels"] = {"app": "probe"}
+    template["spec"]["runtimeClassName"] = "gw-e2e-probe"
+    deployment = workload("Deployment", template, name="probe")
+    deployment["spec"].update(replicas=0, selector={"matchLabels": {"app": "probe"}})
+    said = _dry_run(bed, deployment, LAB).stderr
+    return any(line.startswith("Warning: spec.template.spec: no node has accelerator=nvidia-l4")
+               for line in said.splitlines())
 
 
 def _gpu_pod(name: str, gpus: int, accelerator: str | None = None) -> dict:
