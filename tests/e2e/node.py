@@ -656,7 +656,30 @@ class NodeBed:
         self._start_apiserver()
         until("node Ready after the apiserver restart", self._node_ready, 120, interval=0.5,
               diagnose=lambda: self.logs("kubelet", "kube-apiserver"))
+        self._watching_services()
         return time.monotonic() - start
+
+    def _watching_services(self) -> None:
+        """Wait until the EndpointSlice controller and kube-proxy act on a new Service (their watches are back after
+        an apiserver restart): a throwaway Service selecting nothing gets its (empty) EndpointSlice and kube-proxy's
+        REJECT rule for a Service with no endpoints. A release installed before that can be answered "connection
+        refused" through its Service although its pods are Ready."""
+        name = "gw-e2e-watch-probe"
+        self.kubectl("apply", "-f", "-", check=True, stdin=json.dumps({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"selector": {"gw-e2e/selects": "nothing"}, "ports": [{"port": 9, "protocol": "TCP"}]}}))
+
+        def acted() -> bool:
+            slices = self.kubectl_json("get", "endpointslices", "-n", "default",
+                                       "-l", f"kubernetes.io/service-name={name}")["items"]
+            rules = self.netns_run(["iptables", "-w", "5", "-t", "filter", "-S", "KUBE-SERVICES"], check=False).stdout
+            return bool(slices) and f"default/{name}" in rules
+
+        try:
+            until("the EndpointSlice controller and kube-proxy acting on a new Service", acted, 90, interval=0.5,
+                  diagnose=lambda: self.logs("kube-proxy", "kube-controller-manager"))
+        finally:
+            self.kubectl("delete", "service", name, "-n", "default", "--ignore-not-found")
 
     def _node_ready(self) -> bool:
         node = self.kubectl("get", "node", NODE_NAME, "-o", "json")

@@ -1,15 +1,18 @@
 """The chart's alerts and dashboard against a real Prometheus on the node bed (tests/e2e/node.py).
 
-A release in hybrid mode (``admissionPolicies.enabled``) with ``policy.cluster.enabled`` (so GPU pods still reach
-the webhook, which watches Nodes), ``audit.enabled`` (every 15 s) and a namespace in warn mode. A Prometheus server
+A release in hybrid mode (``admissionPolicies.enabled``) with ``policy.cluster.enabled`` (the webhook watches Nodes
+and is sent the GPU pods that name a RuntimeClass: runtime-class-conflict is its rule), its validating webhooks set
+to failurePolicy Fail (``admissionPolicies.webhookFailurePolicy``, a user's choice: the chart's default is Ignore),
+``audit.enabled`` (every 15 s) and a namespace in warn mode. A Prometheus server
 (tests/e2e/build-prometheus.sh, run as a process of the bed, in its network namespace: no image registry exists)
 scrapes every webhook pod's metrics port (file discovery, rewritten by the test from the pods the apiserver lists,
 with the labels the chart's ServiceMonitor gives: job=<fullname>, namespace=<release namespace>) and the
 kube-apiserver's /metrics with the bed's admin token (keeping the admission families only), every second; it
 evaluates the chart's alert rules every second. The node gets the policy's default accelerator label and 8
-``nvidia.com/gpu`` in its status, the warn namespace a Deployment over the cap (for the audit to find). A steady
-stream of dry-run pod creations (tests/e2e/load.py, 4 a second) mixes pods the release admits, refuses (a native
-rule; the webhook's cluster-aware rule) and warns about.
+``nvidia.com/gpu`` in its status, the cluster a RuntimeClass, the warn namespace a Deployment over the cap (for the
+audit to find). A steady stream of dry-run pod creations (tests/e2e/load.py, 4 a second) mixes pods the release
+admits (one of them naming the RuntimeClass, which the webhook judges), refuses (native rules, one from the cluster's
+facts) and warns about.
 
 The rules are the chart's own (tests/monitoring.py renders them as the PrometheusRule template does), **time-scaled
 by 1/60** (``SCALE``): every duration of a ``for:``, of a range selector and of an ``offset`` is divided by 60 (5m
@@ -18,13 +21,14 @@ expression are not durations and stay as they are, so GpuWebhookAuditOverdue is 
 
 Then the faults of issue 33, each followed by recovery:
 
-1. with the chart's hybrid defaults (with ``policy.cluster.enabled`` the mutating webhook keeps failurePolicy Fail,
-   the validating ones are Ignore), every webhook pod killed (``kubectl scale --replicas=0``, pods force-deleted)
-   and every ValidatingAdmissionPolicyBinding the hook Job applied deleted: GpuWebhookCallsFailing (the apiserver
-   refuses GPU pods, failing to call mutate.gpu-webhook.io) and GpuWebhookNativePolicyNotEvaluated (for each policy
-   evaluated before) must fire; both resolve once the pod and the bindings are back;
-2. ``helm upgrade --set admissionPolicies.mutatingWebhookFailurePolicy=Ignore`` (every webhook Ignore) and the pods
-   killed again: GpuWebhookFailingOpen must fire (GPU pods admitted unchecked), and resolve once the pod is back.
+1. the validating webhooks Fail (the mutation is native, its webhook Ignore), every webhook pod killed
+   (``kubectl scale --replicas=0``, pods force-deleted) and every ValidatingAdmissionPolicyBinding the hook Job
+   applied deleted: GpuWebhookCallsFailing (the apiserver refuses the pods naming a RuntimeClass, failing to call
+   validate.gpu-webhook.io) and GpuWebhookNativePolicyNotEvaluated (for each policy evaluated before) must fire;
+   both resolve once the pod and the bindings are back;
+2. ``helm upgrade --set admissionPolicies.webhookFailurePolicy=Ignore`` (every webhook Ignore, the chart's default)
+   and the pods killed again: GpuWebhookFailingOpen must fire (those pods admitted unchecked), and resolve once the
+   pod is back.
 
 Each alert must fire within its (scaled) time to become true plus its ``for`` plus SLACK seconds, and resolve
 within SLACK seconds of its condition's window after recovery. The seconds are printed (``-s``).
@@ -69,6 +73,7 @@ DEPLOYMENT = f"deployment/{FULLNAME}"
 LAB = "gw-alerts-lab"  # enforcement: warn
 POLICY_LABEL = "app.kubernetes.io/component=admission-policies"
 ACCELERATOR = "nvidia-tesla-k80"  # the policy's default; the bed's node is labelled with it
+RUNTIME_CLASS = "gw-alerts-nvidia"  # exists while the module runs; a pod naming it is sent to the webhook
 PROMETHEUS_PORT = 19090
 SCALE = 60  # every duration of the chart's rules is divided by this
 # Seconds an alert may take beyond its scaled window and for: the kill itself (the pod stopped, its endpoint
@@ -203,7 +208,7 @@ def _values(image: str, bundle: certs.Bundle) -> dict[str, Any]:
             "replicaCount": 1,
             "certs": {"mode": "secret", "secret": {"name": f"{RELEASE}-tls",
                                                    "caBundle": base64.b64encode(bundle.ca_pem).decode()}},
-            "admissionPolicies": {"enabled": True},
+            "admissionPolicies": {"enabled": True, "webhookFailurePolicy": "Fail"},
             "audit": {"enabled": True, "interval": "15s"},
             "policy": POLICY}
 
@@ -252,11 +257,19 @@ def _gpu_pod(name: str, gpus: int, accelerator: str | None = None) -> dict:
                name=name, **spec)
 
 
+def _classed_pod(name: str) -> dict:
+    """A one-GPU pod naming the RuntimeClass: the validating webhook's (runtime-class-conflict), admitted."""
+    named = _gpu_pod(name, 1)
+    named["spec"]["runtimeClassName"] = RUNTIME_CLASS
+    return named
+
+
 # The load's mix, by request index: admitted (the native mutation injects the default accelerator, which the
-# node has); refused by the cluster-aware rule (an allowed accelerator no node has: the native policy, from the
-# cluster's facts, or the webhook); refused by a native rule (over the per-container cap); admitted with warnings
-# in the warn namespace (over the cap).
+# node has); admitted by the webhook too (it names the RuntimeClass); refused by the cluster-aware rule (an
+# allowed accelerator no node has: the native policy, from the cluster's facts); refused by a native rule (over
+# the per-container cap); admitted with warnings in the warn namespace (over the cap).
 MIX = (("default", lambda i: _gpu_pod(f"ok-{i}", 1)),
+       ("default", lambda i: _classed_pod(f"classed-{i}")),
        ("default", lambda i: _gpu_pod(f"absent-{i}", 1, "nvidia-l4")),
        ("default", lambda i: _gpu_pod(f"over-{i}", 5)),
        (LAB, lambda i: _gpu_pod(f"warned-{i}", 5)))
@@ -287,6 +300,9 @@ def release(node_bed: NodeBed, webhook_image: str, tmp_path_factory):
         # And GPUs: an extended resource in the node's status (the kubelet keeps it), so the webhook's cluster-aware
         # rule admits a one-GPU pod.
         _node_gpus(bed, "add")
+        bed.kubectl("apply", "-f", "-", check=True, stdin=json.dumps(
+            {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": RUNTIME_CLASS},
+             "handler": "nvidia"}))
         bundle = certs.generate(certs.service_names(FULLNAME, NAMESPACE))
         secret = tls_secret(f"{RELEASE}-tls", NAMESPACE, bundle.cert_pem, bundle.key_pem)
         bed.kubectl("create", "-f", "-", stdin=json.dumps(secret), check=True)
@@ -325,6 +341,7 @@ def release(node_bed: NodeBed, webhook_image: str, tmp_path_factory):
                     "--ignore-not-found")
         bed.kubectl("label", "node", NODE_NAME, "accelerator-")
         _node_gpus(bed, "remove")
+        bed.kubectl("delete", "runtimeclass", RUNTIME_CLASS, "--ignore-not-found")
         for namespace in (NAMESPACE, LAB):
             deleted = bed.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=true",
                                   "--timeout=90s", timeout=120)
@@ -496,11 +513,11 @@ def test_each_alert_fires_within_its_for_and_resolves(node_bed, prometheus, load
             "sum by (policy, error_type, enforcement_action, state) "
             '(apiserver_validating_admission_policy_check_total{policy=~"gpu-webhook-.*"})')}
 
-    # 1. The chart's hybrid defaults (with policy.cluster.enabled the mutating webhook keeps failurePolicy Fail,
-    # the validating ones are Ignore): no webhook pod and no ValidatingAdmissionPolicyBinding.
+    # 1. The validating webhooks Fail (the mutation native, its webhook Ignore): no webhook pod and no
+    # ValidatingAdmissionPolicyBinding.
     hooks = _failure_policies(bed)
     FIGURES["fault 1: failurePolicy"] = hooks
-    assert hooks["mutate.gpu-webhook.io"] == "Fail" and hooks["validate.gpu-webhook.io"] == "Ignore", hooks
+    assert hooks["mutate.gpu-webhook.io"] == "Ignore" and hooks["validate.gpu-webhook.io"] == "Fail", hooks
     saved = _bindings(bed)
     assert saved, "the hook Job applied no ValidatingAdmissionPolicyBinding"
     killed = _kill_the_webhook(bed)
@@ -516,8 +533,7 @@ def test_each_alert_fires_within_its_for_and_resolves(node_bed, prometheus, load
     FIGURES["fault 1: webhook pods killed, bindings deleted: fired after (s)"] = fired
     FIGURES["fault 1: alerts active"] = _active(server)
 
-    # The bindings first, then the pod: until it is back, the mutating webhook's failing calls refuse every GPU pod
-    # before the validating phase, so no policy is evaluated either; both alerts count from the pod Ready.
+    # The bindings first, then the pod; both alerts count from the pod Ready.
     _restore(bed, saved)
     back = _revive_the_webhook(bed)
     resolved = _wait_states(server, {
@@ -526,12 +542,12 @@ def test_each_alert_fires_within_its_for_and_resolves(node_bed, prometheus, load
             server, "GpuWebhookNativePolicyNotEvaluated", restarts=True))}, False)
     FIGURES["fault 1: resolved after (s, from the pod Ready)"] = resolved
 
-    # 2. admissionPolicies.mutatingWebhookFailurePolicy=Ignore: every webhook fails open; the pods killed again.
+    # 2. admissionPolicies.webhookFailurePolicy=Ignore: every webhook fails open; the pods killed again.
     upgraded = time.monotonic()
     result = bed.helm("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reuse-values", "--set",
-                      "admissionPolicies.mutatingWebhookFailurePolicy=Ignore", "--wait", "--timeout=120s", timeout=180)
+                      "admissionPolicies.webhookFailurePolicy=Ignore", "--wait", "--timeout=120s", timeout=180)
     assert result.returncode == 0, result.stderr
-    FIGURES["helm upgrade to mutatingWebhookFailurePolicy=Ignore (s)"] = round(time.monotonic() - upgraded, 1)
+    FIGURES["helm upgrade to webhookFailurePolicy=Ignore (s)"] = round(time.monotonic() - upgraded, 1)
     hooks = _failure_policies(bed)
     assert set(hooks.values()) == {"Ignore"}, hooks
     until("the webhook answering after the upgrade", lambda: _webhook_judged(bed), 60, interval=0.5)
