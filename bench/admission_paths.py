@@ -500,13 +500,14 @@ def conflict_pod(name: str) -> dict[str, Any]:
 
 def probe(api: Api, configs: tuple[str, ...] = CONFIGS) -> dict[str, str]:
     """Who refuses a pod with conflicting accelerators and who injects the default accelerator, per namespace."""
+    from webhook.native.probes import refusing_policy
+
     seen = {}
     for config in configs:
         namespace = NAMESPACES[config]
         status, answer, _ = api.dry_run(conflict_pod("probe-conflict"), namespace)
         message = answer.get("message", "") if status != 201 else ""
-        policy = message.split("ValidatingAdmissionPolicy '", 1)[1].split("'", 1)[0] if \
-            "ValidatingAdmissionPolicy '" in message else None
+        policy = refusing_policy(message)
         refused_by = ("webhook" if 'admission webhook "validate.gpu-webhook.io"' in message
                       else f"native:{policy}" if policy
                       else f"other: {message[:200]}" if message else "nobody")

@@ -15,8 +15,9 @@ every other pod over the cap, started as helm returns, has no wrong decision in 
 under the same load must fail no admission. Then ``policy.cluster.enabled`` on (a Node object with the default
 accelerator added): the policies read the cluster's facts, and the same kill, under a load of which every other pod
 asks for a model no node has, fails nothing and admits none of those. Last, with every webhook pod gone, the native
-rules still refuse a PyTorchJob with half a GPU, a pod over the per-container cap and a pod asking for a model no
-node has, naming the ValidatingAdmissionPolicy, and still inject the default accelerator.
+rules still refuse a PyTorchJob with half a GPU, a pod over the per-container cap or asking for more GPUs than any
+node has, a Deployment whose template names a RuntimeClass the cluster does not have, and a ResourceClaim naming an
+absent DeviceClass, each naming the ValidatingAdmissionPolicy, and still inject the default accelerator.
 
 Beside each kill, 10 s of the same load without one (``_steady``): client latencies and the apiserver's own admission
 time per step and per webhook, from its metrics; the kill's latencies are split before the kill and from the kill
@@ -51,7 +52,7 @@ from tests.e2e.test_node_release import (  # noqa: F401 (release is a fixture, u
     _upgrade,
     release,
 )
-from tests.manifests import container, pod, pytorch_job, seed_pod
+from tests.manifests import container, pod, pytorch_job, seed_pod, workload
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(420), pytest.mark.usefixtures("release")]
 
@@ -392,6 +393,26 @@ def test_with_every_webhook_pod_gone_the_native_rules_still_refuse(node_bed):
     over = _dry_run(node_bed, pod(container("cuda", limits={"nvidia.com/gpu": "5"}), name="five-gpus"))
     # With the cluster checks on, more GPUs than the k80 node has is refused too, by the policy cut holding that rule.
     assert over.returncode and VAP.rstrip("'") in over.stderr and "5" in over.stderr, over.stderr
+    # A RuntimeClass and a DeviceClass the cluster does not have (the facts hold every one it has). A Pod naming an
+    # absent RuntimeClass is refused by the apiserver's own RuntimeClass plugin before any policy, so a Deployment's
+    # template shows ours; a ResourceClaim's DeviceClass nothing else checks.
+    template = seed_pod()
+    template["metadata"]["labels"] = {"app": "absent-class"}
+    template["spec"].update(runtimeClassName="absent", nodeSelector={"accelerator": "nvidia-tesla-k80"})
+    template["spec"].pop("restartPolicy", None)  # a Deployment's pods restart Always
+    deployment = workload("Deployment", template, name="absent-class")
+    deployment["spec"]["selector"] = {"matchLabels": {"app": "absent-class"}}
+    unknown_class = _dry_run(node_bed, deployment)
+    assert unknown_class.returncode and "ValidatingAdmissionPolicy" in unknown_class.stderr, unknown_class.stderr
+    assert ("spec.template.spec.runtimeClassName" in unknown_class.stderr
+            and "no such RuntimeClass exists" in unknown_class.stderr), unknown_class.stderr
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "absent-device-class", "namespace": "default"},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "absent.example.com"}}]}}}
+    unknown_device = _dry_run(node_bed, claim)
+    assert unknown_device.returncode and "ValidatingAdmissionPolicy" in unknown_device.stderr, unknown_device.stderr
+    assert "absent.example.com" in unknown_device.stderr and "does not exist" in unknown_device.stderr, (
+        unknown_device.stderr)
     # And what is valid is admitted, mutated by the MutatingAdmissionPolicy, with no webhook pod to call.
     unselected = seed_pod()
     del unselected["spec"]["nodeSelector"]

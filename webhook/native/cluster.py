@@ -29,25 +29,19 @@ def _reads_facts(ctx: Ctx) -> bool:
     return ctx.live and ctx.policy.cluster_enabled
 
 
-# What can make a rule fire (its trigger) reads the facts too: a matchCondition has no variables, so it reads the
-# param itself, fresh or not (a trigger may fire where the rule finds nothing, never the other way round). An
-# ordinary GPU pod on a cluster that has what it asks for then skips the policies that hold these rules.
-PARAM_FACTS = "params.?status.?cluster"
-
-
-def _unknown(value: str, section: str) -> str:
-    return f"!({value} in {PARAM_FACTS}.?{section}.orValue({{}}))"
+# What can make a rule fire (its trigger) reads the facts too (params.PARAM_FACTS): an ordinary GPU pod on a cluster
+# that has what it asks for then skips the policies that hold these rules.
 
 
 def _default_gpu(ctx: Ctx) -> str:
     default = params.expression("default")
-    return f"{default} != '' && {_unknown(default, 'models')} && {is_gpu(ctx, 'name')}"
+    return f"{default} != '' && {params.unknown_fact(default, 'models')} && {is_gpu(ctx, 'name')}"
 
 
 def _selects(ctx: Ctx) -> str:
     label = lit(ctx.policy.node_label)
     return (f"has(pod.spec.nodeSelector) && {label} in pod.spec.nodeSelector && "
-            f"{_unknown(f'pod.spec.nodeSelector[{label}]', 'models')}")
+            f"{params.unknown_fact(f'pod.spec.nodeSelector[{label}]', 'models')}")
 
 
 def _accelerator(ctx: Ctx, r: Reads) -> str:
@@ -78,7 +72,7 @@ def unknown_accelerator(ctx: Ctx) -> list[Finding]:
 
 @native("unknown-runtime-class", reads_facts=True, fires=(Trigger(
     "template", "has(pod.spec.runtimeClassName) && pod.spec.runtimeClassName != '' && "
-    f"{_unknown('pod.spec.runtimeClassName', 'runtimeClasses')}"),))
+    f"{params.unknown_fact('pod.spec.runtimeClassName', 'runtimeClasses')}"),))
 def unknown_runtime_class(ctx: Ctx) -> list[Finding]:
     """``isolation.check_runtime_class``: the RuntimeClass a GPU pod names does not exist. (One the webhook's
     mutation would inject is named in the object by the time a Pod is validated.)"""
@@ -98,8 +92,8 @@ def unknown_runtime_class(ctx: Ctx) -> list[Finding]:
 def _over_a_node(ctx: Ctx) -> str:
     """The pod's GPU counts summed (:func:`plain_sum`, never less than a name's total) over the most of some GPU
     resource on one node, of all nodes or of one model (0 where the model has none)."""
-    resources = f"{PARAM_FACTS}.?extendedResources.orValue({{}})"
-    models = f"{PARAM_FACTS}.?models.orValue({{}})"
+    resources = f"{params.PARAM_FACTS}.?extendedResources.orValue({{}})"
+    models = f"{params.PARAM_FACTS}.?models.orValue({{}})"
     return (f"[{plain_sum(ctx)}].exists(asked, asked > 0 && {resources}.exists(gpu, {is_gpu(ctx, 'gpu')} && "
             f"(asked > {resources}[gpu] || {models}.exists(model, "
             f"asked > {models}[model].?largest[?gpu].orValue(0)))))")
@@ -122,7 +116,7 @@ def _capacity(ctx: Ctx, rule: str, where: str, message: str, value: str) -> list
 
 
 @native("unadvertised-resource", reads_facts=True, fires=(Trigger(
-    "name", lambda ctx: f"{is_gpu(ctx, 'name')} && {PARAM_FACTS}.?extendedResources[?name].orValue(0) == 0"),))
+    "name", lambda ctx: f"{is_gpu(ctx, 'name')} && {params.PARAM_FACTS}.?extendedResources[?name].orValue(0) == 0"),))
 def unadvertised_resource(ctx: Ctx) -> list[Finding]:
     """``capacity.check_cluster``: a GPU resource no node offers at all (allocatable or a DeviceClass's)."""
     resources = f"{params.FACTS}.extendedResources"

@@ -45,7 +45,8 @@ def _names(container: str, ctx: Ctx) -> str:
 
 def variables(ctx: Ctx) -> list[tuple[str, str]]:
     """The variables the mutations read: ``used`` (``mutate.default_requests``' GPU names, each once, sorted;
-    the tolerations name them), ``gpu`` (some container asks for one), ``fractional`` and ``trusted``."""
+    the tolerations name them), ``gpu`` (some container asks for one), ``fractional`` and ``trusted``; and, where a
+    mutation reads it, :data:`INJECTED` (:func:`_injected`)."""
     containers = "object.spec.?containers.orValue([])"
     inits = "object.spec.?initContainers.orValue([])"
     if ctx.lists:
@@ -77,7 +78,13 @@ def variables(ctx: Ctx) -> list[tuple[str, str]]:
     gpu = (f"[{containers}, {inits}].exists(containers, containers.exists(container, " + " || ".join(
         f"container.?resources.?{s}.orValue({{}}).exists(name, name.contains('/') && {is_gpu(ctx, 'name')} && "
         f"!{is_zero(f'container.resources.{s}[name]')})" for s in ("limits", "requests")) + "))")
-    return [("used", names), ("gpu", gpu), ("fractional", fractional), ("trusted", trusted(ctx, SPEC))]
+    out = [("used", names), ("gpu", gpu), ("fractional", fractional), ("trusted", trusted(ctx, SPEC))]
+    if accelerator(ctx) is not None or (runtime_class(ctx) is not None and ctx.policy.cluster_enabled):
+        out.append((INJECTED, _injected(ctx)))  # the accelerator patch and, with the facts, the class's fit read it
+    return out
+
+
+INJECTED = "injected_accelerator"
 
 
 def _injected(ctx: Ctx) -> str:
@@ -97,13 +104,14 @@ def _injected(ctx: Ctx) -> str:
 
 
 def accelerator(ctx: Ctx) -> str | None:
-    """``mutate.inject_accelerator``: :func:`_injected` into the pod's nodeSelector, on a pod that asks for GPUs."""
+    """``mutate.inject_accelerator``: :func:`_injected` (a variable) into the pod's nodeSelector, on a pod that asks
+    for GPUs."""
     if not ctx.any(lambda p: p.default) and not ctx.policy.annotation:
         return None
     label = ctx.policy.node_label
     whole = f"JSONPatch{{op: 'add', path: '/spec/nodeSelector', value: {{{lit(label)}: model}}}}"
     one = f"JSONPatch{{op: 'add', path: {lit('/spec/nodeSelector/' + _escape_pointer(label))}, value: model}}"
-    return f"variables.gpu ? {_injected(ctx)}.map(model, has(object.spec.nodeSelector) ? {one} : {whole}) : []"
+    return f"variables.gpu ? variables.{INJECTED}.map(model, has(object.spec.nodeSelector) ? {one} : {whole}) : []"
 
 
 def _tolerated_by(taint: str, x: str) -> str:
@@ -181,7 +189,7 @@ def _class_fits(ctx: Ctx, name: str) -> str:
     selector = "object.spec.?nodeSelector.orValue({})"
     label = lit(ctx.policy.node_label)
     conflict = (f"{wanted}.exists(key, key in {selector} ? {selector}[key] != {wanted}[key] : "
-                f"key == {label} && {_injected(ctx)}.exists(model, model != {wanted}[key]))")
+                f"key == {label} && variables.{INJECTED}.exists(model, model != {wanted}[key]))")
     return f"(!({params.facts_section('runtimeClasses')}) || ({name} in {classes} && !({conflict})))"
 
 

@@ -137,6 +137,16 @@ FACTS_EXPRESSION = (f"[params.?status.?cluster.orValue({{}})].map(facts, has(fac
                     f"timestamp(facts.writtenAt) - moment <= duration('{FRESH_FOR}s')) ? facts : {{}})[0]")
 
 
+# What a matchCondition reads of the facts (it has no variables): the param itself, fresh or not. A trigger may fire
+# where its rule finds nothing, never the other way round (webhook.native.cluster).
+PARAM_FACTS = "params.?status.?cluster"
+
+
+def unknown_fact(value: str, section: str) -> str:
+    """``value`` is not a key of the facts' ``section`` (or the param has none), read as a matchCondition can."""
+    return f"!({value} in {PARAM_FACTS}.?{section}.orValue({{}}))"
+
+
 def facts_section(name: str) -> str:
     """Whether the facts hold section ``name`` whole (present, and not cut at its bound)."""
     return f"{lit(name)} in {FACTS} && !({lit(name)} in {FACTS}.?truncated.orValue([]))"

@@ -292,6 +292,13 @@ def probes(generated: Generated, policies: PolicySet, namespace: str,
     return found, missing
 
 
+def refusing_policy(message: str) -> str | None:
+    """The ValidatingAdmissionPolicy an apiserver's refusal names (``ValidatingAdmissionPolicy 'name' with binding
+    …``), if any."""
+    said = "ValidatingAdmissionPolicy '"
+    return message.split(said, 1)[1].split("'", 1)[0] if said in message else None
+
+
 def outcome(probe: Probe, status: int, answer: Mapping[str, Any], warnings: Sequence[str]) -> str:
     """``enforced``, ``waiting`` (the policy did not act yet) or ``inconclusive: why`` (the object was refused by
     something else: RBAC, the apiserver's own validation, another policy), from a dry-run's answer."""
@@ -314,8 +321,7 @@ def outcome(probe: Probe, status: int, answer: Mapping[str, Any], warnings: Sequ
     if "ValidatingAdmissionPolicy '" in message and probe.action == "warn" and status in (400, 403, 422):
         # a deny policy refused it first: the warn policy's warning comes only on admission
         return "inconclusive: " + message[:200]
-    refused_by = message.split("ValidatingAdmissionPolicy '", 1)[1].split("'", 1)[0] if \
-        "ValidatingAdmissionPolicy '" in message else None
+    refused_by = refusing_policy(message)
     if refused_by is not None and probe.action == "deny" and probe.refusers and \
             refused_by not in probe.refusers[probe.at]:
         # Refused by another of ours for what the webhook's rules alone do not find here (the cluster's facts,
