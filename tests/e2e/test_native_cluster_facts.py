@@ -9,7 +9,8 @@ Requests are server-side dry runs, so nothing is stored.
 - a GPU pod that asks for an accelerator no node has, more GPUs than any node of its model has, a GPU resource no
   node offers, or a RuntimeClass that does not exist, is refused; so is a ResourceClaim naming a DeviceClass that
   does not exist, where resource.k8s.io/v1 is served (1.37); a pod that can schedule is admitted; a CPU pod is
-  never judged by them;
+  never judged by them; where DRA is served the facts count the devices of the ResourceSlices each DeviceClass
+  selects;
 - the MutatingAdmissionPolicy (1.37) gives a GPU pod the namespace's isolation.runtimeClass only where the facts
   say the class exists;
 - facts change (a node with a new model joins, a RuntimeClass or a DeviceClass is created): the time until the
@@ -109,6 +110,15 @@ def device_class(name: str) -> dict[str, Any]:
             "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{name}'"}}]}}
 
 
+def resource_slice(node: str, driver: str, devices: int) -> dict[str, Any]:
+    """What a DRA driver publishes for ``node``: one pool of ``devices`` devices."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-{driver}"},
+            "spec": {"driver": driver, "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": f"gpu-{i}", "attributes": {"model": {"string": "l4"}}}
+                                 for i in range(devices)]}}
+
+
 def claim(name: str, device_class_name: str) -> dict[str, Any]:
     request = {"name": "gpu", "exactly": {"deviceClassName": device_class_name}}
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
@@ -161,8 +171,10 @@ def bed(matrix_cluster: ControlPlane, tmp_path_factory) -> Iterator[Bed]:
     add_gpu_node(cluster, "l4-a", "nvidia-l4", gpus=4)
     add_gpu_node(cluster, "l4-b", "nvidia-l4", gpus=2)
     claims = "unknown-device-class" in out.native
-    apply(cluster, [runtime_class("nvidia"), *([device_class("gpu.nvidia.com")] if claims else []),
-                    out.policy_object])
+    # Where DRA is served, the nodes' devices too: 4 on l4-a and 2 on l4-b, of the driver the DeviceClass selects.
+    dra = [device_class("gpu.nvidia.com"), resource_slice("l4-a", "gpu.nvidia.com", 4),
+           resource_slice("l4-b", "gpu.nvidia.com", 2)] if claims else []
+    apply(cluster, [runtime_class("nvidia"), *dra, out.policy_object])
     apply(cluster, [o for o in out.objects if o["kind"] != gp.gpupolicy.KIND])
     tmp = tmp_path_factory.mktemp(f"cluster-facts-{cluster.bed.id if cluster.bed else 'main'}")
     writer = start_webhook(tmp, "--policy-object", "default", "--kubeconfig", str(cluster.kubeconfig),
@@ -212,6 +224,22 @@ def test_the_apiserver_alone_refuses_what_could_never_run_and_admits_what_can(be
     assert bed.admitted(deployment("cpu", "missing", gpus=0))
     assert bed.admitted(pod(container(requests={"cpu": "100m"}), name="cpu",
                             nodeSelector={"accelerator": "nvidia-h100"}))
+
+
+def test_the_facts_count_the_devices_each_device_class_selects(bed):
+    """status.cluster.deviceClasses from the ResourceSlices, with the DeviceClass's CEL selector evaluated as the
+    webhook's own checks do; absent where resource.k8s.io/v1 is not served (1.30), as no policy reads it there."""
+    if not bed.claims:
+        assert "deviceClasses" not in bed.summary(), bed.summary()
+        return
+    expected = {"devices": 6, "largest": 4, "nodes": 2, "selectorsEvaluated": True}
+    def counted() -> dict[str, Any] | None:
+        return bed.summary().get("deviceClasses", {}).get("gpu.nvidia.com")
+
+    deadline = time.monotonic() + 30
+    while counted() != expected and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert counted() == expected, bed.summary().get("deviceClasses")
 
 
 def test_the_mutating_policy_gives_a_runtime_class_only_where_it_exists(bed):
