@@ -74,12 +74,20 @@ def device_class(name: str) -> dict[str, Any]:
             "spec": {"selectors": [selector]}}
 
 
-# Three clusters: the corpus' accelerators, a RuntimeClass and the corpus' GPU DeviceClasses; another model alone, no
-# RuntimeClass and one DeviceClass; CPU nodes and no DeviceClass.
+def resource_slice(node_name: str, driver: str, devices: int) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node_name}-{driver}"},
+            "spec": {"driver": driver, "nodeName": node_name,
+                     "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": f"gpu-{i}"} for i in range(devices)]}}
+
+
+# Three clusters: the corpus' accelerators, a RuntimeClass, the corpus' GPU DeviceClasses and the devices of one of
+# them on two nodes; another model alone, no RuntimeClass and one DeviceClass; CPU nodes and no DeviceClass.
 CLUSTERS = {
     "mixed": [node("l4-a", "nvidia-l4", 4), node("l4-b", "nvidia-l4", 2), node("p100", "nvidia-tesla-p100", 8),
               node("k80", "nvidia-tesla-k80", 4), node("cpu"), runtime_class("nvidia"),
-              device_class("gpu.nvidia.com"), device_class("mig.nvidia.com")],
+              device_class("gpu.nvidia.com"), device_class("mig.nvidia.com"),
+              resource_slice("l4-a", "gpu.nvidia.com", 4), resource_slice("l4-b", "gpu.nvidia.com", 2)],
     "h100-only": [node("h100-a", "nvidia-h100", 8), node("h100-b", "nvidia-h100", 8), device_class("gpu.nvidia.com")],
     "cpu-only": [node("cpu-a"), node("cpu-b"), runtime_class("nvidia"), runtime_class("kata")],
 }
@@ -166,6 +174,13 @@ def native(cluster: str, cases: list[Case], version: str, cluster_status: dict[s
 @pytest.fixture(scope="module", params=["1.30", "1.37"])
 def version(request) -> str:
     return request.param
+
+
+def test_the_mixed_cluster_has_devices_behind_a_device_class():
+    """The differential's first cluster publishes ResourceSlices: the facts count what its DeviceClass selects."""
+    classes = summary_of(state_of(CLUSTERS["mixed"]))["deviceClasses"]
+    assert classes["gpu.nvidia.com"] == {"devices": 6, "largest": 4, "nodes": 2, "selectorsEvaluated": True}
+    assert classes["mig.nvidia.com"]["devices"] == 0
 
 
 @pytest.mark.parametrize("cluster", CLUSTERS)
