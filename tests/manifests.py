@@ -105,6 +105,23 @@ def ray_service(head: dict, workers: list[dict], name: str = "ray-serve") -> dic
     }
 
 
+def device_class(name: str, extended: str | None = None) -> dict[str, Any]:
+    """A DeviceClass selecting the devices of the driver of the same name; ``extended``: its extendedResourceName."""
+    spec: dict[str, Any] = {"selectors": [{"cel": {"expression": f"device.driver == '{name}'"}}]}
+    if extended:
+        spec["extendedResourceName"] = extended
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}
+
+
+def resource_slice(node: str, driver: str, devices: int, **attributes: str) -> dict[str, Any]:
+    """What a DRA driver publishes for ``node``: one pool of ``devices`` devices, each with string ``attributes``."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-{driver}"},
+            "spec": {"driver": driver, "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": f"gpu-{i}", "attributes": {k: {"string": v} for k, v in attributes.items()}}
+                                 for i in range(devices)]}}
+
+
 def admission_request(obj: dict | None, operation: str = "CREATE", namespace: str = "default",
                       uid: str = "705ab4f5-6393-11e8-b7cc-42010a800002") -> dict:
     kind = obj.get("kind", "") if obj else "Pod"

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.celeval import Request, evaluate
+from tests.manifests import device_class, resource_slice
 from tests.native_corpus import (
     NS,
     POLICY,
@@ -66,19 +67,6 @@ def node(name: str, model: str | None = None, gpus: int = 0) -> dict[str, Any]:
 
 def runtime_class(name: str) -> dict[str, Any]:
     return {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name}, "handler": name}
-
-
-def device_class(name: str) -> dict[str, Any]:
-    selector = {"cel": {"expression": f"device.driver == '{name}'"}}
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
-            "spec": {"selectors": [selector]}}
-
-
-def resource_slice(node_name: str, driver: str, devices: int) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node_name}-{driver}"},
-            "spec": {"driver": driver, "nodeName": node_name,
-                     "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
-                     "devices": [{"name": f"gpu-{i}"} for i in range(devices)]}}
 
 
 # Three clusters: the corpus' accelerators, a RuntimeClass, the corpus' GPU DeviceClasses and the devices of one of

@@ -672,14 +672,18 @@ class NodeBed:
         def acted() -> bool:
             slices = self.kubectl_json("get", "endpointslices", "-n", "default",
                                        "-l", f"kubernetes.io/service-name={name}")["items"]
-            rules = self.netns_run(["iptables", "-w", "5", "-t", "filter", "-S", "KUBE-SERVICES"], check=False).stdout
-            return bool(slices) and f"default/{name}" in rules
+            return bool(slices) and f"default/{name}" in self.reject_rules()
 
         try:
             until("the EndpointSlice controller and kube-proxy acting on a new Service", acted, 90, interval=0.5,
                   diagnose=lambda: self.logs("kube-proxy", "kube-controller-manager"))
         finally:
             self.kubectl("delete", "service", name, "-n", "default", "--ignore-not-found")
+
+    def reject_rules(self) -> str:
+        """kube-proxy's rules for Services without endpoints (filter table, KUBE-SERVICES: REJECT, "connection
+        refused"), one per line."""
+        return self.netns_run(["iptables", "-w", "5", "-t", "filter", "-S", "KUBE-SERVICES"], check=False).stdout
 
     def _node_ready(self) -> bool:
         node = self.kubectl("get", "node", NODE_NAME, "-o", "json")

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.e2e.bed import CUSTOM_RESOURCES, register_webhook, unregister_webhook
-from tests.manifests import container, pod
+from tests.manifests import container, device_class, pod, resource_slice
 from tests.server import make_certs, start_webhook
 
 pytestmark = pytest.mark.e2e
@@ -47,21 +47,6 @@ PYTORCH_CRD = {
                  "type": "object",
                  "properties": {"spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}}}]},
 }
-
-
-def device_class(name: str, extended: str | None = None) -> dict:
-    spec: dict = {"selectors": [{"cel": {"expression": f"device.driver == '{name}'"}}]}
-    if extended:
-        spec["extendedResourceName"] = extended
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}
-
-
-def resource_slice(node: str, devices: int) -> dict:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-{CLASS}"},
-            "spec": {"driver": CLASS, "nodeName": node,
-                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                     "devices": [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}}}
-                                 for i in range(devices)]}}
 
 
 def request(name: str = "gpu", device_class_name: str = CLASS, **exactly) -> dict:
@@ -121,7 +106,7 @@ def dra_bed(cluster, tmp_path_factory):
         cluster.kubectl("label", "namespace", namespace, "resource.kubernetes.io/admin-access=true", check=True)
     apply_all(cluster, device_class(CLASS, GPU), device_class("nic.example.com"), PYTORCH_CRD)
     add_dra_node(cluster, NODE)
-    apply_all(cluster, resource_slice(NODE, 4))
+    apply_all(cluster, resource_slice(NODE, CLASS, 4, type="gpu"))
     # Made before the webhook was installed: pods that name it are what the webhook sees later.
     apply_all(cluster, claim_template("six-gpus", request(count=6)))
     cluster.kubectl("wait", "--for=condition=Established", "crd/pytorchjobs.kubeflow.org", "--timeout=60s",
@@ -256,7 +241,7 @@ def test_a_driver_publishing_more_devices_reaches_decisions_through_the_watch(cl
     """The driver grows the node's pool to 8 devices: the template for 6 is admitted once the slice's watch
     event has reached the view (printed: the time it took)."""
     assert create(cluster, claim_template("six-later", request(count=6))).returncode != 0
-    apply_all(cluster, resource_slice(NODE, 8))
+    apply_all(cluster, resource_slice(NODE, CLASS, 8, type="gpu"))
     changed = time.monotonic()
     while create(cluster, claim_template("six-later", request(count=6))).returncode != 0:
         assert time.monotonic() - changed < 10, "the slice change did not reach the webhook's view within 10 s"

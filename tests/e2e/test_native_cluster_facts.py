@@ -45,8 +45,9 @@ from tests.e2e.cluster import ControlPlane
 from tests.e2e.conftest import MATRIX_BEDS
 from tests.e2e.gpupolicy import eventually
 from tests.e2e.native_bed import Api, apply
+from tests.e2e.node import until
 from tests.e2e.test_placement import add_gpu_node
-from tests.manifests import container, pod
+from tests.manifests import container, device_class, pod, resource_slice
 from tests.server import GPU_WEBHOOK, WebhookProcess, make_certs, start_webhook
 from webhook.cli.policies import discover
 from webhook.core import clustersummary, policycrd
@@ -105,20 +106,6 @@ def runtime_class(name: str) -> dict[str, Any]:
     return {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name}, "handler": name}
 
 
-def device_class(name: str) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{name}'"}}]}}
-
-
-def resource_slice(node: str, driver: str, devices: int) -> dict[str, Any]:
-    """What a DRA driver publishes for ``node``: one pool of ``devices`` devices."""
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-{driver}"},
-            "spec": {"driver": driver, "nodeName": node,
-                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                     "devices": [{"name": f"gpu-{i}", "attributes": {"model": {"string": "l4"}}}
-                                 for i in range(devices)]}}
-
-
 def claim(name: str, device_class_name: str) -> dict[str, Any]:
     request = {"name": "gpu", "exactly": {"deviceClassName": device_class_name}}
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
@@ -172,8 +159,8 @@ def bed(matrix_cluster: ControlPlane, tmp_path_factory) -> Iterator[Bed]:
     add_gpu_node(cluster, "l4-b", "nvidia-l4", gpus=2)
     claims = "unknown-device-class" in out.native
     # Where DRA is served, the nodes' devices too: 4 on l4-a and 2 on l4-b, of the driver the DeviceClass selects.
-    dra = [device_class("gpu.nvidia.com"), resource_slice("l4-a", "gpu.nvidia.com", 4),
-           resource_slice("l4-b", "gpu.nvidia.com", 2)] if claims else []
+    dra = [device_class("gpu.nvidia.com"), resource_slice("l4-a", "gpu.nvidia.com", 4, model="l4"),
+           resource_slice("l4-b", "gpu.nvidia.com", 2, model="l4")] if claims else []
     apply(cluster, [runtime_class("nvidia"), *dra, out.policy_object])
     apply(cluster, [o for o in out.objects if o["kind"] != gp.gpupolicy.KIND])
     tmp = tmp_path_factory.mktemp(f"cluster-facts-{cluster.bed.id if cluster.bed else 'main'}")
@@ -233,13 +220,9 @@ def test_the_facts_count_the_devices_each_device_class_selects(bed):
         assert "deviceClasses" not in bed.summary(), bed.summary()
         return
     expected = {"devices": 6, "largest": 4, "nodes": 2, "selectorsEvaluated": True}
-    def counted() -> dict[str, Any] | None:
-        return bed.summary().get("deviceClasses", {}).get("gpu.nvidia.com")
-
-    deadline = time.monotonic() + 30
-    while counted() != expected and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert counted() == expected, bed.summary().get("deviceClasses")
+    until("the DeviceClass's devices in the facts",
+          lambda: bed.summary().get("deviceClasses", {}).get("gpu.nvidia.com") == expected, 30, interval=0.5,
+          diagnose=lambda: json.dumps(bed.summary().get("deviceClasses")))
 
 
 def test_the_mutating_policy_gives_a_runtime_class_only_where_it_exists(bed):

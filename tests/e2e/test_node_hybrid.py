@@ -53,6 +53,7 @@ from tests.e2e.test_node_release import (  # noqa: F401 (release is a fixture, u
     release,
 )
 from tests.manifests import container, pod, pytorch_job, seed_pod, workload
+from tests.native_corpus import claim, exactly
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(420), pytest.mark.usefixtures("release")]
 
@@ -406,10 +407,7 @@ def test_with_every_webhook_pod_gone_the_native_rules_still_refuse(node_bed):
     assert unknown_class.returncode and "ValidatingAdmissionPolicy" in unknown_class.stderr, unknown_class.stderr
     assert ("spec.template.spec.runtimeClassName" in unknown_class.stderr
             and "no such RuntimeClass exists" in unknown_class.stderr), unknown_class.stderr
-    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-             "metadata": {"name": "absent-device-class", "namespace": "default"},
-             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "absent.example.com"}}]}}}
-    unknown_device = _dry_run(node_bed, claim)
+    unknown_device = _dry_run(node_bed, claim("absent-device-class", exactly(device_class="absent.example.com")))
     assert unknown_device.returncode and "ValidatingAdmissionPolicy" in unknown_device.stderr, unknown_device.stderr
     assert "absent.example.com" in unknown_device.stderr and "does not exist" in unknown_device.stderr, (
         unknown_device.stderr)

@@ -231,8 +231,7 @@ def release(node_bed: NodeBed, webhook_image: str, tmp_path_factory):
         until("the apiserver reaching the webhook through the Service",
               lambda: _dry_run(bed, seed_pod()).returncode == 0, 30, interval=0.2,
               diagnose=lambda: _dry_run(bed, seed_pod()).stderr + bed.kubectl(
-                  "get", "endpointslices", "-n", NAMESPACE, "-o", "yaml").stdout + bed.netns_run(
-                  ["iptables", "-w", "5", "-t", "filter", "-S", "KUBE-SERVICES"], check=False).stdout)
+                  "get", "endpointslices", "-n", NAMESPACE, "-o", "yaml").stdout + bed.reject_rules())
         FIGURES["Service answering after helm install returned (s)"] = round(time.monotonic() - answered, 1)
         yield {"ca": bundle.ca_pem, "cert": bundle.cert_pem, "rollout status": rollout.stdout}
     finally:
