@@ -93,3 +93,17 @@ def test_no_module_is_over_the_length_a_reader_takes_in_whole():
     long = {name: n for name, path in modules().items()
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"split these by what they do (docs/architecture.md): {long}"
+
+
+TEMPLATES = ROOT / "charts" / "gpu-webhook" / "templates"
+_OPENING_COMMENT = re.compile(r"\A(\{\{-? ?/\*|# )\s*\S")
+
+
+def test_every_module_and_template_opens_with_what_it_holds():
+    """A reader opening a file learns its job first: a module's docstring, a template's leading comment (the
+    generated ones name the command that writes them)."""
+    bare = [str(path.relative_to(ROOT)) for path in PACKAGE.rglob("*.py")
+            if not ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))]
+    bare += [path.name for path in sorted(TEMPLATES.iterdir())
+             if not _OPENING_COMMENT.match(path.read_text(encoding="utf-8"))]
+    assert bare == [], "open these with a line that says what they hold"

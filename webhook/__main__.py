@@ -1,3 +1,5 @@
+"""`python -m webhook`: the gpu-webhook command line."""
+
 import sys
 
 from webhook.cli.main import main
