@@ -194,6 +194,8 @@ def measure(nodes: int, dra_share: float, events: int, rate: float, every: float
         "remake_cpu_ms": round(churn_cpu * 1000 / max(1, facts.computations - made)),
         "churn_patch_bytes_max": max(writes, default=0),
         "churn_cpu_s": round(churn_cpu, 2), "churn_wall_s": round(churn_wall, 2),
+        "core_share": round(churn_cpu / (churn_s + every), 3),  # CPU seconds per second of the churn and the quiet
+        "last_gap_s": round(facts.gap, 2),  # the least time after the last make before the next
     }
 
 

@@ -302,6 +302,22 @@ def test_the_facts_are_made_again_at_most_once_per_interval_however_many_events(
     assert not facts.stale
 
 
+def test_a_costly_make_holds_the_next_one_back_for_ten_times_its_cpu():
+    """The writer spends at most a tenth of a core on the facts: after a make of 0.5 s of CPU (15,000 nodes) the
+    next waits 5 s, not the 2 s bound a small cluster gets."""
+    spent = iter([0.0, 0.5, 10.0, 10.1])
+    facts = ClusterFacts(FakeSource([]), every=2.0, start=False, cpu=lambda: next(spent))
+    facts.follow(CLUSTER_ON)
+    load(facts)
+    facts.facts(CLUSTER_ON, 100.0)
+    assert facts.gap == 5.0
+    nodes = facts.state.indices["nodes"]
+    nodes.apply("ADDED", node("n1", "nvidia-l4", **{GPU: "8"}))
+    assert facts.facts(CLUSTER_ON, 104.9)["models"] == {} and facts.seconds_until_due(104.9) == pytest.approx(0.1)
+    assert facts.facts(CLUSTER_ON, 105.0)["models"] == {"nvidia-l4": {"nodes": 1, "largest": {GPU: 8}}}
+    assert facts.gap == 2.0 and facts.computations == 2  # a cheap make: back to the bound
+
+
 def test_a_new_node_label_or_cluster_checks_off_stops_the_watches():
     facts = ClusterFacts(FakeSource([]), every=10.0, start=False)
     facts.follow(CLUSTER_ON)

@@ -14,11 +14,10 @@ Requests are server-side dry runs, so nothing is stored.
 - the MutatingAdmissionPolicy (1.37) gives a GPU pod the namespace's isolation.runtimeClass only where the facts
   say the class exists;
 - facts change (a node with a new model joins, a RuntimeClass or a DeviceClass is created): the time until the
-  apiserver's verdict
-  follows, p50 and p99 (goal p99 <= 5 s). The writer computes and writes status.cluster at most once per 10 s,
-  so a change within 10 s of the last computation, which any event of a Node, ResourceSlice, DeviceClass or
-  RuntimeClass starts, waits up to that long (measured: 9.5 and 10.3 s); here each change is one event, 11 s
-  after the last;
+  apiserver's verdict follows, p50 and p99 (goal p99 <= 5 s), under churn: each node joins in three events
+  (created, its status, its not-ready taint lifted), 3 s after the last change, while another GPU node is added
+  and removed over and over. The writer makes and writes status.cluster at most once per 2 s (longer only after a
+  costly make), and any event of a Node, ResourceSlice, DeviceClass or RuntimeClass starts a make;
 - the writer SIGKILLed: the facts still count until 300 s after their last stamp (a model added meanwhile is
   refused); past that they count for nothing. The 300 s are not waited out: ``writtenAt`` is set 301 s back, as a
   writer dead that long would have left it. A summary removed counts for nothing either.
@@ -32,8 +31,10 @@ import json
 import signal
 import statistics
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -67,8 +68,8 @@ POLICY = (f"cluster: {{enabled: true}}\nnamespaces:\n  {ISOLATED}: {{isolation: 
           f"  {ISOLATED_ABSENT}: {{isolation: {{runtimeClass: absent}}}}\n")
 LIVE = "gpu-webhook-live-deny"
 CLAIMS = "gpu-webhook-claims-live-deny"
-CHANGES = {"1.30": 5, "1.37": 20}  # facts changes measured on each bed
-SPACING = 11.0  # the writer writes status.cluster at most once per 10 s
+CHANGES = {"1.30": 20, "1.37": 20}  # facts changes measured on each bed
+SPACING = 3.0  # between two changes measured (the writer makes and writes status.cluster at most once per 2 s)
 FIGURES: dict[str, dict[str, Any]] = {}
 
 
@@ -91,15 +92,29 @@ def deployment(name: str, runtime: str, gpus: int = 1) -> dict[str, Any]:
                          else {}, "containers": [{"name": "c", "image": "busybox", "resources": resources}]}}}}
 
 
-def join(cluster: ControlPlane, name: str, model: str) -> None:
-    """A node with ``model`` and a GPU joins in one event, its status in the create, as a kubelet registers it: each
-    event of the cluster's kinds makes the writer compute the facts again, at most once per 10 s, so the three events
-    of ``add_gpu_node`` would hold the next change back by up to 10 s (as node churn does in a busy cluster)."""
-    resources = {"cpu": "8", GPU: "1"}
-    node = {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"accelerator": model, "kubernetes.io/hostname": name}},
-            "status": {"capacity": resources, "allocatable": resources}}
-    cluster.kubectl("create", "-f", "-", stdin=json.dumps(node), check=True)
+@contextmanager
+def churning(cluster: ControlPlane) -> Iterator[list[int]]:
+    """A GPU node of another model added and removed over and over, each time in add_gpu_node's three events, while
+    the body runs: every event starts a make of the facts and half of them change the facts. Yields the count of
+    nodes added so far."""
+    added = [0]
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            add_gpu_node(cluster, "node-churn", "churn-model", gpus=1)
+            added[0] += 1
+            cluster.kubectl("delete", "node", "node-churn", "--wait=false")
+            stop.wait(0.3)
+
+    thread = threading.Thread(target=churn, name="node-churn", daemon=True)
+    thread.start()
+    try:
+        yield added
+    finally:
+        stop.set()
+        thread.join(60)
+        cluster.kubectl("delete", "node", "node-churn", "--ignore-not-found")
 
 
 def runtime_class(name: str) -> dict[str, Any]:
@@ -236,15 +251,16 @@ def test_the_mutating_policy_gives_a_runtime_class_only_where_it_exists(bed):
 def test_the_verdict_follows_a_change_of_the_facts(bed):
     count = CHANGES[bed.cluster.bed.id if bed.cluster.bed else "1.37"]
     took = []
-    time.sleep(SPACING)  # the facts were written just now: a change within 10 s waits for the writer's next turn
-    for i in range(count):
-        model = f"model-{i}-{int(time.time())}"
-        assert bed.refused_for(selecting(model), "no node has")
-        changed = time.monotonic()  # from before the node is created to the first admission
-        join(bed.cluster, f"node-{model}", model)
-        eventually(f"{model} admitted", lambda m=model: bed.admitted(selecting(m)), timeout=60, every=0.05)
-        took.append(time.monotonic() - changed)
-        time.sleep(max(0.0, SPACING - (time.monotonic() - changed)))
+    with churning(bed.cluster) as churned:
+        for i in range(count):
+            model = f"model-{i}-{int(time.time())}"
+            assert bed.refused_for(selecting(model), "no node has")
+            changed = time.monotonic()  # from before the node is created to the first admission
+            add_gpu_node(bed.cluster, f"node-{model}", model, gpus=1)
+            eventually(f"{model} admitted", lambda m=model: bed.admitted(selecting(m)), timeout=60, every=0.05)
+            took.append(time.monotonic() - changed)
+            time.sleep(max(0.0, SPACING - (time.monotonic() - changed)))
+    assert churned[0] >= count, churned  # the churn really ran throughout
     assert bed.refused_for(deployment("late-class", "late"), "no such RuntimeClass")
     created = time.monotonic()
     apply(bed.cluster, [runtime_class("late")])
@@ -253,7 +269,6 @@ def test_the_verdict_follows_a_change_of_the_facts(bed):
     class_took = time.monotonic() - created
     device_class_took = None
     if bed.claims:
-        time.sleep(SPACING)
         assert bed.refused_for(claim("late", "late.example.com"), "does not exist")
         created = time.monotonic()
         apply(bed.cluster, [device_class("late.example.com")])
@@ -263,11 +278,11 @@ def test_the_verdict_follows_a_change_of_the_facts(bed):
     took_sorted = sorted(took)
     p99 = took_sorted[min(len(took_sorted) - 1, round(0.99 * (len(took_sorted) - 1)))]
     bed.figures["facts change -> verdict"] = {
-        "changes": count, "p50_s": round(statistics.median(took), 2), "p99_s": round(p99, 2),
+        "changes": count, "churn_nodes": churned[0], "p50_s": round(statistics.median(took), 2), "p99_s": round(p99, 2),
         "max_s": round(max(took), 2), "runtime_class_s": round(class_took, 2), "device_class_s": device_class_took,
         "each_s": [round(t, 2) for t in took]}
-    # The goal is the changes' p99; a class is one more change, within the writer's 10 s bound (CI saw over 5 s).
-    assert p99 <= 5.0 and class_took <= 12.0 and (device_class_took or 0) <= 12.0, bed.figures
+    # The goal is the changes' p99; a class is one more change.
+    assert p99 <= 5.0 and class_took <= 5.0 and (device_class_took or 0) <= 5.0, bed.figures
 
 
 def test_admission_policies_apply_waits_for_every_policy_with_the_facts_refusing_its_probes(bed, tmp_path):

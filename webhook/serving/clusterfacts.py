@@ -4,7 +4,9 @@ The writer's process runs the cluster view's own list+watch (``kube.informer`` o
 ``core.cluster``) of the four kinds the summary is made of (Nodes, ResourceSlices, DeviceClasses,
 RuntimeClasses; not the claims), only while it holds the Lease and the policy's ``cluster.enabled`` is on, keyed by
 the policy's accelerator node label (a new label starts them again). :meth:`ClusterFacts.facts` recomputes the
-summary (``core.clustersummary``) when an index really changed, at most once per ``every`` seconds.
+summary (``core.clustersummary``) when an index really changed, at most once per ``every`` seconds, and after a
+make that took ``t`` seconds of CPU not again for ``COST_SHARE * t`` seconds: under sustained churn the writer spends
+at most a tenth of a core on it, whatever the cluster's size.
 
 A kind that cannot be read leaves its sections out: one the apiserver does not serve (no DRA API) is listed
 empty and counted unknown; one the pod may not read (403) never loads, and the summary is made without it once
@@ -15,7 +17,8 @@ every kind has answered or failed once. The sections left out are logged when th
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from webhook.core import clustersummary
@@ -26,15 +29,18 @@ from webhook.telemetry import logs
 
 KINDS = tuple(k for k in CLUSTER_KINDS if k.name in clustersummary.KINDS)
 MAX_BACKOFF = 60.0  # a kind that fails (403) is tried again this often
+COST_SHARE = 10.0  # after a make of t CPU seconds, none for COST_SHARE * t seconds (at most 1/10 of a core)
 
 
 class ClusterFacts:
     """The informers of the summary's kinds and the summary made from them; ``start`` starts one informer's
     thread (tests run them over a fake source)."""
 
-    def __init__(self, source: Source, every: float, start: bool = True):
+    def __init__(self, source: Source, every: float, start: bool = True,
+                 cpu: Callable[[], float] = time.thread_time):
         self.source = source
         self.every = every
+        self._cpu = cpu
         self._start = start
         self.state: ClusterState | None = None
         self.informers: list[Informer] = []
@@ -45,6 +51,7 @@ class ClusterFacts:
         self._seen = -1  # the state's change count the facts were made from
         self._made_for: tuple[PolicySet, frozenset[str]] | None = None
         self._computed = float("-inf")
+        self.gap = self.every  # the least time between two makes: every, or longer after a costly make
         self._absent: tuple[str, ...] = ()
         self.computations = 0
 
@@ -83,17 +90,19 @@ class ClusterFacts:
 
     def facts(self, policy: PolicySet, now: float) -> dict[str, Any] | None:
         """The summary without its stamps; None until every kind answered (or failed) once. Made again when an
-        index changed, the policy or the kinds read did, at most once per ``every`` seconds."""
+        index changed, the policy or the kinds read did, at most once per ``gap`` seconds."""
         state = self.state
         known = self.known()
         if state is None or known is None:
             return None
         fresh = self._facts is not None and state.changes == self._seen and self._made_for == (policy, known)
-        if fresh or (self._facts is not None and now - self._computed < self.every):
+        if fresh or (self._facts is not None and now - self._computed < self.gap):
             return self._facts
         seen = state.changes  # a change during the build moves it again: made again next time
+        started = self._cpu()
         self._facts = clustersummary.summarize(clustersummary.view_of(state, known), known,
                                                policy.default.is_gpu)
+        self.gap = max(self.every, COST_SHARE * (self._cpu() - started))
         self._seen, self._made_for, self._computed = seen, (policy, known), now
         self.computations += 1
         self._log_absent(known)
@@ -117,7 +126,7 @@ class ClusterFacts:
         return self.state is not None and self.state.changes != self._seen
 
     def seconds_until_due(self, now: float) -> float:
-        return max(0.0, self._computed + self.every - now)
+        return max(0.0, self._computed + self.gap - now)
 
 
 def merge_patch(old: Any, new: Any) -> Any:

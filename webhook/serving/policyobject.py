@@ -227,7 +227,8 @@ class StatusSettings:
     kubeconfig: str | None = None
     policy_file: str | None = None
     interval: float = 2.0  # at most one status write per this many seconds
-    cluster_interval: float = 10.0  # status.cluster: made and written at most once per this many seconds
+    cluster_interval: float = 2.0  # status.cluster: made and written at most once per this many seconds (more
+    # after a costly make: serving.clusterfacts.COST_SHARE)
     lease_seconds: int = 15  # a writer gone is replaced within this
 
     def command(self) -> list[str]:

@@ -32,8 +32,8 @@ the status subresource, only when what it would write differs from the object's 
   accelerator models, extended resources, RuntimeClasses and DeviceClasses with their devices), made from the
   cluster view's informers, which the holder of the Lease alone runs (``serving.clusterfacts``); written, with
   ``writtenAt`` and ``writer`` (the Lease holder), only when a fact differs from what the object holds (the
-  stamps are not compared), at most once per ``cluster_interval`` seconds (10), as a merge patch that removes
-  the keys gone (a model no node has any more). Removed when ``cluster.enabled`` is turned off.
+  stamps are not compared), at most once per ``cluster_interval`` seconds (2; longer after a costly make), as a
+  merge patch that removes the keys gone (a model no node has any more). Removed when ``cluster.enabled`` is turned off.
 """
 
 from __future__ import annotations
