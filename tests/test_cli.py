@@ -690,10 +690,9 @@ def test_check_reads_resource_slices_and_device_classes_and_the_claims_beside_th
     assert result.returncode == 1, result.stderr
     assert result.stdout.splitlines() == [
         f"{manifests}:22:11: ResourceClaimTemplate default/six: spec.spec.devices.requests[0].exactly.count: 6 "
-        "devices of class gpu.example.com on one node, but the most any node has is 4 (1 node with such devices; "
-        "counted its selectors (cel-python))",
+        "devices of class gpu.example.com on one node, but the most any node has is 4 (1 node with such devices)",
         f"{manifests}:38:5: Pod default/wants-six: spec.resourceClaims[0]: 6 devices of class gpu.example.com on one "
-        "node, but the most any node has is 4 (1 node with such devices; counted its selectors (cel-python))",
+        "node, but the most any node has is 4 (1 node with such devices)",
     ]
     # Without the state the DRA GPUs are unknown, so fits is not judged by capacity either way; the pod-only
     # rules still run against the template found beside it.

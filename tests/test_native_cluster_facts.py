@@ -92,8 +92,12 @@ NATIVELY_REFUSED = {
 # ... and on claims, where resource.k8s.io/v1 is served (the claims policies are generated from 1.34).
 CLAIMS_REFUSED = {
     "mixed": ['device class "gpu.example.com" does not exist, so the claim can never be allocated (DeviceClasses in '
-              'the cluster: 2)'],
-    "h100-only": ['device class "mig.nvidia.com" does not exist'],
+              'the cluster: 2)',
+              "8 devices of class gpu.nvidia.com on one node, but the most any node has is 4 (2 nodes with such "
+              "devices)"],
+    "h100-only": ['device class "mig.nvidia.com" does not exist',  # and gpu.nvidia.com publishes no device:
+                  "1 device of class gpu.nvidia.com on one node, but the most any node has is 0 (0 nodes with such "
+                  "devices)"],
     "cpu-only": ['device class "gpu.nvidia.com" does not exist, so the claim can never be allocated (DeviceClasses in '
                  'the cluster: 0)'],
 }
@@ -180,7 +184,7 @@ def test_with_fresh_facts_the_policies_decide_as_the_webhook_with_its_view(clust
     generated, answers = native(cluster, cases, version, summary_of(state))
     claims = generated.target.minor >= 34
     assert {"unknown-accelerator", "unknown-runtime-class", "exceeds-node-capacity", "unadvertised-resource",
-            *(["unknown-device-class"] if claims else [])} <= set(generated.native)
+            *(["unknown-device-class", "exceeds-device-capacity"] if claims else [])} <= set(generated.native)
     cases, answers, injected = injections_aside(cases, answers, state)
     assert bool(injected) == (cluster == "h100-only"), injected  # the one cluster without RuntimeClass nvidia
     found = compare(POLICIES, generated, cases, answers, state.view())
@@ -217,7 +221,7 @@ def test_with_stale_or_missing_facts_the_cluster_rules_refuse_nothing(when, fact
                 continue  # resource.k8s.io/v1 is not served: no claims policy
             claims += 1
         expected = admission.decide(case.obj, group_of(case.obj["apiVersion"]), case.kind, case.namespace, POLICIES)
-        for words in ("no node has", "no such RuntimeClass", "does not exist, so the claim"):
+        for words in ("no node has", "no such RuntimeClass", "does not exist, so the claim", "the most any node has"):
             assert words not in answer.message, (case.name, answer.message)
         assert answer.allowed == expected.allowed, (case.name, answer.message, expected.message)
     assert claims == (len(claim_cases()) if generated.target.minor >= 34 else 0)

@@ -8,9 +8,9 @@ Requests are server-side dry runs, so nothing is stored.
 
 - a GPU pod that asks for an accelerator no node has, more GPUs than any node of its model has, a GPU resource no
   node offers, or a RuntimeClass that does not exist, is refused; so is a ResourceClaim naming a DeviceClass that
-  does not exist, where resource.k8s.io/v1 is served (1.37); a pod that can schedule is admitted; a CPU pod is
-  never judged by them; where DRA is served the facts count the devices of the ResourceSlices each DeviceClass
-  selects;
+  does not exist or more devices of a class than any node has, where resource.k8s.io/v1 is served (1.37); a pod
+  that can schedule is admitted; a CPU pod is never judged by them; where DRA is served the facts count the
+  devices of the ResourceSlices each DeviceClass selects;
 - the MutatingAdmissionPolicy (1.37) gives a GPU pod the namespace's isolation.runtimeClass only where the facts
   say the class exists;
 - facts change (a node with a new model joins, a RuntimeClass or a DeviceClass is created): the time until the
@@ -121,8 +121,8 @@ def runtime_class(name: str) -> dict[str, Any]:
     return {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name}, "handler": name}
 
 
-def claim(name: str, device_class_name: str) -> dict[str, Any]:
-    request = {"name": "gpu", "exactly": {"deviceClassName": device_class_name}}
+def claim(name: str, device_class_name: str, count: int = 1) -> dict[str, Any]:
+    request = {"name": "gpu", "exactly": {"deviceClassName": device_class_name, "count": count}}
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
             "spec": {"devices": {"requests": [request]}}}
 
@@ -222,6 +222,11 @@ def test_the_apiserver_alone_refuses_what_could_never_run_and_admits_what_can(be
                                'spec.devices.requests[0].exactly.deviceClassName: device class "missing.example.com" '
                                "does not exist, so the claim can never be allocated (DeviceClasses in the cluster: 1)")
         assert bed.admitted(claim("known", "gpu.nvidia.com"))
+        devices_in_the_facts(bed)  # the ResourceSlices of the bed: 4 devices on one node, 2 on another
+        assert bed.refused_for(claim("six", "gpu.nvidia.com", count=6),
+                               "spec.devices.requests[0].exactly.count: 6 devices of class gpu.nvidia.com on one node, "
+                               "but the most any node has is 4 (2 nodes with such devices)")
+        assert bed.admitted(claim("four", "gpu.nvidia.com", count=4))
     # No GPU: neither rule judges it, whatever it names.
     assert bed.admitted(deployment("cpu", "missing", gpus=0))
     assert bed.admitted(pod(container(requests={"cpu": "100m"}), name="cpu",
@@ -234,6 +239,10 @@ def test_the_facts_count_the_devices_each_device_class_selects(bed):
     if not bed.claims:
         assert "deviceClasses" not in bed.summary(), bed.summary()
         return
+    devices_in_the_facts(bed)
+
+
+def devices_in_the_facts(bed: Bed) -> None:
     expected = {"devices": 6, "largest": 4, "nodes": 2, "selectorsEvaluated": True}
     until("the DeviceClass's devices in the facts",
           lambda: bed.summary().get("deviceClasses", {}).get("gpu.nvidia.com") == expected, 30, interval=0.5,

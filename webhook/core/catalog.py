@@ -153,7 +153,7 @@ _ROWS: tuple[Rule, ...] = (
     Rule("unknown-device-class", "cluster", "unknownDeviceClass", "deny",
          "a claim names a DeviceClass that does not exist", "the request's `deviceClassName`", _DRA, "native"),
     Rule("exceeds-device-capacity", "cluster", "exceedsDeviceCapacity", "deny",
-         "more devices of a class than any node has", "the request's count", _DRA, "webhook", NEEDS_CLUSTER),
+         "more devices of a class than any node has", "the request's count", _DRA, "native"),
     Rule("missing-claim-source", "cluster", "missingClaimSource", "warn",
          "a pod names a ResourceClaim or ResourceClaimTemplate that does not exist in its namespace",
          "`spec.resourceClaims[]`", _DRA, "webhook", NEEDS_CLUSTER),

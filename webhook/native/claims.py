@@ -59,6 +59,9 @@ def _trusted(ctx: Ctx) -> str:
 
 # The class a device request names (null when none).
 DEVICE_CLASS = "device.body.?deviceClassName.orValue(null)"
+# The devices a request counts (``clusterindex.device_count``: 1 when absent or not positive, as the apiserver
+# defaults it).
+DEVICE_COUNT = "(device.body.?count.orValue(0) > 0 ? device.body.count : 1)"
 
 
 @native("device-class-not-allowed", claims=True)
@@ -144,7 +147,7 @@ def _count_cap(ctx: Ctx, rule: str) -> list[Finding]:
         return []
     cap = ctx.ns(cap_text, live=_live_cap(rule))
     scope = "per container" if rule == "per-container-limit" else "per pod"
-    count = "(device.body.?count.orValue(0) > 0 ? device.body.count : 1)"
+    count = DEVICE_COUNT
     message = (f"string(count) + ' devices of class ' + device_class + ' are over the limit of ' + string({cap}) + "
                f"' {scope}'")
     where = (f"device_class != null && {matches('device_class', globs_regex(classes))} && "

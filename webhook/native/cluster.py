@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from webhook.native import params
 from webhook.native.celtext import lit
-from webhook.native.claims import DEVICE_CLASS, DEVICES, REQUESTS
+from webhook.native.claims import DEVICE_CLASS, DEVICE_COUNT, DEVICES, REQUESTS
 from webhook.native.findings import Each, Finding
 from webhook.native.pods import ANNOTATED, FIRST_COUNTED, ODD_COUNT, annotated, plain_sum, selected, total
 from webhook.native.reads import Reads
@@ -154,3 +154,25 @@ def unknown_device_class(ctx: Ctx) -> list[Finding]:
                     f"!(device_class in {classes})",
                     "device.path + '.deviceClassName'", "device.stable + '.deviceClassName'", "device_class", message,
                     (("device_class", DEVICE_CLASS),))]
+
+
+@native("exceeds-device-capacity", claims=True, reads_facts=True)
+def exceeds_device_capacity(ctx: Ctx) -> list[Finding]:
+    """``draobjects.exceeds_devices`` on a claim's device request: more devices of a class on one node than the most
+    any node has, as the facts count them. A request with selectors of its own, and a class whose selectors the
+    writer could not evaluate, are left to the webhook (it counts them by evaluating the selectors); so is the sum
+    over a pod's claims, which reads the claims."""
+    if not _reads_facts(ctx):
+        return []
+    entry = f"{params.FACTS}.deviceClasses[device_class]"
+    where = (f"device_class != null && {params.facts_section('deviceClasses')} && "
+             f"device_class in {params.FACTS}.deviceClasses && {entry}.selectorsEvaluated && "
+             "device.body.?allocationMode.orValue('') != 'All' && "
+             "!device.body.?selectors.orValue([]).exists(selector, has(selector.cel)) && "
+             f"count > {entry}.largest")
+    message = (f"string(count) + ' device' + (count != 1 ? 's' : '') + ' of class ' + device_class + "
+               f"' on one node, but the most any node has is ' + string({entry}.largest) + ' (' + "
+               f"string({entry}.nodes) + ' node' + ({entry}.nodes != 1 ? 's' : '') + ' with such devices)'")
+    return [Finding("exceeds-device-capacity", (REQUESTS, DEVICES), where, "device.path + '.count'",
+                    "device.stable + '.count'", "string(count) + ' ' + device_class", message,
+                    (("device_class", DEVICE_CLASS), ("count", DEVICE_COUNT)))]

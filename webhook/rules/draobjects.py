@@ -151,17 +151,20 @@ def exceeds_devices(
     devices = view.class_devices.get(device_class)
     if devices is None or not policy.checks("exceeds-device-capacity"):
         return []
-    largest, nodes, how = devices.largest, devices.nodes, devices.counted_by
+    largest, nodes = devices.largest, devices.nodes
+    # How they were counted, where it is not the class's own selectors (what the native policies read from the
+    # facts, which say the same).
+    how = "" if devices.evaluated else f"; counted {devices.counted_by}"
     narrowed = view.devices_matching(device_class, selectors) if selectors else None
     if narrowed is not None:
         largest, nodes = narrowed
-        how += " and the request's selectors"
+        how = f"; counted {devices.counted_by} and the request's selectors"
     if count <= largest:
         return []
     return [Violation(
         where, "exceeds-device-capacity",
         f"{count} device{'s' if count != 1 else ''} of class {device_class} on one node, but the most any node has "
-        f"is {largest} ({nodes} node{'s' if nodes != 1 else ''} with such devices; counted {how})",
+        f"is {largest} ({nodes} node{'s' if nodes != 1 else ''} with such devices{how})",
         f"{count} {device_class}",
     )]
 

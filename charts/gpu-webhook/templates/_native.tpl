@@ -40,7 +40,7 @@ processCountMismatch,replicaAcceleratorMismatch
 {{- end }}
 
 {{- define "gpu-webhook.native.factRules" -}}
-unknown-accelerator, unknown-runtime-class, unadvertised-resource, exceeds-node-capacity, unknown-device-class
+unknown-accelerator, unknown-runtime-class, unadvertised-resource, exceeds-node-capacity, unknown-device-class, exceeds-device-capacity
 {{- end }}
 
 {{- define "gpu-webhook.native.knownKinds" -}}
