@@ -44,7 +44,7 @@ from tests.e2e import gpupolicy as gp
 from tests.e2e.cluster import ADMIN_TOKEN, ControlPlane
 from tests.e2e.conftest import MATRIX_BEDS
 from tests.e2e.gpupolicy import eventually
-from tests.e2e.native_bed import upstream_crash
+from tests.e2e.native_bed import surviving_upstream_crash
 from tests.manifests import admission_review, container, pod
 from tests.server import WebhookProcess, make_certs, start_webhook
 from webhook.cli.policies import discover
@@ -205,12 +205,8 @@ def bed(matrix_cluster: ControlPlane, tmp_path_factory) -> Iterator[LiveBed]:
     live.create_object()
     started = time.monotonic()
     live.apply_policies()
-    try:
-        took = eventually("the live policies enforced", live.enforced, timeout=240, every=0.2)
-    except AssertionError:
-        if not upstream_crash(cluster):  # kube-apiserver's own bug, as native_bed's setup meets it
-            raise
-        took = eventually("the live policies enforced", live.enforced, timeout=240, every=0.2)
+    took = surviving_upstream_crash(
+        cluster, lambda: eventually("the live policies enforced", live.enforced, timeout=240, every=0.2))
     print(f"\n{live.id}: {target.describe()}: {len(live.policies())} objects enforced {took:.1f} s after apply "
           f"({time.monotonic() - started:.1f} s with the apply)")
     tmp = tmp_path_factory.mktemp(f"live-failures-{live.id}")
