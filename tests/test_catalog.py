@@ -105,8 +105,9 @@ def test_every_webhook_only_rule_says_why_and_native_rules_say_nothing():
 
 def test_the_cluster_rules_the_facts_carry_are_native_and_the_rest_stay_with_the_webhook():
     """CEL sees the object, its namespace and the params: the cluster's facts in GPUPolicy/default's status carry
-    which models the nodes have, the most GPUs of each on one node, which RuntimeClasses and DeviceClasses exist and
-    the most devices of each class on one node; the rest need more than a summary holds."""
+    which models the nodes have, the most GPUs of each on one node, which RuntimeClasses exist and their node
+    selectors, which DeviceClasses exist and the most devices of each class on one node; the rest need more than a
+    summary holds."""
     assert {r.id for r in catalog.in_section("cluster") if r.engine == "native"} == {
-        "unknown-accelerator", "unknown-runtime-class", "exceeds-node-capacity", "unadvertised-resource",
-        "unknown-device-class", "exceeds-device-capacity"}
+        "unknown-accelerator", "unknown-runtime-class", "runtime-class-conflict", "exceeds-node-capacity",
+        "unadvertised-resource", "unknown-device-class", "exceeds-device-capacity"}

@@ -442,7 +442,7 @@ def test_the_command_writes_the_objects_on_stdout_and_the_webhook_rules_on_stder
     assert live.policy_object is not None
     assert [f"{d['kind']}/{d['metadata']['name']}" for d in documents] == [
         f"{d['kind']}/{d['metadata']['name']}" for d in [*live.objects, live.policy_object]]
-    assert "left to the webhook: runtime-class-conflict: " in done.stderr
+    assert "left to the webhook: missing-claim-source: " in done.stderr
     assert "left to the webhook: process-count-mismatch: " in done.stderr
 
 

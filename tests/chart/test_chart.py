@@ -1154,10 +1154,11 @@ def test_notes_of_hybrid_mode_with_cluster_checks_name_the_cluster_rules_the_pol
     cluster = values_args({"policy": {"cluster": {"enabled": True}}})
     live = notes(helm, "--set", "admissionPolicies.enabled=true", *cluster)
     assert "The webhook still sees every GPU object" not in live
-    assert "The webhook sees the pods that name a RuntimeClass or have DRA claims" in " ".join(live.split())
+    assert "The webhook sees the pods that have DRA claims" in " ".join(live.split())
     sentence = " ".join(live.split()).split(" and carry ")[1].split(" without it")[0]
     assert set(sentence.split(", ")) == {"unknown-accelerator", "exceeds-node-capacity", "unadvertised-resource",
-                                         "unknown-runtime-class", "unknown-device-class", "exceeds-device-capacity"}
+                                         "unknown-runtime-class", "runtime-class-conflict", "unknown-device-class",
+                                         "exceeds-device-capacity"}
     inline = notes(helm, "--set", "admissionPolicies.enabled=true", *values_args(
         {"policy": {"cluster": {"enabled": True}, "nativePolicies": {"params": "inline"}}}))
     assert "The webhook still sees every GPU object" in inline and "unknown-accelerator" not in inline

@@ -7,7 +7,8 @@ accelerator label and a RuntimeClass, and a webhook process run only as the stat
 Requests are server-side dry runs, so nothing is stored.
 
 - a GPU pod that asks for an accelerator no node has, more GPUs than any node of its model has, a GPU resource no
-  node offers, or a RuntimeClass that does not exist, is refused; so is a ResourceClaim naming a DeviceClass that
+  node offers, or a RuntimeClass that does not exist, is refused, as is a template whose nodeSelector contradicts
+  its RuntimeClass's; so is a ResourceClaim naming a DeviceClass that
   does not exist or more devices of a class than any node has, where resource.k8s.io/v1 is served (1.37); a pod
   that can schedule is admitted; a CPU pod is never judged by them; where DRA is served the facts count the
   devices of the ResourceSlices each DeviceClass selects;
@@ -117,8 +118,9 @@ def churning(cluster: ControlPlane) -> Iterator[list[int]]:
         cluster.kubectl("delete", "node", "node-churn", "--ignore-not-found")
 
 
-def runtime_class(name: str) -> dict[str, Any]:
-    return {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name}, "handler": name}
+def runtime_class(name: str, **node_selector: str) -> dict[str, Any]:
+    return {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name}, "handler": name,
+            **({"scheduling": {"nodeSelector": node_selector}} if node_selector else {})}
 
 
 def claim(name: str, device_class_name: str, count: int = 1) -> dict[str, Any]:
@@ -176,7 +178,7 @@ def bed(matrix_cluster: ControlPlane, tmp_path_factory) -> Iterator[Bed]:
     # Where DRA is served, the nodes' devices too: 4 on l4-a and 2 on l4-b, of the driver the DeviceClass selects.
     dra = [device_class("gpu.nvidia.com"), resource_slice("l4-a", "gpu.nvidia.com", 4, model="l4"),
            resource_slice("l4-b", "gpu.nvidia.com", 2, model="l4")] if claims else []
-    apply(cluster, [runtime_class("nvidia"), *dra, out.policy_object])
+    apply(cluster, [runtime_class("nvidia"), runtime_class("zone-a", zone="a"), *dra, out.policy_object])
     apply(cluster, [o for o in out.objects if o["kind"] != gp.gpupolicy.KIND])
     tmp = tmp_path_factory.mktemp(f"cluster-facts-{cluster.bed.id if cluster.bed else 'main'}")
     writer = start_webhook(tmp, "--policy-object", "default", "--kubeconfig", str(cluster.kubeconfig),
@@ -216,6 +218,15 @@ def test_the_apiserver_alone_refuses_what_could_never_run_and_admits_what_can(be
                            "exists")
     assert bed.admitted(gpu_pod("fits", nodeSelector={"accelerator": "nvidia-l4"}, runtimeClassName="nvidia"))
     assert bed.admitted(deployment("fits", "nvidia"))
+    # A template whose nodeSelector contradicts its RuntimeClass's (a Pod's is refused by the apiserver's own
+    # RuntimeClass admission plugin, before any policy; its Deployment's would be, pod after pod).
+    elsewhere = deployment("elsewhere", "zone-a")
+    elsewhere["spec"]["template"]["spec"]["nodeSelector"] = {"zone": "b"}
+    assert bed.refused_for(elsewhere, "spec.template.spec.runtimeClassName: runtimeClassName zone-a, whose "
+                                      "scheduling.nodeSelector contradicts the pod's: zone=a (pod: b); the apiserver "
+                                      "would reject the pod")
+    elsewhere["spec"]["template"]["spec"]["nodeSelector"] = {"zone": "a"}
+    assert bed.admitted(elsewhere)
     assert bed.admitted(gpu_pod("anywhere"))
     if bed.claims:
         assert bed.refused_for(claim("unknown", "missing.example.com"),

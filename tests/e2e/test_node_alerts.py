@@ -1,7 +1,7 @@
 """The chart's alerts and dashboard against a real Prometheus on the node bed (tests/e2e/node.py).
 
 A release in hybrid mode (``admissionPolicies.enabled``) with ``policy.cluster.enabled`` (the webhook watches Nodes
-and is sent the GPU pods that name a RuntimeClass: runtime-class-conflict is its rule), its validating webhooks set
+and is sent the GPU pods with claims, whose claims its rules follow), its validating webhooks set
 to failurePolicy Fail (``admissionPolicies.webhookFailurePolicy``, a user's choice: the chart's default is Ignore),
 ``audit.enabled`` (every 15 s) and a namespace in warn mode. A Prometheus server
 (tests/e2e/build-prometheus.sh, run as a process of the bed, in its network namespace: no image registry exists)
@@ -9,9 +9,9 @@ scrapes every webhook pod's metrics port (file discovery, rewritten by the test 
 with the labels the chart's ServiceMonitor gives: job=<fullname>, namespace=<release namespace>) and the
 kube-apiserver's /metrics with the bed's admin token (keeping the admission families only), every second; it
 evaluates the chart's alert rules every second. The node gets the policy's default accelerator label and 8
-``nvidia.com/gpu`` in its status, the cluster a RuntimeClass, the warn namespace a Deployment over the cap (for the
+``nvidia.com/gpu`` in its status, the warn namespace a Deployment over the cap (for the
 audit to find). A steady stream of dry-run pod creations (tests/e2e/load.py, 4 a second) mixes pods the release
-admits (one of them naming the RuntimeClass, which the webhook judges), refuses (native rules, one from the cluster's
+admits (one of them with a claim, which the webhook judges), refuses (native rules, one from the cluster's
 facts) and warns about.
 
 The rules are the chart's own (tests/monitoring.py renders them as the PrometheusRule template does), **time-scaled
@@ -23,7 +23,7 @@ Then the faults of issue 33, each followed by recovery:
 
 1. the validating webhooks Fail (the mutation is native, its webhook Ignore), every webhook pod killed
    (``kubectl scale --replicas=0``, pods force-deleted) and every ValidatingAdmissionPolicyBinding the hook Job
-   applied deleted: GpuWebhookCallsFailing (the apiserver refuses the pods naming a RuntimeClass, failing to call
+   applied deleted: GpuWebhookCallsFailing (the apiserver refuses the pods with a claim, failing to call
    validate.gpu-webhook.io) and GpuWebhookNativePolicyNotEvaluated (for each policy evaluated before) must fire;
    both resolve once the pod and the bindings are back;
 2. ``helm upgrade --set admissionPolicies.webhookFailurePolicy=Ignore`` (every webhook Ignore, the chart's default)
@@ -73,7 +73,6 @@ DEPLOYMENT = f"deployment/{FULLNAME}"
 LAB = "gw-alerts-lab"  # enforcement: warn
 POLICY_LABEL = "app.kubernetes.io/component=admission-policies"
 ACCELERATOR = "nvidia-tesla-k80"  # the policy's default; the bed's node is labelled with it
-RUNTIME_CLASS = "gw-alerts-nvidia"  # exists while the module runs; a pod naming it is sent to the webhook
 PROMETHEUS_PORT = 19090
 SCALE = 60  # every duration of the chart's rules is divided by this
 # Seconds an alert may take beyond its scaled window and for: the kill itself (the pod stopped, its endpoint
@@ -239,11 +238,11 @@ def _webhook_judged(bed: NodeBed) -> bool:
     """The webhook answered with its cluster view loaded. In the warn namespace nothing is refused, so the request
     reaches the webhook (a native policy that denies would stop it first: the accelerator rule is native too), and
     the webhook's own warning, not a ValidatingAdmissionPolicy's, names the accelerator no node has. With the
-    cluster checks the webhook is sent only templates that name a RuntimeClass (or have claims): a Deployment's
-    (a Pod naming a class that does not exist is refused before any webhook)."""
+    cluster checks the webhook is sent only templates with claims (or of custom kinds): a Deployment's, whose
+    claim template need not exist."""
     template = _gpu_pod("probe", 1, "nvidia-l4")
     template["metadata"]["labels"] = {"app": "probe"}
-    template["spec"]["runtimeClassName"] = "gw-e2e-probe"
+    _claim(template, "resourceClaimTemplateName", "gw-e2e-probe")
     deployment = workload("Deployment", template, name="probe")
     deployment["spec"].update(replicas=0, selector={"matchLabels": {"app": "probe"}})
     said = _dry_run(bed, deployment, LAB).stderr
@@ -257,19 +256,27 @@ def _gpu_pod(name: str, gpus: int, accelerator: str | None = None) -> dict:
                name=name, **spec)
 
 
-def _classed_pod(name: str) -> dict:
-    """A one-GPU pod naming the RuntimeClass: the validating webhook's (runtime-class-conflict), admitted."""
-    named = _gpu_pod(name, 1)
-    named["spec"]["runtimeClassName"] = RUNTIME_CLASS
-    return named
+def _claim(template: dict, source: str, name: str) -> None:
+    """Give the pod template a claim its container uses (``source``: resourceClaimName or
+    resourceClaimTemplateName): with the cluster checks, the validating webhook follows a pod's claims."""
+    template["spec"]["resourceClaims"] = [{"name": "gpu", source: name}]
+    template["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+
+
+def _claiming_pod(name: str) -> dict:
+    """A one-GPU pod with a claim (no such ResourceClaim exists, which admission does not require): the validating
+    webhook's, admitted."""
+    claiming = _gpu_pod(name, 1)
+    _claim(claiming, "resourceClaimName", "gw-alerts-claim")
+    return claiming
 
 
 # The load's mix, by request index: admitted (the native mutation injects the default accelerator, which the
-# node has); admitted by the webhook too (it names the RuntimeClass); refused by the cluster-aware rule (an
+# node has); admitted by the webhook too (it has a claim); refused by the cluster-aware rule (an
 # allowed accelerator no node has: the native policy, from the cluster's facts); refused by a native rule (over
 # the per-container cap); admitted with warnings in the warn namespace (over the cap).
 MIX = (("default", lambda i: _gpu_pod(f"ok-{i}", 1)),
-       ("default", lambda i: _classed_pod(f"classed-{i}")),
+       ("default", lambda i: _claiming_pod(f"claiming-{i}")),
        ("default", lambda i: _gpu_pod(f"absent-{i}", 1, "nvidia-l4")),
        ("default", lambda i: _gpu_pod(f"over-{i}", 5)),
        (LAB, lambda i: _gpu_pod(f"warned-{i}", 5)))
@@ -300,9 +307,6 @@ def release(node_bed: NodeBed, webhook_image: str, tmp_path_factory):
         # And GPUs: an extended resource in the node's status (the kubelet keeps it), so the webhook's cluster-aware
         # rule admits a one-GPU pod.
         _node_gpus(bed, "add")
-        bed.kubectl("apply", "-f", "-", check=True, stdin=json.dumps(
-            {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": RUNTIME_CLASS},
-             "handler": "nvidia"}))
         bundle = certs.generate(certs.service_names(FULLNAME, NAMESPACE))
         secret = tls_secret(f"{RELEASE}-tls", NAMESPACE, bundle.cert_pem, bundle.key_pem)
         bed.kubectl("create", "-f", "-", stdin=json.dumps(secret), check=True)
@@ -341,7 +345,6 @@ def release(node_bed: NodeBed, webhook_image: str, tmp_path_factory):
                     "--ignore-not-found")
         bed.kubectl("label", "node", NODE_NAME, "accelerator-")
         _node_gpus(bed, "remove")
-        bed.kubectl("delete", "runtimeclass", RUNTIME_CLASS, "--ignore-not-found")
         for namespace in (NAMESPACE, LAB):
             deleted = bed.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=true",
                                   "--timeout=90s", timeout=120)

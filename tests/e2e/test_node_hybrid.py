@@ -317,13 +317,15 @@ def k80_node(node_bed):
 
 def _cluster_load(index: int) -> tuple[str, dict]:
     """Every other pod must be refused by a cluster rule (an accelerator no node has); of the rest, every other
-    names a RuntimeClass, which sends it to the validating webhook (runtime-class-conflict is the webhook's)."""
+    has a claim (no such ResourceClaim exists, which admission does not require), which sends it to the validating
+    webhook: the webhook follows a pod's claims."""
     if index % 2:
         return "default", {**L4_POD, "metadata": {"name": f"l4-{index}"}}
     if index % 4 == 2:
-        named = gpu_pod(f"runtime-{index}")
-        named["spec"]["runtimeClassName"] = "nvidia"
-        return "default", named
+        claiming = gpu_pod(f"claiming-{index}")
+        claiming["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "gw-e2e-claim"}]
+        claiming["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+        return "default", claiming
     return "default", gpu_pod(f"fits-{index}")
 
 
@@ -331,8 +333,8 @@ def test_hybrid_with_the_cluster_checks_a_killed_replica_costs_no_admission_and_
                                                                                                     k80_node):
     """Issue 32's availability: ``policy.cluster.enabled`` in hybrid mode, the chart's default failure policies. The
     policies read the cluster's facts from GPUPolicy/default's status, so a GPU pod asking for a model no node has
-    is refused by the apiserver alone, and the webhooks are sent only what the rules they keep read (pods naming a
-    RuntimeClass, pods with claims). The kill under the same load fails nothing and admits nothing wrong."""
+    is refused by the apiserver alone, and the webhooks are sent only what the rules they keep read (pods with
+    claims). The kill under the same load fails nothing and admits nothing wrong."""
     helm = _upgrade(node_bed, "--set", "policy.cluster.enabled=true")
     FIGURES["hybrid + cluster checks: helm upgrade --wait (s)"] = round(helm, 1)
 

@@ -149,7 +149,7 @@ _ROWS: tuple[Rule, ...] = (
          "`spec.runtimeClassName`", _RUNTIME, "native"),
     Rule("runtime-class-conflict", "cluster", "runtimeClassConflict", "deny",
          "the RuntimeClass's `scheduling.nodeSelector` contradicts the pod's", "`spec.runtimeClassName`", _RUNTIME,
-         "webhook", NEEDS_CLUSTER),
+         "native"),
     Rule("unknown-device-class", "cluster", "unknownDeviceClass", "deny",
          "a claim names a DeviceClass that does not exist", "the request's `deviceClassName`", _DRA, "native"),
     Rule("exceeds-device-capacity", "cluster", "exceedsDeviceCapacity", "deny",

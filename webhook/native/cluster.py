@@ -18,7 +18,7 @@ from webhook.native.findings import Each, Finding
 from webhook.native.pods import ANNOTATED, FIRST_COUNTED, ODD_COUNT, annotated, plain_sum, selected, total
 from webhook.native.reads import Reads
 from webhook.native.registry import Trigger, native
-from webhook.native.snippets import Ctx, is_gpu, quoted
+from webhook.native.snippets import Ctx, is_gpu, quoted, ranked
 
 INLINE_WHY = ("reads the cluster's facts in GPUPolicy/default's status.cluster, which only policies that read the "
               "object live can (nativePolicies.params: live)")
@@ -87,6 +87,61 @@ def unknown_runtime_class(ctx: Ctx) -> list[Finding]:
                     f"runtime_class != '' && {params.facts_section('runtimeClasses')} && !(runtime_class in {classes})",
                     "pod.path + '.runtimeClassName'", "pod.stable + '.runtimeClassName'", "runtime_class", message,
                     (("runtime_class", name),))]
+
+
+def _contradicts(ctx: Ctx) -> str:
+    """A template naming a RuntimeClass the facts list with a ``scheduling.nodeSelector`` key the pod's nodeSelector
+    sets otherwise, or the node label, which the pod may leave to the accelerator the mutation injects."""
+    label = lit(ctx.policy.node_label)
+    selector = "pod.spec.nodeSelector"
+    wanted = f"{params.PARAM_FACTS}.?runtimeClasses[?pod.spec.runtimeClassName].?nodeSelector.orValue({{}})"
+    return (f"has(pod.spec.runtimeClassName) && [{wanted}].exists(wanted, wanted.exists(key, "
+            f"has({selector}) && key in {selector} ? {selector}[key] != wanted[key] : key == {label}))")
+
+
+def _placed(ctx: Ctx, r: Reads) -> str:
+    """The value of the node label in template ``pod``'s nodeSelector once mutated (``effective_node_selector``):
+    its own, else, with no required node affinity on the label, the accelerator the mutation injects (the
+    annotation's, else the default, if allowed); else null."""
+    label = lit(ctx.policy.node_label)
+    terms = r.at("pod.spec", "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
+                 "list", "[]")
+    expressions = "term.?matchExpressions.orValue([])" if r.typed else (
+        "(type(term) == map && 'matchExpressions' in term && type(term.matchExpressions) == list ? "
+        "term.matchExpressions : [])")
+    key = "requirement.key" if r.typed else "(type(requirement) == map ? requirement[?'key'].orValue('') : '')"
+    by_affinity = f"{terms}.exists(term, {expressions}.exists(requirement, {key} == {label}))"
+    allowed = params.of("allowed")
+    injected = (f"[{annotated(r)}].map(asked, asked != null ? asked : dyn({params.of('default')}))"
+                f".filter(model, model != '' && (size({allowed}) == 0 || model in {allowed}))")
+    return (f"dyn({selected(r)} != null ? {selected(r)} : !{by_affinity} && size({injected}) > 0 ? "
+            f"{injected}[0] : null)")
+
+
+@native("runtime-class-conflict", reads_facts=True, fires=(Trigger("template", _contradicts),))
+def runtime_class_conflict(ctx: Ctx) -> list[Finding]:
+    """``isolation.check_runtime_class``: the ``scheduling.nodeSelector`` of the RuntimeClass a GPU pod names sets a
+    key the pod's nodeSelector (with the accelerator the mutation injects) sets otherwise, which the apiserver's
+    RuntimeClass admission refuses; each key once, sorted, as ``runtime_class_conflicts`` words them."""
+    if not _reads_facts(ctx):
+        return []
+    r = Reads(ctx)
+    name = r.get("pod.spec", "runtimeClassName", "string", "''")
+    selector = r.get("pod.spec", "nodeSelector", "map", "{}")
+    classes = f"{params.FACTS}.runtimeClasses"
+    wanted = (f"dyn(runtime_class != '' && {params.facts_section('runtimeClasses')} && runtime_class in {classes} ? "
+              f"{classes}[runtime_class].?nodeSelector.orValue({{}}) : {{}})")
+    label = lit(ctx.policy.node_label)
+    own = f"(key in {selector} && type({selector}[key]) == string ? {selector}[key] : null)"
+    value = f"(key == {label} ? placed : {own})"
+    keys = ranked(f"wanted.filter(key, {value} != null && {value} != wanted[key])")
+    words = f"{keys}.map(key, key + '=' + wanted[key] + ' (pod: ' + {value} + ')').join(', ')"
+    message = ("'runtimeClassName ' + runtime_class + ', whose scheduling.nodeSelector contradicts the pod\\'s: ' + "
+               "conflicts + '; the apiserver would reject the pod'")
+    return [Finding("runtime-class-conflict", (Each("pod", "variables.templates", "pod.holds"),),
+                    "conflicts != ''", "pod.path + '.runtimeClassName'", "pod.stable + '.runtimeClassName'",
+                    "runtime_class + ': ' + conflicts", message,
+                    (("runtime_class", name), ("wanted", wanted), ("placed", _placed(ctx, r)), ("conflicts", words)))]
 
 
 def _over_a_node(ctx: Ctx) -> str:

@@ -14,10 +14,9 @@ everything its own conditions let through):
 
 With the cluster-aware checks on (``cluster.enabled``), the policies that read the object live carry the cluster
 rules whose facts the status writer keeps (``webhook.native.cluster``): the validating webhook still takes the pods
-whose claims it follows and those that name a RuntimeClass (``runtime-class-conflict`` reads its node selector
-against the pod's); the others, the DRA objects and the custom kinds it keeps whole. Inline policies read no facts,
-so there the webhook keeps everything. The two ``checks.*``
-rules only the webhook carries (process counts and accelerators across replicas) read PyTorchJobs and the
+whose claims it follows, the DRA objects and the custom kinds, which the cluster rules it keeps read. Inline
+policies read no facts, so there the webhook keeps everything. The two ``checks.*`` rules only the webhook carries
+(process counts and accelerators across replicas) read PyTorchJobs and the
 RayCluster of RayClusters, RayJobs and RayServices alone (``webhook.rules.crossfield.REPLICA_KINDS``): while either
 is on, those kinds go to the webhook too. The chart renders the same from its generated helpers
 (:mod:`webhook.native.chart`).
@@ -48,10 +47,6 @@ FLAT_WILDCARDS = 1
 # The pods whose claims the webhook follows (gpu-limit-and-claim and the cluster's claim checks read the claims a
 # pod names, which CEL cannot read).
 FOLLOWS_CLAIMS = ("has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims) > 0")
-# With the cluster checks, the pods that name a RuntimeClass: runtime-class-conflict, which reads its node selector
-# (the facts hold it, but comparing two selectors is left to the webhook), and one isolation.runtimeClass injects is
-# named by the time a Pod is validated.
-NAMES_RUNTIME_CLASS = "has(pod.spec.runtimeClassName) && pod.spec.runtimeClassName != ''"
 # The Pods the mutating webhook still takes with the cluster checks on.
 POD_WITH_CLAIMS = "has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0"
 
@@ -99,8 +94,6 @@ def validate_condition(policies: PolicySet, target: Target) -> str:
     """The CEL of what Pods and built-in workloads must still bring to the webhook on this target."""
     triggers = trigger_expression(Ctx(policies), lacking(target))
     clauses = [f"({FOLLOWS_CLAIMS})"]
-    if policies.default.cluster_enabled:
-        clauses.append(f"({NAMES_RUNTIME_CLASS})")
     if triggers != "false":
         clauses.append(triggers)
     return f"({BUILTIN_TEMPLATE}).exists(pod, has(pod.spec) && ({' || '.join(clauses)}))"
@@ -142,7 +135,7 @@ def conditions(policies: PolicySet, target: Target) -> dict[str, list[Condition]
     return out
 
 
-__all__ = ["FLAT_WILDCARDS", "FOLLOWS_CLAIMS", "NAMES", "NAMES_RUNTIME_CLASS", "NOTHING", "POD_WITH_CLAIMS",
+__all__ = ["FLAT_WILDCARDS", "FOLLOWS_CLAIMS", "NAMES", "NOTHING", "POD_WITH_CLAIMS",
            "carries_all_from",
            "conditions", "custom_condition", "keeps_all", "lacking", "replica_checks_on", "replica_kinds",
            "validate_condition", "webhook_checks"]

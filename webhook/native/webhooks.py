@@ -41,7 +41,8 @@ GPU_ONLY = frozenset({
     "accelerator-not-allowed", "accelerator-conflict", "structure", "ephemeral-gpu", "pod-level-gpu",
     "mixed-gpu-and-mig", "init-container-gpus", "zero-gpu-limit", "host-pid-gpu",
     "shared-gpu-over-one", "fractional-gpu-request", "gpu-monitoring-resource", "node-name-with-gpus",
-    "unknown-accelerator", "unknown-runtime-class", "exceeds-node-capacity", "unadvertised-resource",
+    "unknown-accelerator", "unknown-runtime-class", "runtime-class-conflict", "exceeds-node-capacity",
+    "unadvertised-resource",
 })
 # The rules with a clause of their own, whose CEL reads the policy's node label and GPU taints.
 OWN_CLAUSE = frozenset({"cpu-pod-on-gpu-nodes"})

@@ -40,7 +40,7 @@ processCountMismatch,replicaAcceleratorMismatch
 {{- end }}
 
 {{- define "gpu-webhook.native.factRules" -}}
-unknown-accelerator, unknown-runtime-class, unadvertised-resource, exceeds-node-capacity, unknown-device-class, exceeds-device-capacity
+unknown-accelerator, unknown-runtime-class, runtime-class-conflict, unadvertised-resource, exceeds-node-capacity, unknown-device-class, exceeds-device-capacity
 {{- end }}
 
 {{- define "gpu-webhook.native.knownKinds" -}}
@@ -65,9 +65,9 @@ unknown-accelerator, unknown-runtime-class, unadvertised-resource, exceeds-node-
 
 {{- define "gpu-webhook.native.validateClusterCondition" -}}
 {{- if semverCompare ">=1.35-0" .Capabilities.KubeVersion.Version }}
-(request.kind.kind == 'Pod' ? [object] : request.kind.kind == 'PodTemplate' ? (has(object.template) ? [object.template] : []) : request.kind.kind == 'CronJob' ? (has(object.spec.jobTemplate.spec.template) ? [object.spec.jobTemplate.spec.template] : []) : (has(object.spec.template) ? [object.spec.template] : [])).exists(pod, has(pod.spec) && ((has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims) > 0) || (has(pod.spec.runtimeClassName) && pod.spec.runtimeClassName != '')))
+(request.kind.kind == 'Pod' ? [object] : request.kind.kind == 'PodTemplate' ? (has(object.template) ? [object.template] : []) : request.kind.kind == 'CronJob' ? (has(object.spec.jobTemplate.spec.template) ? [object.spec.jobTemplate.spec.template] : []) : (has(object.spec.template) ? [object.spec.template] : [])).exists(pod, has(pod.spec) && ((has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims) > 0)))
 {{- else }}
-(request.kind.kind == 'Pod' ? [object] : request.kind.kind == 'PodTemplate' ? (has(object.template) ? [object.template] : []) : request.kind.kind == 'CronJob' ? (has(object.spec.jobTemplate.spec.template) ? [object.spec.jobTemplate.spec.template] : []) : (has(object.spec.template) ? [object.spec.template] : [])).exists(pod, has(pod.spec) && ((has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims) > 0) || (has(pod.spec.runtimeClassName) && pod.spec.runtimeClassName != '') || ((has(pod.spec.volumes) && pod.spec.volumes.exists(volume, has(volume.hostPath))) || ['containers', 'initContainers', 'ephemeralContainers'].exists(field, field in pod.spec && pod.spec[field].exists(container, (has(container.volumeMounts) && container.volumeMounts.exists(mount, mount.mountPath.contains('nvidia-container-devices'))))))))
+(request.kind.kind == 'Pod' ? [object] : request.kind.kind == 'PodTemplate' ? (has(object.template) ? [object.template] : []) : request.kind.kind == 'CronJob' ? (has(object.spec.jobTemplate.spec.template) ? [object.spec.jobTemplate.spec.template] : []) : (has(object.spec.template) ? [object.spec.template] : [])).exists(pod, has(pod.spec) && ((has(pod.spec.resourceClaims) && size(pod.spec.resourceClaims) > 0) || ((has(pod.spec.volumes) && pod.spec.volumes.exists(volume, has(volume.hostPath))) || ['containers', 'initContainers', 'ephemeralContainers'].exists(field, field in pod.spec && pod.spec[field].exists(container, (has(container.volumeMounts) && container.volumeMounts.exists(mount, mount.mountPath.contains('nvidia-container-devices'))))))))
 {{- end }}
 {{- end }}
 
