@@ -62,6 +62,7 @@ import datetime
 import http.client
 import json
 import os
+import re
 import shutil
 import ssl
 import statistics
@@ -498,22 +499,28 @@ def conflict_pod(name: str) -> dict[str, Any]:
     return body
 
 
-def probe(api: Api, configs: tuple[str, ...] = CONFIGS) -> dict[str, str]:
-    """Who refuses a pod with conflicting accelerators and who injects the default accelerator, per namespace."""
+def refused_by(message: str) -> str:
+    """Who refused the probe, from the apiserver's message: the webhook, a deny policy (any of a family's cut to
+    size, ``-2``, ``-3``, as the family's first: the apiserver names whichever it evaluated first of those the probe
+    violates, and with the cluster checks the cluster rules' policy refuses it too), something else, or nobody."""
     from webhook.native.probes import refusing_policy
 
+    policy = re.sub(r"-[0-9]+$", "", refusing_policy(message) or "")
+    return ("webhook" if 'admission webhook "validate.gpu-webhook.io"' in message
+            else f"native:{policy}" if policy
+            else f"other: {message[:200]}" if message else "nobody")
+
+
+def probe(api: Api, configs: tuple[str, ...] = CONFIGS) -> dict[str, str]:
+    """Who refuses a pod with conflicting accelerators and who injects the default accelerator, per namespace."""
     seen = {}
     for config in configs:
         namespace = NAMESPACES[config]
         status, answer, _ = api.dry_run(conflict_pod("probe-conflict"), namespace)
-        message = answer.get("message", "") if status != 201 else ""
-        policy = refusing_policy(message)
-        refused_by = ("webhook" if 'admission webhook "validate.gpu-webhook.io"' in message
-                      else f"native:{policy}" if policy
-                      else f"other: {message[:200]}" if message else "nobody")
+        refused = refused_by(answer.get("message", "") if status != 201 else "")
         status, answer, _ = api.dry_run(gpu_pod("probe-default", containers=1), namespace)
         injected = ((answer.get("spec") or {}).get("nodeSelector") or {}).get("accelerator") if status == 201 else None
-        seen[config] = f"{refused_by}/{injected}"
+        seen[config] = f"{refused}/{injected}"
     return seen
 
 

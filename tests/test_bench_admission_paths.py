@@ -85,3 +85,20 @@ def test_before_objects_keep_to_their_namespaces():
     assert expected(("native-before", "hybrid-before"), None, live_before) == {
         "native-before": "native:before-gpu-webhook-live-deny/None",
         "hybrid-before": "native:before-gpu-webhook-live-deny/None"}
+
+
+def test_the_probe_takes_any_of_a_familys_deny_policies_as_the_family():
+    """With the cluster checks the probe violates rules of two deny policies, and the apiserver names whichever it
+    evaluated first: a run of the bench once waited a minute for ``gpu-webhook-live-deny`` and failed while
+    ``gpu-webhook-live-deny-2`` refused."""
+    from bench.admission_paths import refused_by
+
+    said = ("pods \"probe-conflict\" is forbidden: ValidatingAdmissionPolicy '{}' with binding '{}' denied request: "
+            "1 GPU violation")
+    assert refused_by(said.format("gpu-webhook-live-deny-2", "gpu-webhook-live-deny-2")) == \
+        "native:gpu-webhook-live-deny"
+    assert refused_by(said.format("gpu-webhook-live-deny", "gpu-webhook-live-deny")) == "native:gpu-webhook-live-deny"
+    assert refused_by(said.format("inline-gpu-webhook-deny", "x")) == "native:inline-gpu-webhook-deny"
+    assert refused_by('admission webhook "validate.gpu-webhook.io" denied the request: ...') == "webhook"
+    assert refused_by("") == "nobody"
+    assert refused_by("quota exceeded").startswith("other: ")
