@@ -113,6 +113,12 @@ def device_class(name: str, extended: str | None = None) -> dict[str, Any]:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}
 
 
+def runtime_class(name: str, **node_selector: str) -> dict[str, Any]:
+    """A RuntimeClass whose handler has its name; ``node_selector``: its scheduling.nodeSelector."""
+    return {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name}, "handler": name,
+            **({"scheduling": {"nodeSelector": node_selector}} if node_selector else {})}
+
+
 def resource_slice(node: str, driver: str, devices: int, **attributes: str) -> dict[str, Any]:
     """What a DRA driver publishes for ``node``: one pool of ``devices`` devices, each with string ``attributes``."""
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-{driver}"},

@@ -13,7 +13,7 @@ Requests are server-side dry runs, so nothing is stored.
   that can schedule is admitted; a CPU pod is never judged by them; where DRA is served the facts count the
   devices of the ResourceSlices each DeviceClass selects;
 - the MutatingAdmissionPolicy (1.37) gives a GPU pod the namespace's isolation.runtimeClass only where the facts
-  say the class exists;
+  say the class exists; where it does not, the validating policy refuses the pod for it;
 - facts change (a node with a new model joins, a RuntimeClass or a DeviceClass is created): the time until the
   apiserver's verdict follows, p50 and p99 (goal p99 <= 5 s), under churn: each node joins in three events
   (created, its status, its not-ready taint lifted), 3 s after the last change, while another GPU node is added
@@ -49,7 +49,7 @@ from tests.e2e.gpupolicy import eventually
 from tests.e2e.native_bed import Api, apply
 from tests.e2e.node import until
 from tests.e2e.test_placement import add_gpu_node
-from tests.manifests import container, device_class, pod, resource_slice
+from tests.manifests import container, device_class, pod, resource_slice, runtime_class
 from tests.server import GPU_WEBHOOK, WebhookProcess, make_certs, start_webhook
 from webhook.cli.policies import discover
 from webhook.core import clustersummary, policycrd
@@ -116,11 +116,6 @@ def churning(cluster: ControlPlane) -> Iterator[list[int]]:
         stop.set()
         thread.join(60)
         cluster.kubectl("delete", "node", "node-churn", "--ignore-not-found")
-
-
-def runtime_class(name: str, **node_selector: str) -> dict[str, Any]:
-    return {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name}, "handler": name,
-            **({"scheduling": {"nodeSelector": node_selector}} if node_selector else {})}
 
 
 def claim(name: str, device_class_name: str, count: int = 1) -> dict[str, Any]:
@@ -260,11 +255,17 @@ def devices_in_the_facts(bed: Bed) -> None:
           diagnose=lambda: json.dumps(bed.summary().get("deviceClasses")))
 
 
-def test_the_mutating_policy_gives_a_runtime_class_only_where_it_exists(bed):
+def test_a_gpu_pod_is_given_the_namespaces_runtime_class_where_it_exists_and_refused_where_not(bed):
+    """The MutatingAdmissionPolicy (1.37) gives a GPU pod isolation.runtimeClass only where the facts list the
+    class; where they do not, the validating policy refuses the pod for the class it would have been given, as the
+    webhook does (with no MutatingAdmissionPolicy, 1.30, the pod names no class either)."""
+    refused = bed.create(gpu_pod("given"), ISOLATED_ABSENT)
+    assert not refused.admitted and f"ValidatingAdmissionPolicy '{LIVE}" in refused.message and \
+        "spec.runtimeClassName: isolation.runtimeClass injects absent, but no such RuntimeClass exists" in \
+        refused.message, refused.message
     if not bed.mutating:
         pytest.skip("no MutatingAdmissionPolicy on this version: the mutation stays with the webhook")
     assert bed.runtime_class_given(ISOLATED) == "nvidia"
-    assert bed.runtime_class_given(ISOLATED_ABSENT) is None  # the facts know no RuntimeClass absent
     assert bed.runtime_class_given(TENANT) is None  # no isolation.runtimeClass there
 
 

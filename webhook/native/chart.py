@@ -192,9 +192,8 @@ def _hybrid_defines() -> list[str]:
             '(ne ((($root.Values.policy | default dict).nativePolicies | default dict).params | default "live") '
             '"inline") }}\n'
             "# The generated policies hold the rest, and the cluster rules whose facts GPUPolicy/default's status "
-            "keeps:\n# the pods whose claims the webhook follows, those that name a RuntimeClass, and what this "
-            "version's CEL cannot\n# carry. The DRA objects and the custom kinds the cluster rules it keeps read "
-            "come here whole.\n"
+            "keeps:\n# the pods whose claims the webhook follows, and what this version's CEL cannot carry. The "
+            "DRA\n# objects and the custom kinds the cluster rules it keeps read come here whole.\n"
             f"- name: {names['validate']}\n  expression: |-\n"
             '    {{- include "gpu-webhook.native.validateClusterCondition" $root | trim | nindent 4 }}\n'
             "{{- end }}\n"

@@ -70,33 +70,53 @@ def unknown_accelerator(ctx: Ctx) -> list[Finding]:
                     "pod.path", "pod.stable", "accelerator", message, (("accelerator", _accelerator(ctx, r)),))]
 
 
+def _class_of_template(ctx: Ctx) -> str:
+    """The RuntimeClass template ``pod`` names, else the namespace's isolation.runtimeClass ('' for none), as a
+    matchCondition reads it (a trigger may fire where its rule finds nothing: a CPU pod, a fractional one)."""
+    return (f"(has(pod.spec.runtimeClassName) ? pod.spec.runtimeClassName : "
+            f"{params.expression('runtimeClass')})")
+
+
+def _runtime_class(r: Reads) -> tuple[tuple[str, str], ...]:
+    """``runtime_class`` (the RuntimeClass template ``pod`` runs with: ``isolation.runtime_class_of``) and ``origin``
+    (how the webhook names it): the class the pod names, else, where it names none, the namespace's
+    isolation.runtimeClass on a pod that asks for a policy GPU through no fractional scheduler; else ''."""
+    absent = ("!has(pod.spec.runtimeClassName)" if r.typed else
+              "(!('runtimeClassName' in pod.spec) || pod.spec.runtimeClassName == null)")
+    injected = params.of("runtimeClass")
+    return (("named", r.get("pod.spec", "runtimeClassName", "string", "''")),
+            ("runtime_class", f"named != '' ? named : {absent} && {injected} != '' && pod.counted && !pod.fractional "
+                              f"? {injected} : ''"),
+            ("origin", "(named != '' ? 'runtimeClassName ' : 'isolation.runtimeClass injects ') + runtime_class"))
+
+
 @native("unknown-runtime-class", reads_facts=True, fires=(Trigger(
-    "template", "has(pod.spec.runtimeClassName) && pod.spec.runtimeClassName != '' && "
-    f"{params.unknown_fact('pod.spec.runtimeClassName', 'runtimeClasses')}"),))
+    "template", lambda ctx: f"[{_class_of_template(ctx)}].exists(name, name != '' && "
+                            f"{params.unknown_fact('name', 'runtimeClasses')})"),))
 def unknown_runtime_class(ctx: Ctx) -> list[Finding]:
-    """``isolation.check_runtime_class``: the RuntimeClass a GPU pod names does not exist. (One the webhook's
-    mutation would inject is named in the object by the time a Pod is validated.)"""
+    """``isolation.check_runtime_class``: the RuntimeClass a GPU pod names, or that isolation.runtimeClass gives it,
+    does not exist. (The MutatingAdmissionPolicy injects only a class the facts list, so a Pod left without one is
+    judged for the class it would have been given, as the webhook judges it.)"""
     if not _reads_facts(ctx):
         return []
-    r = Reads(ctx)
-    name = r.get("pod.spec", "runtimeClassName", "string", "''")
     classes = f"{params.FACTS}.runtimeClasses"
-    message = ("'runtimeClassName ' + runtime_class + ', but no such RuntimeClass exists, so the pod would be "
-               f"refused or never run (RuntimeClasses in the cluster: ' + string(size({classes})) + ')'")
+    message = ("origin + ', but no such RuntimeClass exists, so the pod would be refused or never run "
+               f"(RuntimeClasses in the cluster: ' + string(size({classes})) + ')'")
     return [Finding("unknown-runtime-class", (Each("pod", "variables.templates", "pod.holds"),),
                     f"runtime_class != '' && {params.facts_section('runtimeClasses')} && !(runtime_class in {classes})",
                     "pod.path + '.runtimeClassName'", "pod.stable + '.runtimeClassName'", "runtime_class", message,
-                    (("runtime_class", name),))]
+                    _runtime_class(Reads(ctx)))]
 
 
 def _contradicts(ctx: Ctx) -> str:
-    """A template naming a RuntimeClass the facts list with a ``scheduling.nodeSelector`` key the pod's nodeSelector
-    sets otherwise, or the node label, which the pod may leave to the accelerator the mutation injects."""
+    """A template whose RuntimeClass (:func:`_class_of_template`) the facts list with a ``scheduling.nodeSelector``
+    key the pod's nodeSelector sets otherwise, or the node label, which the pod may leave to the accelerator the
+    mutation injects."""
     label = lit(ctx.policy.node_label)
     selector = "pod.spec.nodeSelector"
-    wanted = f"{params.PARAM_FACTS}.?runtimeClasses[?pod.spec.runtimeClassName].?nodeSelector.orValue({{}})"
-    return (f"has(pod.spec.runtimeClassName) && [{wanted}].exists(wanted, wanted.exists(key, "
-            f"has({selector}) && key in {selector} ? {selector}[key] != wanted[key] : key == {label}))")
+    wanted = f"{params.PARAM_FACTS}.?runtimeClasses[?name].?nodeSelector.orValue({{}})"
+    return (f"[{_class_of_template(ctx)}].exists(name, name != '' && [{wanted}].exists(wanted, wanted.exists(key, "
+            f"has({selector}) && key in {selector} ? {selector}[key] != wanted[key] : key == {label})))")
 
 
 def _placed(ctx: Ctx, r: Reads) -> str:
@@ -120,13 +140,13 @@ def _placed(ctx: Ctx, r: Reads) -> str:
 
 @native("runtime-class-conflict", reads_facts=True, fires=(Trigger("template", _contradicts),))
 def runtime_class_conflict(ctx: Ctx) -> list[Finding]:
-    """``isolation.check_runtime_class``: the ``scheduling.nodeSelector`` of the RuntimeClass a GPU pod names sets a
-    key the pod's nodeSelector (with the accelerator the mutation injects) sets otherwise, which the apiserver's
-    RuntimeClass admission refuses; each key once, sorted, as ``runtime_class_conflicts`` words them."""
+    """``isolation.check_runtime_class``: the ``scheduling.nodeSelector`` of the RuntimeClass a GPU pod runs with
+    (:func:`_runtime_class`) sets a key the pod's nodeSelector (with the accelerator the mutation injects) sets
+    otherwise, which the apiserver's RuntimeClass admission refuses; each key once, sorted, as
+    ``runtime_class_conflicts`` words them."""
     if not _reads_facts(ctx):
         return []
     r = Reads(ctx)
-    name = r.get("pod.spec", "runtimeClassName", "string", "''")
     selector = r.get("pod.spec", "nodeSelector", "map", "{}")
     classes = f"{params.FACTS}.runtimeClasses"
     wanted = (f"dyn(runtime_class != '' && {params.facts_section('runtimeClasses')} && runtime_class in {classes} ? "
@@ -136,12 +156,12 @@ def runtime_class_conflict(ctx: Ctx) -> list[Finding]:
     value = f"(key == {label} ? placed : {own})"
     keys = ranked(f"wanted.filter(key, {value} != null && {value} != wanted[key])")
     words = f"{keys}.map(key, key + '=' + wanted[key] + ' (pod: ' + {value} + ')').join(', ')"
-    message = ("'runtimeClassName ' + runtime_class + ', whose scheduling.nodeSelector contradicts the pod\\'s: ' + "
-               "conflicts + '; the apiserver would reject the pod'")
+    message = ("origin + ', whose scheduling.nodeSelector contradicts the pod\\'s: ' + conflicts + '; the apiserver "
+               "would reject the pod'")
     return [Finding("runtime-class-conflict", (Each("pod", "variables.templates", "pod.holds"),),
                     "conflicts != ''", "pod.path + '.runtimeClassName'", "pod.stable + '.runtimeClassName'",
                     "runtime_class + ': ' + conflicts", message,
-                    (("runtime_class", name), ("wanted", wanted), ("placed", _placed(ctx, r)), ("conflicts", words)))]
+                    (*_runtime_class(r), ("wanted", wanted), ("placed", _placed(ctx, r)), ("conflicts", words)))]
 
 
 def _over_a_node(ctx: Ctx) -> str:

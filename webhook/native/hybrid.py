@@ -16,10 +16,9 @@ With the cluster-aware checks on (``cluster.enabled``), the policies that read t
 rules whose facts the status writer keeps (``webhook.native.cluster``): the validating webhook still takes the pods
 whose claims it follows, the DRA objects and the custom kinds, which the cluster rules it keeps read. Inline
 policies read no facts, so there the webhook keeps everything. The two ``checks.*`` rules only the webhook carries
-(process counts and accelerators across replicas) read PyTorchJobs and the
-RayCluster of RayClusters, RayJobs and RayServices alone (``webhook.rules.crossfield.REPLICA_KINDS``): while either
-is on, those kinds go to the webhook too. The chart renders the same from its generated helpers
-(:mod:`webhook.native.chart`).
+(process counts and accelerators across replicas) read PyTorchJobs and the RayCluster of RayClusters, RayJobs and
+RayServices alone (``webhook.rules.crossfield.REPLICA_KINDS``): while either is on, those kinds go to the webhook
+too. The chart renders the same from its generated helpers (:mod:`webhook.native.chart`).
 """
 
 from __future__ import annotations
@@ -135,7 +134,6 @@ def conditions(policies: PolicySet, target: Target) -> dict[str, list[Condition]
     return out
 
 
-__all__ = ["FLAT_WILDCARDS", "FOLLOWS_CLAIMS", "NAMES", "NOTHING", "POD_WITH_CLAIMS",
-           "carries_all_from",
+__all__ = ["FLAT_WILDCARDS", "FOLLOWS_CLAIMS", "NAMES", "NOTHING", "POD_WITH_CLAIMS", "carries_all_from",
            "conditions", "custom_condition", "keeps_all", "lacking", "replica_checks_on", "replica_kinds",
            "validate_condition", "webhook_checks"]

@@ -7,9 +7,10 @@ Every finding starts from ``variables.templates``, the object's pod templates as
   items by name;
 - ``pod.spec``, ``pod.meta``: the pod spec and the template's metadata;
 - what the rules share about the pod, computed once (:func:`template_facts`): ``pod.uses`` (a container names a
-  policy GPU: ``PodGPUs.uses_gpus``), ``pod.holds`` (it holds a GPU of some kind or asks a fractional scheduler:
-  ``GpuUse.any``), ``pod.fractional``, ``pod.trusted`` (``Policy.trusts``), ``pod.declares`` (``spec.resourceClaims``
-  is not empty), ``pod.dra`` (it declares or references claims).
+  policy GPU: ``PodGPUs.uses_gpus``), ``pod.counted`` (one asks for a policy GPU: ``GpuUse.counted``), ``pod.holds``
+  (it holds a GPU of some kind or asks a fractional scheduler: ``GpuUse.any``), ``pod.fractional``, ``pod.trusted``
+  (``Policy.trusts``), ``pod.declares`` (``spec.resourceClaims`` is not empty), ``pod.dra`` (it declares or
+  references claims).
 
 Then the container lists (``field``), the containers (``container``, at index ``i``, which only messages read) and their
 resource names (``name``), read as they are: nothing is built for a container unless a rule's condition needs it.
@@ -281,6 +282,8 @@ def template_facts(ctx: Ctx, spec: str, meta: str) -> dict[str, str]:
     declared = r.get(spec, "resourceClaims", "list", "[]")
     return {
         "uses": f"size(variables.gpus) > 0 && {_some_container(r, spec, names('name in variables.gpus'))}",
+        "counted": (f"size(variables.gpus) > 0 && "
+                    f"{_some_container(r, spec, names('name in variables.gpus && !' + r.zero('X')))}"),
         "fractional": fractional,
         "holds": f"fractional || {_some_container(r, spec, r.holds())}",
         "trusted": trusted(ctx, spec),

@@ -150,8 +150,8 @@ through). */}}
 {{- else if include "gpu-webhook.clusterChecks" $root }}
 {{- if and (eq .hook "validate") (ne ((($root.Values.policy | default dict).nativePolicies | default dict).params | default "live") "inline") }}
 # The generated policies hold the rest, and the cluster rules whose facts GPUPolicy/default's status keeps:
-# the pods whose claims the webhook follows, those that name a RuntimeClass, and what this version's CEL cannot
-# carry. The DRA objects and the custom kinds the cluster rules it keeps read come here whole.
+# the pods whose claims the webhook follows, and what this version's CEL cannot carry. The DRA
+# objects and the custom kinds the cluster rules it keeps read come here whole.
 - name: left-to-the-webhook
   expression: |-
     {{- include "gpu-webhook.native.validateClusterCondition" $root | trim | nindent 4 }}
