@@ -30,9 +30,11 @@ def page_url(page: str, docs_url: str) -> str:
 Engine = Literal["native", "webhook"]
 
 # Why a rule stays with the webhook, for the reasons shared by several rules.
-NEEDS_CLUSTER = (
-    "reads the cluster's state (Nodes, ResourceSlices, DeviceClasses, claims, RuntimeClasses); CEL sees only the "
-    "object and its namespace"
+# The cluster's facts (GPUPolicy/default's status.cluster) hold aggregates of bounded size, never one entry per claim
+# or device: what these rules read is not in them.
+NEEDS_CLAIMS = (
+    "reads the ResourceClaims and ResourceClaimTemplates of the pod's namespace, and the cluster's facts (aggregates, "
+    "no object lists) hold none"
 )
 FOLLOWS_CLAIMS = "follows a pod's claims to the ResourceClaims and templates they name, which CEL cannot read"
 CROSS_REPLICA = "compares the replicas of one workload kind by kind; not generated"
@@ -156,19 +158,21 @@ _ROWS: tuple[Rule, ...] = (
          "more devices of a class than any node has", "the request's count", _DRA, "native"),
     Rule("missing-claim-source", "cluster", "missingClaimSource", "warn",
          "a pod names a ResourceClaim or ResourceClaimTemplate that does not exist in its namespace",
-         "`spec.resourceClaims[]`", _DRA, "webhook", NEEDS_CLUSTER),
+         "`spec.resourceClaims[]`", _DRA, "webhook", NEEDS_CLAIMS),
     Rule("unknown-claim-request", "cluster", "unknownClaimRequest", "warn",
          "`resources.claims[].request` names no request of that claim", "the container's claim", _DRA, "webhook",
-         NEEDS_CLUSTER),
+         NEEDS_CLAIMS),
     Rule("duplicate-extended-resource-name", "cluster", "duplicateExtendedResourceName", "warn",
          "a DeviceClass takes over another class's `extendedResourceName`", "`spec.extendedResourceName`", _DRA,
-         "webhook", NEEDS_CLUSTER),
+         "webhook", "compares the class with every other DeviceClass's extendedResourceName, which the cluster's "
+         "facts do not hold"),
     Rule("generated-claim-reference", "cluster", "generatedClaimReference", "warn",
          "`resourceClaimName` names a claim generated for another pod", "`spec.resourceClaims[]`", _DRA, "webhook",
-         NEEDS_CLUSTER),
+         NEEDS_CLAIMS),
     Rule("selector-matches-no-device", "cluster", "selectorMatchesNoDevice", "warn",
          "a request's selectors match none of its class's published devices", "the request's selectors", _DRA,
-         "webhook", NEEDS_CLUSTER),
+         "webhook", "evaluates the request's own CEL selectors on each published device, and the cluster's facts "
+         "hold counts per class, not devices"),
     # --- dra.*: Dynamic Resource Allocation ---
     Rule("device-class-not-allowed", "dra", "deviceClassNotAllowed", "deny",
          "a device class outside `dra.allowedDeviceClasses` of the namespace", "the request's `deviceClassName`",
