@@ -5,7 +5,8 @@
     .venv/bin/python -m bench.admission_paths --before 90e4bde --policy default     # before/after, default policy
 
 One control plane (tests/e2e/cluster.py: the main bed's kube-apiserver, v1.37.2 today, and etcd on loopback, built
-by ``tests/prepare control-plane``), one ``gpu-webhook serve`` on loopback (one worker), and five namespaces (seven
+by ``tests/prepare control-plane``; ``--kubernetes v1.30.14``: that version's kube-apiserver of the test matrix, built
+by ``tests/prepare matrix``), one ``gpu-webhook serve`` on loopback (one worker), and five namespaces (seven
 with ``--before``), one per configuration, all live at once so that rounds interleave without waiting for the
 apiserver to pick up changes:
 
@@ -296,9 +297,14 @@ def tree_cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+MAP_V1 = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+
+
 def render_webhooks(helm: str, release: str, url: str, ca: Path, exclude: list[str], hybrid: bool,
-                    workdir: Path, policy: dict[str, Any] | None = POLICY, chart: Path = CHART) -> list[dict[str, Any]]:
-    """The chart's two webhook configurations in ``webhook.url`` mode, as ``helm template`` renders them."""
+                    workdir: Path, policy: dict[str, Any] | None = POLICY, chart: Path = CHART,
+                    served: tuple[str, str] = ("v1.37.0", MAP_V1)) -> list[dict[str, Any]]:
+    """The chart's two webhook configurations in ``webhook.url`` mode, as ``helm template`` renders them for
+    ``served``: the apiserver's version and the MutatingAdmissionPolicy it serves ("" for none)."""
     values: dict[str, Any] = {
         "webhook": {"url": url, "excludeNamespaces": exclude,
                     "customResources": [{"apiGroups": ["kubeflow.org"], "apiVersions": ["*"],
@@ -314,7 +320,7 @@ def render_webhooks(helm: str, release: str, url: str, ca: Path, exclude: list[s
     result = subprocess.run(
         [helm, "template", release, str(chart), "--namespace", "gpu-system", "--values", str(values_file),
          "--show-only", "templates/webhooks.yaml", "--set", "image.repository=localhost/gpu-webhook",
-         "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"],
+         "--kube-version", served[0], *(["--api-versions", served[1]] if served[1] else [])],
         capture_output=True, text=True, timeout=120, check=False)
     if result.returncode:
         raise RuntimeError(f"helm template {release}: {result.stderr}")
@@ -468,7 +474,8 @@ def set_up(plane: Any, server: Any, workdir: Path, configs: tuple[str, ...] = CO
     said: dict[str, Any] = {"after": apply_params(plane, workdir, policy),
                             "inline_objects": apply_inline(plane, policy)}
     selector = {"spec": {"matchResources": {"namespaceSelector": {"matchLabels": {NATIVE_LABEL: "true"}}}}}
-    for kind in ("validatingadmissionpolicybinding", "mutatingadmissionpolicybinding"):
+    served = served_by(plane)
+    for kind in ("validatingadmissionpolicybinding", "mutatingadmissionpolicybinding")[:2 if served[1] else 1]:
         for name in kubectl(plane, "get", kind, "-l", POLICY_SELECTOR, "-o", "name").split():
             kubectl(plane, "patch", name, "--type=merge", "-p", json.dumps(selector))
     policy_file = None
@@ -486,10 +493,23 @@ def set_up(plane: Any, server: Any, workdir: Path, configs: tuple[str, ...] = CO
     others = [NAMESPACES[c] for c in configs]
     for release, config, hybrid, chart in releases:
         documents = render_webhooks(plane.binary("helm"), release, server.address, server.ca,
-                                    [n for n in others if n != NAMESPACES[config]], hybrid, workdir, policy, chart)
+                                    [n for n in others if n != NAMESPACES[config]], hybrid, workdir, policy, chart,
+                                    served)
         kubectl(plane, "apply", "-f", "-",
                 stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": documents}))
     return said
+
+
+def served_by(plane: Any) -> tuple[str, str]:
+    """The apiserver's version and the MutatingAdmissionPolicy group/version/kind it serves ("" for none), as
+    ``helm template`` takes them."""
+    version = json.loads(kubectl(plane, "get", "--raw", "/version"))["gitVersion"]
+    group = json.loads(kubectl(plane, "get", "--raw", "/apis/admissionregistration.k8s.io"))
+    for entry in group["versions"]:
+        resources = json.loads(kubectl(plane, "get", "--raw", f"/apis/{entry['groupVersion']}"))["resources"]
+        if any(r["kind"] == "MutatingAdmissionPolicy" for r in resources):
+            return version, f"{entry['groupVersion']}/MutatingAdmissionPolicy"
+    return version, ""
 
 
 def conflict_pod(name: str) -> dict[str, Any]:
@@ -746,7 +766,7 @@ def memory_sample(api: Api, pid: int, namespace: str, creates: int, settle: floa
 
 
 def memory(bin_dir: Path, workdir: Path, policy: dict[str, Any] | None, rounds: int, creates: int = 20,
-           settle: float = 5.0) -> dict[str, Any]:
+           settle: float = 5.0, bed: Any = None) -> dict[str, Any]:
     """The kube-apiserver's memory with nothing of ours (none), the inline objects, and the live ones with the CRD and
     GPUPolicy/default (params): one fresh control plane per mode and round; in each, RSS (and the Go heap) after
     ``creates`` GPU pod dry-runs and ``settle`` s, before and after the mode's objects are applied and enforced."""
@@ -757,7 +777,7 @@ def memory(bin_dir: Path, workdir: Path, policy: dict[str, Any] | None, rounds: 
         for mode in MODES:
             where = workdir / f"memory-{mode}-{round_no}"
             where.mkdir()
-            plane = ControlPlane(bin_dir, where)
+            plane = ControlPlane(bin_dir, where, bed)
             plane.start()
             api = Api(plane.url, ADMIN_TOKEN, plane.ca_file)
             try:
@@ -925,6 +945,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the cluster checks on, in every configuration, with GPU nodes and the facts written")
     parser.add_argument("--memory-rounds", type=int, default=1,
                         help="fresh control planes per mode (none, inline, params) for the apiserver's memory; 0: skip")
+    parser.add_argument("--kubernetes", metavar="VERSION", default=None,
+                        help="the kube-apiserver of this version of the test matrix (tests/prepare matrix) instead of "
+                             "the main bed's; results go to a file named after it")
     parser.add_argument("--output", type=Path, default=None,
                         help=f"default: {RESULTS.relative_to(ROOT)}, or admission-paths-default-policy.json "
                              "with --policy default")
@@ -935,9 +958,21 @@ def main(argv: list[str] | None = None) -> int:
                              else RESULTS.with_name("admission-paths-default-policy.json"))
     if args.cluster and not args.output:
         output = output.with_name(output.stem + "-cluster.json")
-    from tests.e2e.cluster import ControlPlane
-    from tests.tools import CONTROL_PLANE_BINARIES, control_plane_bin, missing_binaries
+    from tests.e2e.cluster import Bed, ControlPlane
+    from tests.tools import CONTROL_PLANE_BINARIES, apiserver_bin, control_plane_bin, matrix_versions, missing_binaries
 
+    bed = None
+    if args.kubernetes is not None:
+        args.kubernetes = "v" + args.kubernetes.removeprefix("v")
+        if args.kubernetes not in matrix_versions():
+            parser.error(f"--kubernetes: {args.kubernetes} is not a version of the test matrix "
+                         f"({', '.join(matrix_versions())})")
+        if not apiserver_bin(args.kubernetes).is_file():
+            print(f"the kube-apiserver {args.kubernetes} is not built: run `tests/prepare matrix`", file=sys.stderr)
+            return 2
+        bed = Bed(args.kubernetes)
+        if not args.output:
+            output = output.with_name(f"{output.stem}-{args.kubernetes}.json")
     bin_dir = control_plane_bin()
     missing = missing_binaries(bin_dir, CONTROL_PLANE_BINARIES)
     if missing:
@@ -945,7 +980,7 @@ def main(argv: list[str] | None = None) -> int:
               "run `tests/prepare control-plane`", file=sys.stderr)
         return 2
     workdir = Path(tempfile.mkdtemp(prefix="gw-admission-paths-"))
-    plane = ControlPlane(bin_dir, workdir / "plane")
+    plane = ControlPlane(bin_dir, workdir / "plane", bed)
     (workdir / "plane").mkdir()
     started = datetime.datetime.now(datetime.UTC)
     load_before = os.getloadavg()
@@ -954,7 +989,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(plane, args.creates, args.rounds, args.corpus, workdir, args.policy, args.before, args.cluster)
         plane.stop()
         if args.memory_rounds:
-            result["memory"] = memory(bin_dir, workdir, POLICIES[args.policy], args.memory_rounds)
+            result["memory"] = memory(bin_dir, workdir, POLICIES[args.policy], args.memory_rounds, bed=bed)
     finally:
         plane.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -965,7 +1000,7 @@ def main(argv: list[str] | None = None) -> int:
     result["started"] = started.isoformat(timespec="seconds")
     result["arguments"] = {"creates": args.creates, "rounds": args.rounds, "corpus": args.corpus,
                            "policy": args.policy, "before": args.before, "memory_rounds": args.memory_rounds,
-                           "cluster": args.cluster}
+                           "cluster": args.cluster, "kubernetes": args.kubernetes}
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
