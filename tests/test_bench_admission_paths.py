@@ -102,3 +102,16 @@ def test_the_probe_takes_any_of_a_familys_deny_policies_as_the_family():
     assert refused_by('admission webhook "validate.gpu-webhook.io" denied the request: ...') == "webhook"
     assert refused_by("") == "nobody"
     assert refused_by("quota exceeded").startswith("other: ")
+
+
+def test_a_kubernetes_version_outside_the_matrix_is_refused_in_one_line(capsys):
+    """``--kubernetes`` takes only a version whose kube-apiserver ``tests/prepare matrix`` builds: any other exits 2,
+    naming the versions it takes, before anything starts."""
+    from bench.admission_paths import main
+    from tests.tools import matrix_versions
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--kubernetes", "1.29.0"])
+    assert exited.value.code == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.endswith(f"--kubernetes: v1.29.0 is not a version of the test matrix ({', '.join(matrix_versions())})")
