@@ -6,10 +6,9 @@ each request carries the time the apiserver would have written into it (``creati
 native cluster rules act on the summary only while the request is at most ``FRESH_FOR`` seconds after ``writtenAt``:
 older, or missing, and they refuse nothing, which is the webhook deciding without a view.
 
-Where the engines must differ, the reason is checked below: a RuntimeClass that ``isolation.runtimeClass`` would have
-the webhook's mutation inject (a Pod is validated after that mutation, so it names the class by then; the policies
-judge only a class the object names), and a violation told by another of the policies a custom kind's rules are cut
-into (the apiserver stops at the first policy that denies; the verdict is the same).
+Both engines judge the RuntimeClass a GPU pod names, or, naming none, the one ``isolation.runtimeClass`` gives it.
+Where their words may differ, the reason is checked below: a violation told by another of the policies a custom
+kind's rules are cut into (the apiserver stops at the first policy that denies; the verdict is the same).
 """
 
 from __future__ import annotations
