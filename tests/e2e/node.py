@@ -660,30 +660,43 @@ class NodeBed:
         return time.monotonic() - start
 
     def _watching_services(self) -> None:
-        """Wait until the EndpointSlice controller and kube-proxy act on a new Service (their watches are back after
-        an apiserver restart): a throwaway Service selecting nothing gets its (empty) EndpointSlice and kube-proxy's
-        REJECT rule for a Service with no endpoints. A release installed before that can be answered "connection
-        refused" through its Service although its pods are Ready."""
+        """Wait until the controllers and kube-proxy act on a new Service with a Ready pod behind it (their watches
+        are back after an apiserver restart). Each informer reconnects on its own backoff: a Service's
+        EndpointSlice can appear while the EndpointSlice controller's pod informer is still away, and then a
+        release installed meanwhile gets no endpoints and is answered "connection refused" through its Service
+        although its pods are Ready. So the probe is a pause pod selected by a throwaway Service, done when its
+        EndpointSlice lists the pod ready and kube-proxy jumps to the Service's chain (nat table)."""
         name = "gw-e2e-watch-probe"
-        self.kubectl("apply", "-f", "-", check=True, stdin=json.dumps({
-            "apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "default"},
-            "spec": {"selector": {"gw-e2e/selects": "nothing"}, "ports": [{"port": 9, "protocol": "TCP"}]}}))
+        labels = {"gw-e2e/probe": name}
+        self.kubectl("apply", "-f", "-", check=True, stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default", "labels": labels},
+             "spec": {"terminationGracePeriodSeconds": 0,
+                      "containers": [{"name": "pause", "image": PAUSE_IMAGE, "imagePullPolicy": "Never"}]}},
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "default"},
+             "spec": {"selector": labels, "ports": [{"port": 9, "protocol": "TCP"}]}}]}))
 
         def acted() -> bool:
             slices = self.kubectl_json("get", "endpointslices", "-n", "default",
                                        "-l", f"kubernetes.io/service-name={name}")["items"]
-            return bool(slices) and f"default/{name}" in self.reject_rules()
+            ready = any((e.get("conditions") or {}).get("ready") for s in slices for e in s.get("endpoints") or ())
+            return ready and f"default/{name}" in self.service_rules()
 
         try:
-            until("the EndpointSlice controller and kube-proxy acting on a new Service", acted, 90, interval=0.5,
-                  diagnose=lambda: self.logs("kube-proxy", "kube-controller-manager"))
+            until("the EndpointSlice controller and kube-proxy acting on a new Service and its Ready pod", acted, 150,
+                  interval=0.5, diagnose=lambda: self.kubectl("get", "pod", name, "-n", "default", "-o", "wide").stdout
+                  + self.logs("kube-proxy", "kube-controller-manager"))
         finally:
-            self.kubectl("delete", "service", name, "-n", "default", "--ignore-not-found")
+            self.kubectl("delete", "service,pod", name, "-n", "default", "--ignore-not-found", "--wait=false")
 
     def reject_rules(self) -> str:
         """kube-proxy's rules for Services without endpoints (filter table, KUBE-SERVICES: REJECT, "connection
         refused"), one per line."""
         return self.netns_run(["iptables", "-w", "5", "-t", "filter", "-S", "KUBE-SERVICES"], check=False).stdout
+
+    def service_rules(self) -> str:
+        """kube-proxy's rules for Services with endpoints (nat table, KUBE-SERVICES: a jump to each Service's
+        chain), one per line."""
+        return self.netns_run(["iptables", "-w", "5", "-t", "nat", "-S", "KUBE-SERVICES"], check=False).stdout
 
     def _node_ready(self) -> bool:
         node = self.kubectl("get", "node", NODE_NAME, "-o", "json")

@@ -231,7 +231,8 @@ def release(node_bed: NodeBed, webhook_image: str, tmp_path_factory):
         until("the apiserver reaching the webhook through the Service",
               lambda: _dry_run(bed, seed_pod()).returncode == 0, 30, interval=0.2,
               diagnose=lambda: _dry_run(bed, seed_pod()).stderr + bed.kubectl(
-                  "get", "endpointslices", "-n", NAMESPACE, "-o", "yaml").stdout + bed.reject_rules())
+                  "get", "endpointslices", "-n", NAMESPACE, "-o", "yaml").stdout + bed.reject_rules() + bed.kubectl(
+                  "get", "pods", "-n", NAMESPACE, "-o", "wide").stdout + bed.logs("kube-controller-manager"))
         FIGURES["Service answering after helm install returned (s)"] = round(time.monotonic() - answered, 1)
         yield {"ca": bundle.ca_pem, "cert": bundle.cert_pem, "rollout status": rollout.stdout}
     finally:
