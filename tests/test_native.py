@@ -29,6 +29,7 @@ from webhook.native.generate import (
     left_to_webhook,
     to_yaml,
 )
+from webhook.native.reads import Reads, template_facts
 from webhook.native.registry import NEVER, native
 from webhook.native.rules import BUILDERS, matters, native_rules
 from webhook.native.target import for_version
@@ -496,6 +497,20 @@ def test_a_rules_own_trigger_joins_the_policys_match_conditions():
     ctx = snippets.Ctx(parse_policy("{}"))
     assert "pod.spec.hostPID" in matters(ctx, ["host-pid-gpu"])
     assert "pod.spec.hostPID" not in matters(ctx, ["privileged-gpu"])
+
+
+def test_a_templates_gpu_counts_are_read_once_per_name_where_the_apiserver_does_not_type_them():
+    """Untyped (custom kinds, 1.30's CEL), whether a container asks for a GPU, or for a fractional scheduler, tests
+    each name's value once, bound: the guarded read of the section is written once per section and use, not once
+    per type the value may have (it was, 11 % of the generated 1.30 policies)."""
+    ctx = snippets.Ctx(parse_policy("{}"))
+    reads = Reads(ctx)
+    facts = template_facts(ctx, "pod.spec", "pod.metadata")
+    for fact in ("counted", "fractional"):
+        for section in ("limits", "requests"):
+            read = reads.section(section)
+            assert facts[fact].count(read) == 2, (fact, section)  # the loop over its names, the value of one
+            assert f"[{read}[name]].exists(value, " in facts[fact], (fact, section)
 
 
 def test_the_cluster_facts_are_read_only_while_fresh_against_the_requests_own_time():

@@ -271,19 +271,22 @@ def template_facts(ctx: Ctx, spec: str, meta: str) -> dict[str, str]:
     r = Reads(ctx)
     annotations = r.get(meta, "annotations", "map", "{}")
 
-    def names(test: str) -> str:
-        return " || ".join(f"{r.section(s)}.exists(name, {test.replace('X', r.section(s) + '[name]')})"
+    def names(test: Callable[[str], str]) -> str:
+        """Some name of a container's limits or requests passes ``test`` (given the CEL of its value)."""
+        return " || ".join(f"{r.section(s)}.exists(name, {test(r.section(s) + '[name]')})"
                            for s in ("limits", "requests"))
 
-    scheduler = _some_container(r, spec, names(f"name in variables.scheduler && !{r.zero('X')}"))
+    def counted(value: str) -> str:
+        return f"name in variables.gpus && !{r.zero(value)}"
+
+    scheduler = _some_container(r, spec, names(lambda value: f"name in variables.scheduler && !{r.zero(value)}"))
     fractional = (f"((size(variables.scheduler) > 0 && {scheduler}) || "
                   f"{lits(FRACTION_ANNOTATIONS)}.exists(annotation, annotation in {annotations}))")
     claims = r.claims() if r.typed else f"{r.claims()}.filter(claim, type(claim) == map)"
     declared = r.get(spec, "resourceClaims", "list", "[]")
     return {
-        "uses": f"size(variables.gpus) > 0 && {_some_container(r, spec, names('name in variables.gpus'))}",
-        "counted": (f"size(variables.gpus) > 0 && "
-                    f"{_some_container(r, spec, names('name in variables.gpus && !' + r.zero('X')))}"),
+        "uses": f"size(variables.gpus) > 0 && {_some_container(r, spec, names(lambda _: 'name in variables.gpus'))}",
+        "counted": f"size(variables.gpus) > 0 && {_some_container(r, spec, names(counted))}",
         "fractional": fractional,
         "holds": f"fractional || {_some_container(r, spec, r.holds())}",
         "trusted": trusted(ctx, spec),
