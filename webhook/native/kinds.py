@@ -52,10 +52,11 @@ def node_record(n: str) -> str:
     """The template record of the node record ``n`` (``{path, stable, node}``): a pod template or a bare pod spec."""
     def child(p: str, name: str) -> str:
         return f"({p} == '' ? {lit(name)} : {p} + {lit('.' + name)})"
-    template = _record(child("n.path", "spec"), child("n.stable", "spec"), child("n.path", "metadata"), "n.node.spec",
-                       guarded("n.node", "metadata", "map", "{}"))
-    bare = _record("n.path", "n.stable", child("n.path", "metadata"), "n.node", "{}")
-    return f"('spec' in n.node && {is_pod_spec('n.node.spec')} ? {template} : {bare})".replace("n.", f"{n}.")
+    path, stable, node = f"{n}.path", f"{n}.stable", f"{n}.node"
+    template = _record(child(path, "spec"), child(stable, "spec"), child(path, "metadata"), f"{node}.spec",
+                       guarded(node, "metadata", "map", "{}"))
+    bare = _record(path, stable, child(path, "metadata"), node, "{}")
+    return f"('spec' in {node} && {is_pod_spec(node + '.spec')} ? {template} : {bare})"
 
 
 def _list_stable(prefix: str, i: str, x: str) -> str:
