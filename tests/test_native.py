@@ -17,7 +17,8 @@ from webhook.core import resources as registry
 from webhook.core.kinds import RAY_CLUSTER_SPECS
 from webhook.core.policy import CLUSTER_RULES
 from webhook.core.policyfile import PolicyError, parse_policy
-from webhook.native import hybrid, kinds, snippets
+from webhook.native import cluster as native_cluster
+from webhook.native import hybrid, kinds, pods, snippets
 from webhook.native import isolation as native_isolation
 from webhook.native.celtext import one_line
 from webhook.native.generate import (
@@ -511,6 +512,19 @@ def test_a_templates_gpu_counts_are_read_once_per_name_where_the_apiserver_does_
             read = reads.section(section)
             assert facts[fact].count(read) == 2, (fact, section)  # the loop over its names, the value of one
             assert f"[{read}[name]].exists(value, " in facts[fact], (fact, section)
+
+
+@pytest.mark.parametrize("typed", [False, True], ids=["untyped", "typed"])
+def test_the_accelerator_a_template_asks_for_reads_each_map_once(typed):
+    """The annotation, the nodeSelector's label, and where runtime-class-conflict places the pod: each map is read
+    once and bound, not once per test of the value (untyped, the guarded read is some 100 characters)."""
+    ctx = snippets.Ctx(parse_policy("cluster: {enabled: true}\n"), shape=snippets.Shape(typed=typed))
+    reads = Reads(ctx)
+    annotations, selector = reads.get("pod.meta", "annotations", "map", "{}"), reads.get(
+        "pod.spec", "nodeSelector", "map", "{}")
+    assert pods.annotated(reads).count(annotations) == (2 if typed else 1)  # typed: the ?-read, then the value
+    assert pods.selected(reads).count(selector) == 1
+    assert native_cluster._placed(ctx, reads).count(pods.selected(reads)) == 1
 
 
 def test_the_cluster_facts_are_read_only_while_fresh_against_the_requests_own_time():

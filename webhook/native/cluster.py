@@ -134,8 +134,8 @@ def _placed(ctx: Ctx, r: Reads) -> str:
     allowed = params.of("allowed")
     injected = (f"[{annotated(r)}].map(asked, asked != null ? asked : dyn({params.of('default')}))"
                 f".filter(model, model != '' && (size({allowed}) == 0 || model in {allowed}))")
-    return (f"dyn({selected(r)} != null ? {selected(r)} : !{by_affinity} && size({injected}) > 0 ? "
-            f"{injected}[0] : null)")
+    return (f"dyn([{selected(r)}].map(own, own != null ? own : !{by_affinity} ? "
+            f"[{injected}].map(models, size(models) > 0 ? models[0] : null)[0] : null)[0])")
 
 
 @native("runtime-class-conflict", reads_facts=True, fires=(Trigger("template", _contradicts),))

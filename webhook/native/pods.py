@@ -135,8 +135,8 @@ def annotated(r: Reads) -> str:
     key = lit(r.ctx.policy.annotation)
     if r.typed:
         return f"dyn({annotations}[?{key}].orValue('') != '' ? {annotations}[{key}] : null)"
-    return (f"({key} in {annotations} && type({annotations}[{key}]) == string && {annotations}[{key}] != '' ? "
-            f"{annotations}[{key}] : null)")
+    return (f"[{annotations}].map(annotations, {key} in annotations && type(annotations[{key}]) == string && "
+            f"annotations[{key}] != '' ? annotations[{key}] : null)[0]")
 
 
 def selected(r: Reads) -> str:
@@ -144,7 +144,7 @@ def selected(r: Reads) -> str:
     key = lit(r.ctx.policy.node_label)
     if r.typed:
         return f"dyn({selector}[?{key}].orValue(null))"
-    return f"({key} in {selector} && type({selector}[{key}]) == string ? {selector}[{key}] : null)"
+    return f"[{selector}].map(labels, {key} in labels && type(labels[{key}]) == string ? labels[{key}] : null)[0]"
 
 
 def _annotation_path(ctx: Ctx) -> str:
