@@ -679,7 +679,7 @@ class NodeBed:
             slices = self.kubectl_json("get", "endpointslices", "-n", "default",
                                        "-l", f"kubernetes.io/service-name={name}")["items"]
             ready = any((e.get("conditions") or {}).get("ready") for s in slices for e in s.get("endpoints") or ())
-            return ready and f"default/{name}" in self.service_rules()
+            return ready and f"default/{name}" in self.kube_services("nat")
 
         try:
             until("the EndpointSlice controller and kube-proxy acting on a new Service and its Ready pod", acted, 150,
@@ -688,15 +688,10 @@ class NodeBed:
         finally:
             self.kubectl("delete", "service,pod", name, "-n", "default", "--ignore-not-found", "--wait=false")
 
-    def reject_rules(self) -> str:
-        """kube-proxy's rules for Services without endpoints (filter table, KUBE-SERVICES: REJECT, "connection
-        refused"), one per line."""
-        return self.netns_run(["iptables", "-w", "5", "-t", "filter", "-S", "KUBE-SERVICES"], check=False).stdout
-
-    def service_rules(self) -> str:
-        """kube-proxy's rules for Services with endpoints (nat table, KUBE-SERVICES: a jump to each Service's
-        chain), one per line."""
-        return self.netns_run(["iptables", "-w", "5", "-t", "nat", "-S", "KUBE-SERVICES"], check=False).stdout
+    def kube_services(self, table: str) -> str:
+        """kube-proxy's KUBE-SERVICES chain in ``table``, a rule per line: in ``filter`` the REJECT of each Service
+        without endpoints ("connection refused"), in ``nat`` the jump to each Service with endpoints."""
+        return self.netns_run(["iptables", "-w", "5", "-t", table, "-S", "KUBE-SERVICES"], check=False).stdout
 
     def _node_ready(self) -> bool:
         node = self.kubectl("get", "node", NODE_NAME, "-o", "json")

@@ -228,11 +228,16 @@ def release(node_bed: NodeBed, webhook_image: str, tmp_path_factory):
         # helm saw the pods Ready; kube-proxy programs the new Service's endpoints a moment later (until then
         # its REJECT rule answers the apiserver: "connection refused").
         answered = time.monotonic()
+
+        def unanswered() -> str:
+            return "".join((_dry_run(bed, seed_pod()).stderr,
+                            bed.kubectl("get", "endpointslices", "-n", NAMESPACE, "-o", "yaml").stdout,
+                            bed.kube_services("filter"),
+                            bed.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide").stdout,
+                            bed.logs("kube-controller-manager")))
+
         until("the apiserver reaching the webhook through the Service",
-              lambda: _dry_run(bed, seed_pod()).returncode == 0, 30, interval=0.2,
-              diagnose=lambda: _dry_run(bed, seed_pod()).stderr + bed.kubectl(
-                  "get", "endpointslices", "-n", NAMESPACE, "-o", "yaml").stdout + bed.reject_rules() + bed.kubectl(
-                  "get", "pods", "-n", NAMESPACE, "-o", "wide").stdout + bed.logs("kube-controller-manager"))
+              lambda: _dry_run(bed, seed_pod()).returncode == 0, 30, interval=0.2, diagnose=unanswered)
         FIGURES["Service answering after helm install returned (s)"] = round(time.monotonic() - answered, 1)
         yield {"ca": bundle.ca_pem, "cert": bundle.cert_pem, "rollout status": rollout.stdout}
     finally:
