@@ -46,7 +46,7 @@ from tests.e2e import gpupolicy as gp
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.conftest import MATRIX_BEDS
 from tests.e2e.gpupolicy import eventually
-from tests.e2e.native_bed import Api, apply
+from tests.e2e.native_bed import UPSTREAM_CRASH, Api, apply
 from tests.e2e.node import until
 from tests.e2e.test_placement import add_gpu_node
 from tests.manifests import container, device_class, pod, resource_slice, runtime_class
@@ -103,7 +103,12 @@ def churning(cluster: ControlPlane) -> Iterator[list[int]]:
 
     def churn() -> None:
         while not stop.is_set():
-            add_gpu_node(cluster, "node-churn", "churn-model", gpus=1)
+            try:
+                add_gpu_node(cluster, "node-churn", "churn-model", gpus=1)
+            except AssertionError as exc:
+                if UPSTREAM_CRASH in str(exc):  # the test fails too, and conftest's hook reruns it after a restart
+                    return
+                raise
             added[0] += 1
             cluster.kubectl("delete", "node", "node-churn", "--wait=false")
             stop.wait(0.3)
