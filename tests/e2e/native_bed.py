@@ -285,6 +285,10 @@ class NativeBed:
     generated: Generated
     mode: str = LIVE
 
+    def wait_enforced(self) -> float:
+        """:func:`wait_until_enforced` (conftest's restart after an apiserver crash calls it)."""
+        return wait_until_enforced(self)
+
     def apply(self, policy_text: str) -> None:
         """The objects generated from ``policy_text`` (in the bed's mode) and, live, GPUPolicy/default."""
         out = generated(parse_policy(with_params(policy_text, self.mode)), self.target)
@@ -338,14 +342,16 @@ def probes(bed: NativeBed, policies: PolicySet | None = None, most: int = 12) ->
     return found, idle
 
 
-def wait_until_enforced(bed: NativeBed, timeout: float = 240) -> float:
+def wait_until_enforced(bed: NativeBed, timeout: float = 240, policies: PolicySet | None = None) -> float:
     """Policies reach the apiserver's admission asynchronously, each compiled on its own: wait until every
     generated ValidatingAdmissionPolicy acts on a probe and (where MutatingAdmissionPolicy is served) a GPU pod
     gets the accelerator selector. A probe the apiserver's own validation refuses (a Pod asking 0.5 GPU) never
-    reaches a policy: the next one is tried. Returns the seconds it took."""
+    reaches a policy: the next one is tried. ``policies`` is what GPUPolicy/default holds (the bed's policies
+    unless edited since). Returns the seconds it took."""
+    policies = policies or bed.policies
     start = time.monotonic()
     deadline = start + timeout
-    waiting, idle = probes(bed)
+    waiting, idle = probes(bed, policies)
     rules = {o["metadata"]["name"]: set(o["metadata"]["annotations"][RULES_ANNOTATION].split(","))
              for o in bed.generated.objects if o["kind"] == "ValidatingAdmissionPolicy"}
     gpu_pod = as_pod("probe", spec(gpu(1)), {})
@@ -358,7 +364,7 @@ def wait_until_enforced(bed: NativeBed, timeout: float = 240) -> float:
                 del waiting[name]
             elif (not answer.admitted and "ValidatingAdmissionPolicy" not in answer.message) or (
                     answer.admitted and cases[0].kind in BUILTIN
-                    and not acts(bed.policies, Case(cases[0].name, cases[0].namespace, answer.body),
+                    and not acts(policies, Case(cases[0].name, cases[0].namespace, answer.body),
                                  action_of(name), rules[name])):
                 # Refused before admission, or decoded into an object the policy does not act on (a null GPU limit
                 # is 0 once decoded).

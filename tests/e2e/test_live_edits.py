@@ -51,6 +51,7 @@ from tests.e2e.native_bed import (
     policies_named,
     seen,
     split_denials,
+    wait_until_enforced,
     written,
 )
 from tests.native_corpus import BUILTIN, NS, POLICY, Case, as_pod, compare, corpus, gpu, spec
@@ -117,6 +118,10 @@ class Live:
     bed: NativeBed
     current: PolicySet  # what GPUPolicy/default holds now
     split: dict[str, list[str]] = field(default_factory=dict)  # by edit: denials missing another policy's words
+
+    def wait_enforced(self) -> float:
+        """The bed's policies act on what GPUPolicy/default holds now (conftest's restart after a crash)."""
+        return wait_until_enforced(self.bed, policies=self.current)
 
 
 @pytest.fixture(scope="module")

@@ -177,6 +177,10 @@ class LiveBed:
         return (api.create(FRACTIONAL, TENANT).by(SEED) and api.create(TWO_GPUS, TENANT).by(LIVE)
                 and api.create(CPU_POD, TENANT).admitted)
 
+    def wait_enforced(self) -> float:
+        """Until :meth:`enforced` (conftest's restart after an apiserver crash calls it)."""
+        return eventually("the live policies enforced", self.enforced, timeout=240, every=0.2)
+
     def system_admitted(self, api: Api | None = None) -> bool:
         """kube-system is never matched: a CPU pod and a pod over every rule there are admitted."""
         api = api or self.api
@@ -205,8 +209,7 @@ def bed(matrix_cluster: ControlPlane, tmp_path_factory) -> Iterator[LiveBed]:
     live.create_object()
     started = time.monotonic()
     live.apply_policies()
-    took = surviving_upstream_crash(
-        cluster, lambda: eventually("the live policies enforced", live.enforced, timeout=240, every=0.2))
+    took = surviving_upstream_crash(cluster, live.wait_enforced)
     print(f"\n{live.id}: {target.describe()}: {len(live.policies())} objects enforced {took:.1f} s after apply "
           f"({time.monotonic() - started:.1f} s with the apply)")
     tmp = tmp_path_factory.mktemp(f"live-failures-{live.id}")
