@@ -46,7 +46,7 @@ from tests.e2e import gpupolicy as gp
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.conftest import MATRIX_BEDS
 from tests.e2e.gpupolicy import eventually
-from tests.e2e.native_bed import UPSTREAM_CRASH, Api, apply
+from tests.e2e.native_bed import UPSTREAM_CRASH, Api, apply, surviving_upstream_crash
 from tests.e2e.node import until
 from tests.e2e.test_placement import add_gpu_node
 from tests.manifests import container, device_class, pod, resource_slice, runtime_class
@@ -159,14 +159,15 @@ class Bed:
     def admitted(self, obj: dict[str, Any]) -> bool:
         return self.create(obj).admitted
 
-    def wait_enforced(self) -> None:
+    def wait_enforced(self) -> float:
         """Until the policies refuse on the facts (each is compiled on its own, asynchronously: the 1.30 bed,
-        loaded, has taken a minute); conftest's restart after an apiserver crash calls it too."""
-        eventually("the policies enforce the facts", lambda: self.refused_for(selecting("nvidia-h100"), "no node"),
-                   timeout=240, every=0.2)
+        loaded, has taken a minute); conftest's restart after an apiserver crash calls it too. The seconds waited."""
+        took = eventually("the policies enforce the facts",
+                          lambda: self.refused_for(selecting("nvidia-h100"), "no node"), timeout=240, every=0.2)
         if self.claims:
-            eventually("the claims policy enforces the facts", lambda: self.refused_for(
+            took += eventually("the claims policy enforces the facts", lambda: self.refused_for(
                 claim("unknown", "missing.example.com"), "does not exist"), timeout=240, every=0.2)
+        return took
 
     def summary(self) -> dict[str, Any]:
         return ((gp.get(self.kube) or {}).get("status") or {}).get("cluster") or {}
@@ -197,7 +198,7 @@ def bed(matrix_cluster: ControlPlane, tmp_path_factory) -> Iterator[Bed]:
     try:
         started = time.monotonic()
         eventually("the facts written", lambda: "nvidia-l4" in found.summary().get("models", {}), timeout=120)
-        found.wait_enforced()
+        surviving_upstream_crash(cluster, found.wait_enforced)  # the crash's most likely moment, on 1.30
         found.figures["facts written and enforced after start (s)"] = round(time.monotonic() - started, 1)
         yield found
     finally:
