@@ -22,6 +22,8 @@ from typing import Any
 
 OPERATOR = "gpu-operator"
 TENANT = "team-a"
+# The one documented setting that makes the tenant rules deny in the tenants' namespaces (docs/isolation.md).
+STRICT = "isolation: {tenantNamespaces: [team-*]}\n"
 
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 EVERY_TAINT = [{"operator": "Exists", "effect": "NoSchedule"}, {"operator": "Exists", "effect": "NoExecute"}]
@@ -33,6 +35,11 @@ class Case:
     namespace: str
     obj: dict[str, Any]
     expected: dict[str, str] = field(default_factory=dict)  # rule -> deny | warn
+    # the same under STRICT (isolation.tenantNamespaces names the tenants' namespaces); None: as ``expected``
+    strict: dict[str, str] | None = None
+
+    def expects(self, strict: bool) -> dict[str, str]:
+        return self.expected if not strict or self.strict is None else self.strict
 
     @property
     def kind(self) -> str:
@@ -200,9 +207,120 @@ def platform() -> list[Case]:
     return [*operands(), *device_plugin("nvidia-device-plugin"), calico_node()]
 
 
+CONTROL_PLANE = [{"key": "node-role.kubernetes.io/master", "effect": "NoSchedule"},
+                 {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]
+EVERYTHING = [{"operator": "Exists"}]
+
+
+def _mounted(*volumes: tuple[str, str, str]) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
+    """(name, host path, mount path) each: the container's mounts and the pod's hostPath volumes."""
+    return [(n, m) for n, _, m in volumes], [_host(n, h) for n, h, _ in volumes]
+
+
+def agents() -> list[Case]:
+    """Node agents that install outside the platform namespaces, each in the namespace its project documents (or,
+    with none, in ``monitoring`` or ``datadog``), in the shape the projects document for their charts'
+    defaults: privileged or not, what they mount from the host, what they tolerate. No agent is refused: where a
+    tenant rule finds something, on a pod that asks for no GPU outside a tenant namespace, it warns.
+
+    Written for these tests from the facts (namespaces, privilege, host paths, tolerations), not from the charts."""
+    host_dev = ("dev", "/dev", "/host/dev")
+    falco_mounts, falco_volumes = _mounted(host_dev, ("proc", "/proc", "/host/proc"), ("boot", "/boot", "/host/boot"),
+                                           ("lib-modules", "/lib/modules", "/host/lib/modules"),
+                                           ("usr", "/usr", "/host/usr"), ("etc", "/etc", "/host/etc"))
+    sysdig_mounts, sysdig_volumes = _mounted(host_dev, ("proc", "/proc", "/host/proc"), ("run", "/run", "/host/run"),
+                                             ("boot", "/boot", "/host/boot"), ("usr", "/usr", "/host/usr"))
+    root_ro = ("root", "/", "/host/root")
+    exporter_mounts, exporter_volumes = _mounted(("proc", "/proc", "/host/proc"), ("sys", "/sys", "/host/sys"), root_ro)
+    datadog_mounts, datadog_volumes = _mounted(("procdir", "/proc", "/host/proc"),
+                                               ("cgroups", "/sys/fs/cgroup", "/host/sys/fs/cgroup"), root_ro)
+    caps = {"capabilities": {"add": ["SYS_ADMIN", "SYS_PTRACE", "NET_ADMIN"]}}
+    lvm_mounts, lvm_volumes = _mounted(("device-dir", "/dev", "/dev"), ("plugin-dir", "/var/lib/kubelet/plugins/lvm",
+                                                                        "/plugin"))
+    objects: list[tuple[dict[str, Any], dict[str, str]]] = [
+        (daemonset("falco", "falco", [_ctr("falco", privileged=True, mounts=falco_mounts)], volumes=falco_volumes,
+                   tolerations=CONTROL_PLANE), {"gpu-device-mount": "warn"}),
+        (daemonset("sysdig-agent", "sysdig-agent", [_ctr("sysdig", privileged=True, mounts=sysdig_mounts)],
+                   init=[_ctr("sysdig-agent-kmodule", privileged=True, mounts=sysdig_mounts)],
+                   volumes=sysdig_volumes, tolerations=CONTROL_PLANE, hostNetwork=True, hostPID=True),
+         {"gpu-device-mount": "warn"}),
+        (daemonset("dynakube-oneagent", "dynatrace",
+                   [_ctr("dynatrace-oneagent", mounts=[("host-root", "/mnt/root")], securityContext=caps)],
+                   volumes=[_host("host-root", "/")], tolerations=[], hostNetwork=True, hostPID=True), {}),
+        (daemonset("prometheus-node-exporter", "monitoring",
+                   [_ctr("node-exporter", mounts=exporter_mounts, securityContext={"readOnlyRootFilesystem": True})],
+                   volumes=exporter_volumes, tolerations=[{"operator": "Exists", "effect": "NoSchedule"}],
+                   hostNetwork=True, hostPID=True), {}),
+        (daemonset("datadog", "datadog",
+                   [_ctr("agent", env={"NVIDIA_VISIBLE_DEVICES": "all"}, mounts=datadog_mounts),
+                    _ctr("system-probe", securityContext=caps, mounts=datadog_mounts[:2])],
+                   volumes=datadog_volumes, tolerations=[], runtimeClassName="nvidia"),
+         {"visible-devices-without-gpu": "warn", "runtime-class-without-gpu": "warn"}),
+        (daemonset("openebs-lvm-localpv-node", "openebs",
+                   [_ctr("csi-node-driver-registrar"), _ctr("openebs-lvm-plugin", privileged=True, mounts=lvm_mounts)],
+                   volumes=lvm_volumes, tolerations=[], hostNetwork=True), {"gpu-device-mount": "warn"}),
+        (daemonset("portworx", "portworx", [_ctr("portworx", privileged=True, mounts=[("dev", "/dev")])],
+                   volumes=[_host("dev", "/dev")], tolerations=[], hostNetwork=True, hostPID=True),
+         {"gpu-device-mount": "warn"}),
+        (daemonset("rdma-shared-dp-ds", "nvidia-network-operator",
+                   [_ctr("rdma-shared-dp", privileged=True, mounts=[("devs", "/dev/"), ("plugins",
+                                                                                        "/var/lib/kubelet/")])],
+                   volumes=[_host("devs", "/dev/"), _host("plugins", "/var/lib/kubelet/")],
+                   tolerations=[*CONTROL_PLANE, GPU_TOLERATION], hostNetwork=True),
+         {"privileged-gpu": "warn", "gpu-device-mount": "warn", "cpu-pod-on-gpu-nodes": "warn"}),
+        (daemonset("mofed-ubuntu24.04-ds", "nvidia-network-operator",
+                   [_ctr("mofed-container", privileged=True, mounts=[("ib", "/dev/infiniband"), ("etc", "/host/etc")])],
+                   volumes=[_host("ib", "/dev/infiniband"), _host("etc", "/etc"), _host("modules", "/lib/modules")],
+                   tolerations=[*CONTROL_PLANE, GPU_TOLERATION], hostNetwork=True, hostPID=True),
+         {"privileged-gpu": "warn", "cpu-pod-on-gpu-nodes": "warn"}),
+        (daemonset("kube-multus-ds", "kube-system",
+                   [_ctr("kube-multus", privileged=True, mounts=[("hostroot", "/hostroot"), ("run", "/run")])],
+                   volumes=[_host("hostroot", "/"), _host("run", "/run")], tolerations=EVERY_TAINT,
+                   hostNetwork=True, hostPID=True), {}),
+        (daemonset("node-problem-detector", "kube-system",
+                   [_ctr("node-problem-detector", privileged=True,
+                         mounts=[("kmsg", "/dev/kmsg"), ("log", "/var/log")])],
+                   volumes=[_host("kmsg", "/dev/kmsg"), _host("log", "/var/log/")], tolerations=EVERY_TAINT), {}),
+        (daemonset("cilium", "kube-system",
+                   [_ctr("cilium-agent", securityContext={"capabilities": {"add": ["SYS_ADMIN", "NET_ADMIN"]}},
+                         mounts=[("bpf-maps", "/sys/fs/bpf")])],
+                   init=[_ctr("mount-bpf-fs", privileged=True, mounts=[("bpf-maps", "/sys/fs/bpf")])],
+                   volumes=[_host("bpf-maps", "/sys/fs/bpf"), _host("hostproc", "/proc")], tolerations=EVERYTHING,
+                   hostNetwork=True), {}),
+        (daemonset("istio-cni-node", "istio-system",
+                   [_ctr("install-cni", securityContext={"privileged": False, "capabilities": {
+                       "add": ["NET_ADMIN", "NET_RAW", "SYS_PTRACE", "SYS_ADMIN"]}},
+                         mounts=[("cni-bin-dir", "/host/opt/cni/bin")])],
+                   volumes=[_host("cni-bin-dir", "/opt/cni/bin"), _host("cni-netns-dir", "/var/run/netns")],
+                   tolerations=[*EVERY_TAINT, {"key": "CriticalAddonsOnly", "operator": "Exists"}]), {}),
+        (daemonset("linkerd-cni", "linkerd-cni",
+                   [_ctr("install-cni", securityContext={"privileged": False},
+                         mounts=[("cni-bin-dir", "/host/opt/cni/bin")])],
+                   volumes=[_host("cni-bin-dir", "/opt/cni/bin"), _host("cni-net-dir", "/etc/cni/net.d")],
+                   tolerations=EVERYTHING), {}),
+    ]
+    return [Case(f"agent/{o['metadata']['namespace']}/{o['metadata']['name']}", o["metadata"]["namespace"], o,
+                 expected) for o, expected in objects]
+
+
+AGENT_NAMESPACES = ("falco", "sysdig-agent", "dynatrace", "monitoring", "datadog", "openebs", "portworx",
+                    "nvidia-network-operator", "istio-system", "linkerd-cni")
+
+
+def agents_elsewhere(namespace: str = "observability") -> list[Case]:
+    """The same agents installed into another namespace that is no tenant's (a chart's release namespace): found
+    alike, never refused, whatever the rules find."""
+    out = []
+    for case in agents():
+        obj = {**case.obj, "metadata": {**case.obj["metadata"], "namespace": namespace}}
+        out.append(Case(f"agent-in-{namespace}/{case.obj['metadata']['name']}", namespace, obj))
+    return out
+
+
 def excluded() -> list[Case]:
-    """The device plugin's DaemonSets in kube-system: every engine leaves the namespace alone."""
-    return device_plugin("kube-system")
+    """The device plugin's DaemonSets, Multus, node-problem-detector and Cilium in kube-system: every engine leaves the
+    namespace alone (``agents_elsewhere`` holds the agents to the rules in a namespace that is looked at)."""
+    return [*device_plugin("kube-system"), *(c for c in agents() if c.namespace == "kube-system")]
 
 
 EVERY_TAINT_MESSAGE = "is privileged and its pod tolerates every taint: on a GPU node it sees every GPU"
@@ -213,10 +331,22 @@ def tenants() -> list[Case]:
     agent = calico_node(TENANT)
     agent.obj["metadata"]["name"] = "my-agent"
     agent.name = "tenant/privileged-daemonset-tolerating-every-taint"
-    agent.expected = {"privileged-gpu": "deny"}
+    agent.expected = {"privileged-gpu": "warn"}
+    agent.strict = {"privileged-gpu": "deny"}
+    # A pod's own privileged container that tolerates every taint, and a CPU pod that names every GPU under the
+    # NVIDIA runtime: the exploit shapes of a tenant, warned by default and refused where tenants are named.
+    everywhere = _pod("everywhere", TENANT, {"containers": [_ctr("app", privileged=True)],
+                                              "tolerations": [{"operator": "Exists"}]})
+    runtime_leak = _pod("runtime-leak", TENANT, {"runtimeClassName": "nvidia", "containers": [
+        _ctr("app", env={"NVIDIA_VISIBLE_DEVICES": "all"})]})
     leaky = _pod("leaky", TENANT, {"containers": [_ctr("app", env={"NVIDIA_VISIBLE_DEVICES": "all"})]})
-    devices = _pod("devices", TENANT, {"containers": [_ctr("app", gpus=1, mounts=[("dev", "/dev/nvidia0")])],
+    # The device nodes by hostPath: a privileged GPU container opens every one (refused, the pod asks for a GPU);
+    # one that is not privileged opens none but its own (the device cgroup).
+    devices = _pod("devices", TENANT, {"containers": [_ctr("app", gpus=1, privileged=True,
+                                                           mounts=[("dev", "/dev/nvidia0")])],
                                        "volumes": [_host("dev", "/dev/nvidia0")]})
+    unprivileged = _pod("dev-unprivileged", TENANT, {"containers": [_ctr("app", gpus=1, mounts=[("dev", "/dev")])],
+                                                     "volumes": [_host("dev", "/dev")]})
     cdi = _pod("cdi", TENANT, {"containers": [_ctr("app")]}, annotations={"cdi.k8s.io/x": "nvidia.com/gpu=all"})
     admin = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "all-gpus",
                                                                                         "namespace": TENANT},
@@ -230,9 +360,16 @@ def tenants() -> list[Case]:
                 "resources": {"requests": {"cpu": "2", "nvidia.com/gpu": "1"}}}]}}}}}
     return [
         agent,
-        Case("tenant/visible-devices-all", TENANT, leaky, {"visible-devices-without-gpu": "deny"}),
-        Case("tenant/device-hostpath", TENANT, devices, {"gpu-device-mount": "deny"}),
-        Case("tenant/cdi-annotation", TENANT, cdi, {"cdi-annotation": "deny"}),
+        Case("tenant/privileged-pod-tolerating-every-taint", TENANT, everywhere, {"privileged-gpu": "warn"},
+             {"privileged-gpu": "deny"}),
+        Case("tenant/visible-devices-all-under-nvidia-runtime", TENANT, runtime_leak,
+             {"visible-devices-without-gpu": "warn", "runtime-class-without-gpu": "warn"},
+             {"visible-devices-without-gpu": "deny", "runtime-class-without-gpu": "warn"}),
+        Case("tenant/visible-devices-all", TENANT, leaky, {"visible-devices-without-gpu": "warn"},
+             {"visible-devices-without-gpu": "deny"}),
+        Case("tenant/device-hostpath", TENANT, devices, {"privileged-gpu": "deny", "gpu-device-mount": "deny"}),
+        Case("tenant/device-hostpath-unprivileged", TENANT, unprivileged),
+        Case("tenant/cdi-annotation", TENANT, cdi, {"cdi-annotation": "warn"}, {"cdi-annotation": "deny"}),
         Case("tenant/admin-claim", TENANT, admin, {"admin-access": "deny"}),
         Case("tenant/kueue-lws-request-without-limit", TENANT, lws, {"requests-without-limits": "deny"}),
     ]
@@ -256,10 +393,13 @@ def _kinds(gpu: Any, request: Any = None) -> list[tuple[str, dict[str, Any]]]:
         ("nimservice", {"apiVersion": "apps.nvidia.com/v1alpha1", "kind": "NIMService",
                         "metadata": {"name": "llama", "namespace": TENANT},
                         "spec": {"image": {"repository": "nvcr.invalid/nim/llama", "tag": "1"}, "resources": block()}}),
-        ("vllmruntime", {"apiVersion": "production-stack.vllm.ai/v1alpha1", "kind": "VLLMRuntime",
-                         "metadata": {"name": "opt", "namespace": TENANT},
-                         "spec": {"model": {"modelURL": "facebook/opt-125m"},
-                                  "deploymentConfig": {"replicas": 1, "resources": block()}}}),
+        # its operator's own form: a count and the resource it counts, copied into requests and limits alike
+        *([] if request is not None else [
+            ("vllmruntime", {"apiVersion": "production-stack.vllm.ai/v1alpha1", "kind": "VLLMRuntime",
+                             "metadata": {"name": "opt", "namespace": TENANT},
+                             "spec": {"model": {"modelURL": "facebook/opt-125m"}, "deploymentConfig": {
+                                 "replicas": 1, "resources": {"cpu": "5", "memory": "32Gi", "gpu": str(gpu),
+                                                              "gpuType": "nvidia.com/gpu"}}}})]),
         ("trainjob", {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
                       "metadata": {"name": "fine-tune", "namespace": TENANT},
                       "spec": {"runtimeRef": {"name": "torch-distributed"},
@@ -297,4 +437,4 @@ def kinds() -> list[Case]:
 
 
 def corpus() -> list[Case]:
-    return [*platform(), *tenants(), *kinds()]
+    return [*platform(), *(c for c in agents() if c.namespace != "kube-system"), *tenants(), *kinds()]

@@ -52,6 +52,9 @@ class Rule:
     page: str  # the documentation page that explains it
     engine: Engine  # "native": generated as a ValidatingAdmissionPolicy too; "webhook": the webhook only
     why: str = ""  # for engine "webhook": why
+    # A tenant rule (docs/isolation.md): where the pod asks for no GPU and the namespace is not one of
+    # ``isolation.tenantNamespaces``, its denial is softened to a warning, which says so.
+    tenant: bool = False
 
     @property
     def setting(self) -> str | None:
@@ -115,31 +118,34 @@ _ROWS: tuple[Rule, ...] = (
          _MISTAKES, "webhook", CROSS_REPLICA),
     Rule("visible-devices-without-gpu", "checks", "visibleDevicesWithoutGpu", "deny",
          "a container with no GPU setting `NVIDIA_VISIBLE_DEVICES` or `NVIDIA_MIG_CONFIG_DEVICES`", "the env entry",
-         _ISOLATION, "native"),
+         _ISOLATION, "native", tenant=True),
     Rule("visible-devices-unread", "checks", "visibleDevicesUnread", "warn",
          "the same variables from `valueFrom` or an `envFrom`, which admission cannot read", "the env source",
-         _ISOLATION, "native"),
+         _ISOLATION, "native", tenant=True),
     Rule("privileged-gpu", "checks", "privilegedGpu", "deny",
          "a privileged container with or beside GPUs, or on GPU nodes", "`securityContext.privileged`",
-         _ISOLATION, "native"),
+         _ISOLATION, "native", tenant=True),
     Rule("host-pid-gpu", "checks", "hostPidGpu", "warn",
          "`hostPID: true` on a pod that uses GPUs", "`spec.hostPID`", _ISOLATION, "native"),
     Rule("gpu-device-mount", "checks", "gpuDeviceMount", "deny",
-         "a hostPath of GPU device files, or a mount of the device list", "the volume or mount", _ISOLATION,
-         "native"),
+         "a hostPath of GPU device files (or `/dev`, `/`) that a privileged container mounts, or a mount of the "
+         "device list", "the volume or mount", _ISOLATION,
+         "native", tenant=True),
     Rule("cdi-annotation", "checks", "cdiAnnotation", "deny", "a CDI device annotation on the pod",
-         "`metadata.annotations[<key>]`", _ISOLATION, "native"),
+         "`metadata.annotations[<key>]`", _ISOLATION, "native", tenant=True),
     Rule("zero-gpu-limit", "checks", "zeroGpuLimit", "warn",
          "a GPU count of 0, which picks up GPU tolerations and lands on a GPU node without a GPU", "the value's path",
          _ISOLATION, "native"),
     Rule("runtime-class-without-gpu", "checks", "runtimeClassWithoutGpu", "warn",
-         "`runtimeClassName: nvidia*` on a pod with no GPU", "`spec.runtimeClassName`", _ISOLATION, "native"),
+         "`runtimeClassName: nvidia*` on a pod with no GPU", "`spec.runtimeClassName`", _ISOLATION, "native",
+         tenant=True),
     Rule("shared-gpu-over-one", "checks", "sharedGpuOverOne", "deny",
          "more than 1 of a time-sliced or MPS replica per container", "the value's path", _ISOLATION, "native"),
     Rule("fractional-gpu-request", "checks", "fractionalGpuRequest", "deny",
          "HAMi and Volcano fractional requests that would stay Pending", "the value's path", _ISOLATION, "native"),
     Rule("gpu-monitoring-resource", "checks", "gpuMonitoringResource", "deny",
-         "monitoring resources that give every GPU of the node", "the value's path", _ISOLATION, "native"),
+         "monitoring resources that give every GPU of the node", "the value's path", _ISOLATION, "native",
+         tenant=True),
     # --- cluster.*: against what the cluster has (with cluster.enabled) ---
     Rule("unknown-accelerator", "cluster", "unknownAccelerator", "deny", "the pod's accelerator is on no node",
          "the pod spec", _CLUSTER, "native"),
@@ -200,6 +206,8 @@ _ROWS: tuple[Rule, ...] = (
 )
 
 RULES: Mapping[str, Rule] = MappingProxyType({rule.id: rule for rule in _ROWS})
+# The tenant rules, whose denial of a pod that asks for no GPU holds only in a tenant namespace.
+TENANT_RULES = frozenset(rule.id for rule in _ROWS if rule.tenant)
 SECTIONS: tuple[Section, ...] = ("checks", "cluster", "dra")
 
 

@@ -63,6 +63,8 @@ class Violation:
     message: str
     # What the problem is about (the quantity, count or accelerator found); empty where path and rule say it all.
     value: str = ""
+    # Found on a pod spec that asks for no GPU: a tenant rule's denial of it holds in a tenant namespace only.
+    no_gpu: bool = False
 
     @property
     def subject(self) -> tuple[str, str, str]:

@@ -89,6 +89,15 @@ BLOCK_KINDS: tuple[CustomKind, ...] = (
                ("spec.podTemplate.options.podConfig.values[*].spec.resources",)),
 )
 
+# Kinds whose resource block holds its GPUs as a count field beside a resource-name field, not as limits and
+# requests: (group, kind) -> (block path, count key, name key, the name when absent). The vLLM production stack's
+# VLLMRuntime keeps `deploymentConfig.resources: {gpu: "1", gpuType: nvidia.com/gpu}`, and its operator writes the
+# count into the pod's requests and limits alike.
+COUNT_FIELDS: dict[tuple[str, str], tuple[str, str, str, str]] = {
+    ("production-stack.vllm.ai", "VLLMRuntime"): ("spec.deploymentConfig.resources", "gpu", "gpuType",
+                                                  "nvidia.com/gpu"),
+}
+
 # Built-in kinds: (group, kind, plural) -> template path; the Pod is its own template.
 BUILTIN_KINDS: tuple[tuple[str, str, str, str], ...] = (
     ("", "Pod", "pods", ""),
@@ -141,5 +150,5 @@ def wildcards(kind: CustomKind) -> int:
     return max((sum(1 for s in shape(p) if s != "field") for p in kind.templates), default=0)
 
 
-__all__ = ["BLOCK_KINDS", "BUILTIN_KINDS", "KNOWN_KINDS", "RAY_CLUSTER_SPECS", "CustomKind", "custom_kinds",
-           "path_problem", "shape", "wildcards"]
+__all__ = ["BLOCK_KINDS", "BUILTIN_KINDS", "COUNT_FIELDS", "KNOWN_KINDS", "RAY_CLUSTER_SPECS", "CustomKind",
+           "custom_kinds", "path_problem", "shape", "wildcards"]

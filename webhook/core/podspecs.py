@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from webhook.core.field import ROOT, FieldPath, Violation
-from webhook.core.kinds import CustomKind
+from webhook.core.kinds import COUNT_FIELDS, CustomKind
 from webhook.core.quantity import shown
 
 # (API group, kind) -> keys from the object to its pod template (a mapping holding metadata and spec).
@@ -253,3 +253,17 @@ def resource_blocks(obj: Mapping[str, Any], group: str, kind: str,
                     continue
                 yield Container("containers", 0, holds, at, resources, as_mapping(resources.get("limits")),
                                 as_mapping(resources.get("requests")), at.child(last))
+
+
+def count_fields(obj: Mapping[str, Any], group: str, kind: str) -> Iterator[tuple[FieldPath, Any, str]]:
+    """A kind's GPU count fields (``kinds.COUNT_FIELDS``): (path of the count, its value, the GPU resource it
+    counts)."""
+    entry = COUNT_FIELDS.get((group, kind))
+    if entry is None:
+        return
+    block_path, count_key, name_key, default_name = entry
+    for at, holds in _follow(obj, ROOT, block_path.split(".")):
+        if count_key not in holds or holds[count_key] in (None, ""):
+            continue
+        name = holds.get(name_key)
+        yield at.child(count_key), holds[count_key], name if isinstance(name, str) and name else default_name

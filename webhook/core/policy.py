@@ -75,6 +75,9 @@ class Policy:
     gpu_taints: tuple[Taint, ...] = ()
     hide_gpus: str = "off"  # void | none | off: NVIDIA_VISIBLE_DEVICES added to containers without GPUs
     runtime_class: str = ""  # injected into GPU pods that name none
+    # isolation.nvidiaRuntime: legacy (the NVIDIA runtime reads NVIDIA_VISIBLE_DEVICES in every pod) or cdi (only
+    # under a RuntimeClass nvidia*)
+    nvidia_runtime: str = "legacy"
     # isolation.trusted: the whole namespace, or pods running as these service accounts of it
     trusted: bool = False
     trusted_accounts: frozenset[str] = frozenset()
@@ -160,6 +163,15 @@ class PolicySet:
     excluded: frozenset[str] = frozenset(EXCLUDED_NAMESPACES)
     # the document as written, before defaults: what a GPUPolicy's spec holds
     written: Mapping[str, Any] = field(default_factory=dict)
+    # isolation.tenantNamespaces: names, `prefix*` globs, or `*`
+    tenant_namespaces: tuple[str, ...] = ()
+
+    def is_tenant(self, namespace: str | None) -> bool:
+        """Whether ``namespace`` is a tenant's (``isolation.tenantNamespaces``): there a tenant rule denies a pod
+        that asks for no GPU; elsewhere it warns."""
+        if not namespace:
+            return False
+        return any(namespace.startswith(p[:-1]) if p.endswith("*") else namespace == p for p in self.tenant_namespaces)
 
     def excludes(self, namespace: str | None) -> bool:
         """Whether objects of ``namespace`` are left alone by every engine (``excludeNamespaces``)."""
@@ -204,6 +216,7 @@ def _policy(document: Mapping[str, Any], trusted: bool = False, accounts: frozen
         gpu_taints=tuple(Taint(t["key"], t.get("value"), t.get("effect")) for t in document["gpuTaints"]),
         hide_gpus=isolation["hideGpus"] or "off",
         runtime_class=isolation["runtimeClass"],
+        nvidia_runtime=isolation["nvidiaRuntime"],
         trusted=trusted,
         trusted_accounts=accounts,
         gpu_classes=tuple(document["dra"]["gpuClasses"]),
@@ -235,5 +248,6 @@ def resolve(document: Mapping[str, Any]) -> PolicySet:
     }
     excluded = frozenset(merged["excludeNamespaces"])
     return PolicySet(default=default, by_namespace=by_namespace, document={**merged, "namespaces": overlays},
-                     excluded=excluded, written=copy.deepcopy(dict(document)))
+                     excluded=excluded, written=copy.deepcopy(dict(document)),
+                     tenant_namespaces=tuple(merged["isolation"]["tenantNamespaces"]))
 

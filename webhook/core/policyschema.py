@@ -46,6 +46,11 @@ DEFAULTS: dict[str, Any] = {
         # Where the platform's own node agents run (docs/isolation.md, "Who the rules are for"): trusted like
         # isolation.trusted, kept apart so that a policy's own trusted list does not drop them.
         "platformNamespaces": list(PLATFORM_NAMESPACES),
+        # Where a tenant rule denies a pod that asks for no GPU (elsewhere it warns): names, or `prefix*` globs.
+        "tenantNamespaces": [],
+        # When the NVIDIA runtime reads NVIDIA_VISIBLE_DEVICES: legacy, in every pod (the runtime is the nodes'
+        # default, or CRI-O's hook); cdi (GPU Operator v25.10 and later), only under a RuntimeClass nvidia*.
+        "nvidiaRuntime": "legacy",
     },
     # Each rule's setting, from the rule table.
     "checks": {rule.key: rule.default for rule in catalog.in_section("checks")},
@@ -113,6 +118,8 @@ _DNS_SUBDOMAIN = "[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?"
 # YAML 1.1 reads a bare `off` as false here too.
 _HIDE_GPUS = {"enum": ["void", "none", "off", False]}
 _RUNTIME_CLASS = {"type": "string", "pattern": f"^(?:{_DNS_SUBDOMAIN})?$"}
+# A namespace name, a prefix of one followed by `*`, or `*` alone (every namespace).
+_NAMESPACE_PATTERN = {"type": "string", "pattern": f"^(?:{_DNS_LABEL}|[a-z0-9][-a-z0-9]{{0,61}}\\*|\\*)$"}
 _CHECKS = {
     "type": "object",
     "additionalProperties": False,
@@ -197,6 +204,8 @@ SCHEMA: dict[str, Any] = {
                 "platformNamespaces": {
                     "type": "array", "items": {"type": "string", "pattern": f"^{_DNS_LABEL}$"}, "uniqueItems": True,
                 },
+                "tenantNamespaces": {"type": "array", "items": _NAMESPACE_PATTERN, "uniqueItems": True},
+                "nvidiaRuntime": {"enum": ["legacy", "cdi"]},
                 "trusted": {
                     "type": "object",
                     "additionalProperties": False,

@@ -17,7 +17,7 @@ from webhook.core.resources import (
 from webhook.native import params
 from webhook.native.celtext import boolean, lit, lits, matches
 from webhook.native.findings import Each, Finding
-from webhook.native.reads import Reads, per_name
+from webhook.native.reads import Reads, per_name, some_container
 from webhook.native.registry import Trigger, native
 from webhook.native.snippets import Ctx, shown, stable_item, tolerates_gpu_taint
 from webhook.rules.isolation import HOST_PID_GPU
@@ -57,10 +57,37 @@ def _device_env(r: Reads, where: str) -> Each:
     return Each("env", env, f"{named}env.name in {lits(DEVICE_VARIABLES)} && {where}", "index")
 
 
+def _runtime_class(r: Reads) -> str:
+    """``isolation.runtime_class_of`` of template ``pod``: the RuntimeClass it names, else the one
+    isolation.runtimeClass injects into a pod that asks for a policy GPU through no fractional scheduler; ``''``."""
+    named = r.get("pod.spec", "runtimeClassName", "string", "''")
+    absent = ("!has(pod.spec.runtimeClassName)" if r.typed else
+              "(!('runtimeClassName' in pod.spec) || pod.spec.runtimeClassName == null)")
+    injected = r.ctx.ns(lambda p: lit(p.runtime_class), live=params.of("runtimeClass"))
+    if injected == "''":
+        return named
+    injects = f"{absent} && {injected} != '' && pod.counted && !pod.fractional"
+    return f"({named} != '' ? {named} : {injects} ? {injected} : '')"
+
+
+def _runtime_reads(r: Reads) -> tuple[str, str]:
+    """``isolation.runtime_reads`` of template ``pod``: (whether an NVIDIA runtime reads its device variables, the words
+    that say who)."""
+    if r.ctx.policies.document["isolation"]["nvidiaRuntime"] == "legacy":
+        return "true", lit("the NVIDIA runtime reads it in every pod (isolation.nvidiaRuntime: legacy)")
+    name = _runtime_class(r)
+    return (f"{name}.startsWith({lit(NVIDIA_RUNTIME_PREFIX)})",
+            f"'the pod runs under runtimeClassName ' + {name} + ', whose NVIDIA runtime reads it "
+            f"(isolation.nvidiaRuntime: cdi)'")
+
+
 def _untrusted_without_gpu(r: Reads, where: str = "") -> tuple[Each, ...]:
-    """Containers of untrusted pods that hold no GPU (``GpuUse.holds``; a fractional scheduler's pod holds one)."""
+    """Containers of untrusted pods that hold no GPU (``GpuUse.holds``; a fractional scheduler's pod holds one),
+    where an NVIDIA runtime reads their device variables."""
     test = f"!(pod.fractional || {r.holds()})" + (f" && {where}" if where else "")
-    return (Each("pod", "variables.templates", "!pod.trusted"), *r.containers(where=test))
+    reads, _ = _runtime_reads(r)
+    pods = "!pod.trusted" if reads == "true" else f"!pod.trusted && {reads}"
+    return (Each("pod", "variables.templates", pods), *r.containers(where=test))
 
 
 @native("visible-devices-without-gpu",
@@ -70,8 +97,9 @@ def visible_devices_without_gpu(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     value = "env.?value.orValue('')" if r.typed else "('value' in env ? env.value : '')"
     unset = "!has(env.valueFrom)" if r.typed else "!('valueFrom' in env && env.valueFrom != null)"
-    message = (f"{r.label} + ' uses no GPU but sets ' + env.name + '=' + {shown('value')} + "
-               f"': the NVIDIA runtime would show it ' + "
+    _, who = _runtime_reads(r)
+    message = (f"{r.label} + ' uses no GPU but sets ' + env.name + '=' + {shown('value')} + ', and ' + {who} + "
+               f"': it would see ' + "
                f"(value == 'all' ? 'every GPU of its node' : 'the GPUs it names') + "
                f"', outside the scheduler\\'s accounting; remove it or set it to void'")
     env = r.get("container", "env", "list", "[]")
@@ -88,8 +116,10 @@ def visible_devices_without_gpu(ctx: Ctx) -> list[Finding]:
 def visible_devices_unread(ctx: Ctx) -> list[Finding]:
     r = Reads(ctx)
     computed = "has(env.valueFrom)" if r.typed else "'valueFrom' in env && env.valueFrom != null"
+    _, who = _runtime_reads(r)
     message = (f"{r.label} + ' uses no GPU and takes ' + env.name + ' from ' + {_env_source(r, 'env.valueFrom')} + "
-               f"', which admission cannot read; anything but void or none there shows it GPUs it was not given'")
+               f"', which admission cannot read, and ' + {who} + ': anything but void or none there shows it GPUs it "
+               f"was not given'")
     env = r.get("container", "env", "list", "[]")
     from_value = Finding("visible-devices-unread", (*_untrusted_without_gpu(r, f"size({env}) > 0"),
                                                     _device_env(r, computed)), "",
@@ -103,10 +133,11 @@ def visible_devices_unread(ctx: Ctx) -> list[Finding]:
               f"{lit(VISIBLE_DEVICES)}.startsWith({prefix}) && {prefix} != {lit(VISIBLE_DEVICES)}")
     env_from = r.get("container", "envFrom", "list", "[]")
     from_message = (f"{r.label} + ' uses no GPU and imports variables from ' + {_env_source(r, 'env_from')} + "
-                    f"', which admission "
-                    f"cannot read; if one is {VISIBLE_DEVICES} it may show it GPUs it was not given (set "
-                    f"{VISIBLE_DEVICES}=void in env, or isolation.hideGpus)'")
-    loops = (Each("pod", "variables.templates", f"!pod.trusted && !{_hidden(ctx)}"),
+                    f"', which admission cannot read, and ' + {who} + ': if one is {VISIBLE_DEVICES} it may show it "
+                    f"GPUs it was not given (set {VISIBLE_DEVICES}=void in env, or isolation.hideGpus)'")
+    reads, _ = _runtime_reads(r)
+    pods = f"!pod.trusted && !{_hidden(ctx)}" + ("" if reads == "true" else f" && {reads}")
+    loops = (Each("pod", "variables.templates", pods),
              *r.containers(where=f"size({env_from}) > 0 && !(pod.fractional || {r.holds()}) && !{named}"),
              Each("env_from", env_from, usable, "j"))
     imports = Finding("visible-devices-unread", loops, "", f"{Reads.PATH} + '.envFrom[' + string(j) + ']'",
@@ -204,10 +235,17 @@ def gpu_device_mount(ctx: Ctx) -> list[Finding]:
     # Only a path that names dev, climbs (..) or is all slashes and dots can normalise to a device directory or /.
     suspect = f"(host_path.contains('dev') || host_path.contains('..') || !{matches('host_path', '[^/.]')})"
     volumes = Each("volume", r.get("pod.spec", "volumes", "list", "[]"), f"{r.is_map('volume')}{host} != null", "i")
-    vmessage = ("'hostPath ' + " + shown("host_path") + " + ' exposes the node\\'s GPU devices to the pod, outside the "
-                "scheduler\\'s accounting; GPUs come from resources'")
+    vmessage = ("'hostPath ' + " + shown("host_path") + " + ' is mounted by a privileged container, which can open the "
+                "node\\'s GPU devices through it, outside the scheduler\\'s accounting; GPUs come from resources'")
     untrusted = Each("pod", "variables.templates", "!pod.trusted")
-    host_paths = Finding("gpu-device-mount", (untrusted, volumes), f"{suspect} && {exposes}",
+    privileged = r.at("container", "securityContext.privileged", "bool", "false")
+    volume_name = r.get("volume", "name", "string", "null")
+    mount_name = r.get("mount", "name", "string", "null")
+    mounts_it = f"{r.get('container', 'volumeMounts', 'list', '[]')}.exists(mount, {r.is_map('mount')}" \
+                f"{mount_name} == {volume_name})"
+    # isolation._mounted_by_privileged: through a hostPath, only a privileged container can open a device
+    mounted = some_container(r, "pod.spec", f"{privileged} == true && {mounts_it}")
+    host_paths = Finding("gpu-device-mount", (untrusted, volumes), f"{suspect} && {exposes} && {mounted}",
                          "pod.path + '.volumes[' + string(i) + '].hostPath.path'",
                          stable_item("pod.stable + '.volumes'", "i", "volume", "name") + " + '.hostPath.path'",
                          "host_path", vmessage,

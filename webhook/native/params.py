@@ -38,6 +38,7 @@ SEED = ("requests-without-limits", "invalid-quantity", "requests-differ", "struc
 
 # The keys compiled into the CEL (and into the seed policies' bindings): what a GPU is and where the rules look.
 COMPILED = ("platform", "resources", "accelerator.nodeLabel", "accelerator.annotation", "gpuTaints",
+            "isolation.nvidiaRuntime",
             "dra.gpuClasses", "dra.allowedDeviceClasses", "dra.adminAccessNamespaces", "excludeNamespaces",
             "nativePolicies", "cluster.enabled", "enforcement (the seed policies' bindings)")
 
@@ -161,6 +162,8 @@ def variables(texts: list[str], platform: str, mutating: bool = False) -> list[t
         out.insert(0, (NAMESPACE_VARIABLE, f"{OVERRIDE}.orValue({{}})"))
     if "variables.trusted_namespace" in read:
         out.append(("trusted_namespace", trusted(None, platform)))
+    if f"variables.{TENANT_VARIABLE}" in read:
+        out.append((TENANT_VARIABLE, tenant_namespace(top("isolation.tenantNamespaces"))))
     if FACTS in read:
         out += [("request_times", MUTATING_REQUEST_TIMES if mutating else REQUEST_TIMES),
                 ("cluster_facts", FACTS_EXPRESSION)]
@@ -186,6 +189,16 @@ def gate(rule: str, action: str) -> str:
     if action == "deny":
         return f"(!({warned}) && {own} == 'deny')"
     return f"{own} in ({warned} ? ['warn', 'deny'] : ['warn'])"
+
+
+# The variable that says whether the request's namespace is a tenant's (isolation.tenantNamespaces).
+TENANT_VARIABLE = "tenant_namespace"
+
+
+def tenant_namespace(patterns: str) -> str:
+    """``PolicySet.is_tenant`` of the request's namespace, against the CEL list of ``patterns`` (names, ``prefix*``)."""
+    return (f"{patterns}.exists(pattern, pattern.endsWith('*') ? "
+            f"request.namespace.startsWith(pattern.substring(0, size(pattern) - 1)) : request.namespace == pattern)")
 
 
 def trusted_pod(account: str) -> str:

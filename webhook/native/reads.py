@@ -245,7 +245,7 @@ def taint_variable(ctx: Ctx, pods: str) -> tuple[str, str]:
     return GPU_TAINT_KEYS.removeprefix("variables."), f"{pods}.map(pod, {keys})"
 
 
-def _some_container(r: Reads, spec: str, test: str, lists: tuple[str, ...] = CONTAINER_LISTS) -> str:
+def some_container(r: Reads, spec: str, test: str, lists: tuple[str, ...] = CONTAINER_LISTS) -> str:
     """Some container ``container`` of the pod spec ``spec`` passes ``test``."""
     containers = "[" + ", ".join(r.items(spec, name) for name in lists) + "]"
     return f"{containers}.exists(containers, containers.exists(container, {test}))"
@@ -279,19 +279,19 @@ def template_facts(ctx: Ctx, spec: str, meta: str) -> dict[str, str]:
     def counted(value: str) -> str:
         return f"name in variables.gpus && !{r.zero(value)}"
 
-    scheduler = _some_container(r, spec, names(lambda value: f"name in variables.scheduler && !{r.zero(value)}"))
+    scheduler = some_container(r, spec, names(lambda value: f"name in variables.scheduler && !{r.zero(value)}"))
     fractional = (f"((size(variables.scheduler) > 0 && {scheduler}) || "
                   f"{lits(FRACTION_ANNOTATIONS)}.exists(annotation, annotation in {annotations}))")
     claims = r.claims() if r.typed else f"{r.claims()}.filter(claim, type(claim) == map)"
     declared = r.get(spec, "resourceClaims", "list", "[]")
     return {
-        "uses": f"size(variables.gpus) > 0 && {_some_container(r, spec, names(lambda _: 'name in variables.gpus'))}",
-        "counted": f"size(variables.gpus) > 0 && {_some_container(r, spec, names(counted))}",
+        "uses": f"size(variables.gpus) > 0 && {some_container(r, spec, names(lambda _: 'name in variables.gpus'))}",
+        "counted": f"size(variables.gpus) > 0 && {some_container(r, spec, names(counted))}",
         "fractional": fractional,
-        "holds": f"fractional || {_some_container(r, spec, r.holds())}",
+        "holds": f"fractional || {some_container(r, spec, r.holds())}",
         "trusted": trusted(ctx, spec),
         "declares": f"size({declared}) > 0",
-        "dra": f"size({declared}) > 0 || {_some_container(r, spec, f'size({claims}) > 0', LISTS_WITH_CLAIMS)}",
+        "dra": f"size({declared}) > 0 || {some_container(r, spec, f'size({claims}) > 0', LISTS_WITH_CLAIMS)}",
         "gpuCounts": gpu_counts(r, spec),
     }
 

@@ -7,6 +7,7 @@ they do no I/O, so every rule is testable with plain dicts.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from webhook.core import review
@@ -55,6 +56,18 @@ def describe(found: list[Violation]) -> str:
     return f"{count}: " + "; ".join(map(str, found))
 
 
+# What a tenant rule's softened denial says, after its own words.
+NOT_TENANT = "warn: not a tenant namespace (isolation.tenantNamespaces), and the pod asks for no GPU"
+
+
+def judge(v: Violation, action: str, tenant: bool) -> tuple[Violation, str]:
+    """A violation and its action: a tenant rule's denial of a pod that asks for no GPU, outside a tenant namespace,
+    is a warning that says why (docs/isolation.md, "Who the rules are for")."""
+    if action == "deny" and v.no_gpu and not tenant:
+        return replace(v, message=f"{v.message}; {NOT_TENANT}"), "warn"
+    return v, action
+
+
 def decide(
     obj: Mapping[str, Any],
     group: str,
@@ -71,7 +84,8 @@ def decide(
     checks see it (nodes, DRA devices and classes, claims, RuntimeClasses), None when they are off.
     """
     policy = policies.for_namespace(namespace)
-    judged = [(v, policy.action(v.rule)) for v in violations(obj, group, kind, policy, view, namespace)]
+    tenant = policies.is_tenant(namespace)
+    judged = [judge(v, policy.action(v.rule), tenant) for v in violations(obj, group, kind, policy, view, namespace)]
     judged = [(v, action) for v, action in judged if action != "off"]
     if old is not None:
         # An update is judged on what it changes: a pod admitted under an older policy must still

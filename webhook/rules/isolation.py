@@ -53,15 +53,31 @@ def _source(env_source: Mapping[str, Any]) -> str:
     return "a source"
 
 
-def check_visible_devices(container: Container, policy: Policy, holds_gpu: bool, hidden: bool) -> list[Violation]:
-    """A container with no GPU that names GPUs in NVIDIA_VISIBLE_DEVICES or NVIDIA_MIG_CONFIG_DEVICES.
+def runtime_reads(spec: Mapping[str, Any], policy: Policy, use: GpuUse) -> str | None:
+    """Who reads the pod's NVIDIA_VISIBLE_DEVICES, in words; None when no NVIDIA runtime does.
+
+    ``isolation.nvidiaRuntime: legacy``: the NVIDIA runtime is the nodes' default (or CRI-O's hook) and reads the
+    variable in every pod. ``cdi`` (the GPU Operator's default from v25.10): only a pod under a RuntimeClass
+    ``nvidia*``, named or injected by ``isolation.runtimeClass``, runs with it."""
+    if policy.nvidia_runtime == "legacy":
+        return "the NVIDIA runtime reads it in every pod (isolation.nvidiaRuntime: legacy)"
+    name, _ = runtime_class_of(spec, policy, use)
+    if name is None or not name.startswith(NVIDIA_RUNTIME_PREFIX):
+        return None
+    return f"the pod runs under runtimeClassName {name}, whose NVIDIA runtime reads it (isolation.nvidiaRuntime: cdi)"
+
+
+def check_visible_devices(container: Container, policy: Policy, holds_gpu: bool, hidden: bool,
+                          reads: str | None) -> list[Violation]:
+    """A container with no GPU that names GPUs in NVIDIA_VISIBLE_DEVICES or NVIDIA_MIG_CONFIG_DEVICES, where an
+    NVIDIA runtime reads them (``reads``: who, in words, from ``runtime_reads``).
 
     Only ``env[].value`` can be read here. ``env[].valueFrom`` and ``envFrom`` (a ConfigMap or Secret read
     by the kubelet) are reported under ``visible-devices-unread``; ``hidden`` (isolation.hideGpus will set
     the variable in env, which wins over envFrom) makes envFrom harmless. The image's own ENV is never
     visible at admission: ``isolation.hideGpus`` covers it.
     """
-    if holds_gpu:
+    if holds_gpu or reads is None:
         return []
     out: list[Violation] = []
     path, label = container.path, container.label
@@ -80,7 +96,7 @@ def check_visible_devices(container: Container, policy: Policy, holds_gpu: bool,
                         where.child("valueFrom"),
                         "visible-devices-unread",
                         f"{label} uses no GPU and takes {name} from {_source(as_mapping(source))}, which admission "
-                        "cannot read; anything but void or none there shows it GPUs it was not given",
+                        f"cannot read, and {reads}: anything but void or none there shows it GPUs it was not given",
                         name,
                     )
                 )
@@ -94,8 +110,8 @@ def check_visible_devices(container: Container, policy: Policy, holds_gpu: bool,
                 Violation(
                     where.child("value"),
                     "visible-devices-without-gpu",
-                    f"{label} uses no GPU but sets {name}={shown(value)}: the NVIDIA runtime would show it {sees}, "
-                    "outside the scheduler's accounting; remove it or set it to void",
+                    f"{label} uses no GPU but sets {name}={shown(value)}, and {reads}: it would see {sees}, outside "
+                    "the scheduler's accounting; remove it or set it to void",
                     shown(value),
                 )
             )
@@ -112,9 +128,9 @@ def check_visible_devices(container: Container, policy: Policy, holds_gpu: bool,
             Violation(
                 path.child("envFrom").index(k),
                 "visible-devices-unread",
-                f"{label} uses no GPU and imports variables from {source}, which admission cannot read; if one is "
-                f"{VISIBLE_DEVICES} it may show it GPUs it was not given (set {VISIBLE_DEVICES}=void in env, or "
-                "isolation.hideGpus)",
+                f"{label} uses no GPU and imports variables from {source}, which admission cannot read, and "
+                f"{reads}: if one is {VISIBLE_DEVICES} it may show it GPUs it was not given (set "
+                f"{VISIBLE_DEVICES}=void in env, or isolation.hideGpus)",
                 source,
             )
         )
@@ -169,7 +185,7 @@ def check_privileged(ctx: PodContext) -> list[Violation]:
     reasons = None
     out = []
     for container in ctx.containers:
-        if as_mapping(container.fields.get("securityContext")).get("privileged") is not True:
+        if not privileged(container):
             continue
         label = container.label
         if use.holds(container.list_name, container.position):
@@ -225,22 +241,39 @@ def _in_device_list(mount_path: str) -> bool:
     return any(path == d or path.startswith(d + "/") for d in DEVICE_LIST_DIRECTORIES)
 
 
+def privileged(container: Container) -> bool:
+    return as_mapping(container.fields.get("securityContext")).get("privileged") is True
+
+
+def _mounted_by_privileged(ctx: PodContext, volume: object) -> bool:
+    """Some privileged container (init and ephemeral ones included) mounts the volume named ``volume``."""
+    return any(
+        privileged(c) and any(as_mapping(m).get("name") == volume for m in as_list(c.fields.get("volumeMounts")))
+        for c in ctx.containers
+    )
+
+
 def check_device_mounts(ctx: PodContext) -> list[Violation]:
-    """GPU device nodes by hostPath, and mounts where the volume-mounts strategy reads the GPUs to inject.
-    The caller skips trusted pods."""
+    """GPU device nodes by hostPath where a privileged container mounts them, and mounts where the volume-mounts
+    strategy reads the GPUs to inject. The caller skips trusted pods.
+
+    The device cgroup lets a container open only the devices the runtime granted it (the device plugin's, DRA's,
+    CDI's), whatever its mounts show: a hostPath of ``/dev`` or ``/`` in a container that is not privileged shows the
+    device nodes but cannot open them. A privileged container may open every device."""
     if not ctx.policy.checks("gpu-device-mount"):
         return []
     out = []
     for i, volume in enumerate(as_list(ctx.spec.get("volumes"))):
         volume = as_mapping(volume)
         host_path = as_mapping(volume.get("hostPath")).get("path")
-        if isinstance(host_path, str) and exposes_gpu_devices(host_path):
+        if isinstance(host_path, str) and exposes_gpu_devices(host_path) and _mounted_by_privileged(
+                ctx, volume.get("name")):
             out.append(
                 Violation(
                     ctx.path.child("volumes").item(i, "name", volume.get("name")).child("hostPath").child("path"),
                     "gpu-device-mount",
-                    f"hostPath {shown(host_path)} exposes the node's GPU devices to the pod, outside the "
-                    "scheduler's accounting; GPUs come from resources",
+                    f"hostPath {shown(host_path)} is mounted by a privileged container, which can open the node's "
+                    "GPU devices through it, outside the scheduler's accounting; GPUs come from resources",
                     host_path,
                 )
             )
@@ -382,14 +415,15 @@ def hides_gpus(policy: Policy, use: GpuUse) -> bool:
 
 
 def check_container_isolation(
-    container: Container, names: tuple[Named, ...], ctx: PodContext, hidden: bool
+    container: Container, names: tuple[Named, ...], ctx: PodContext, hidden: bool, reads: str | None
 ) -> list[Violation]:
     """The isolation rules on one container (``pods`` calls it from its own pass over the containers, with the
-    container's ``names``); ``hidden``: whether isolation.hideGpus sets the pod's variable (``hides_gpus``)."""
+    container's ``names``); ``hidden``: whether isolation.hideGpus sets the pod's variable (``hides_gpus``);
+    ``reads``: who reads the device variables (``runtime_reads``)."""
     out = check_zero_gpu_limits(container, names, ctx.policy)
     if not ctx.trusted:
         holds = ctx.use.holds(container.list_name, container.position)
-        out.extend(check_visible_devices(container, ctx.policy, holds, hidden))
+        out.extend(check_visible_devices(container, ctx.policy, holds, hidden, reads))
     return out
 
 

@@ -11,15 +11,23 @@ the value it is about, so an UPDATE that changes an old problem is held to it (s
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from webhook.core import resources as registry
+from webhook.core.catalog import TENANT_RULES
 from webhook.core.clusterview import ClusterView
 from webhook.core.field import ROOT, FieldPath, Violation
-from webhook.core.podspecs import Container, PodSpecRef, find_pod_specs, read_containers, resource_blocks
+from webhook.core.podspecs import (
+    Container,
+    PodSpecRef,
+    count_fields,
+    find_pod_specs,
+    read_containers,
+    resource_blocks,
+)
 from webhook.core.policy import Policy, gpu_entries
-from webhook.core.quantity import quoted, shown
+from webhook.core.quantity import QuantityError, gpu_count, quoted, shown
 from webhook.rules import claims, draobjects, sharing
 from webhook.rules.capacity import check_cluster
 from webhook.rules.context import Named, PodContext, pod_context, resource_names
@@ -30,7 +38,7 @@ from webhook.rules.crossfield import (
     check_process_count,
     check_replica_accelerators,
 )
-from webhook.rules.isolation import check_container_isolation, check_isolation, hides_gpus
+from webhook.rules.isolation import check_container_isolation, check_isolation, hides_gpus, runtime_reads
 
 
 @dataclass(slots=True)
@@ -190,6 +198,7 @@ def check_containers(ctx: PodContext, gpus: PodGPUs) -> list[Violation]:
     out: list[Violation] = []
     policy = ctx.policy
     hidden = hides_gpus(policy, ctx.use)
+    reads = runtime_reads(ctx.spec, policy, ctx.use)
     buckets = {"containers": gpus.app, "initContainers": gpus.init, "ephemeralContainers": gpus.ephemeral}
     for container, names in zip(ctx.containers, ctx.names, strict=True):
         list_name = container.list_name
@@ -198,7 +207,7 @@ def check_containers(ctx: PodContext, gpus: PodGPUs) -> list[Violation]:
         if len(c.counts) > 1:  # whole GPUs and MIG slices: two names at least
             out.extend(check_mixed_gpu_and_mig(container.fields, container.path, set(c.counts), policy))
         out.extend(sharing.check_vendor_resources(container, names, policy, ctx.trusted))
-        out.extend(check_container_isolation(container, names, ctx, hidden))
+        out.extend(check_container_isolation(container, names, ctx, hidden, reads))
         if list_name == "initContainers" and c.counts and not ctx.trusted:
             out.extend(check_init_container_gpus(container.path, c.counts, c.sidecar, policy))
         buckets[list_name].append(c)
@@ -296,6 +305,9 @@ def check_pod_spec(
     out.extend(check_containers(ctx, gpus))
     out.extend(check_pod_level_resources(ref.spec, ref.path, policy))
     out.extend(check_isolation(ctx))
+    if not ctx.use.any:
+        # The tenant rules' findings on a pod that asks for no GPU: decide() denies them in tenant namespaces only.
+        out = [replace(v, no_gpu=True) if v.rule in TENANT_RULES else v for v in out]
     totals = gpus.totals()
     limit_counts = {c.slot: c.counts for c in (*gpus.app, *gpus.init)}
     found, claim_gpus = claims.pod_violations(ctx, limit_counts=limit_counts, pod_totals=totals,
@@ -340,6 +352,7 @@ def violations(
         if accelerator is not None:
             named.append((ref, accelerator))
     out.extend(check_resource_blocks(obj, group, kind, policy, read))
+    out.extend(check_count_fields(obj, group, kind, policy))
     out.extend(check_replica_accelerators(named, group, kind, policy))
     out.extend(check_process_count(obj, group, kind, policy))
     out.extend(check_unchecked(obj, kind, policy, read))
@@ -366,6 +379,25 @@ def check_resource_blocks(obj: Mapping[str, Any], group: str, kind: str, policy:
         names = resource_names(block, policy)
         out.extend(check_container(block, names, policy, ContainerGPUs()))
         out.extend(sharing.check_vendor_resources(block, names, policy, policy.trusted))
+    return out
+
+
+def check_count_fields(obj: Mapping[str, Any], group: str, kind: str, policy: Policy) -> list[Violation]:
+    """A kind's GPU count fields (a VLLMRuntime's ``deploymentConfig.resources.gpu``, its resource in ``gpuType``):
+    a whole count, within ``limits.perContainer``; the operator copies it into one container's requests and limits."""
+    out: list[Violation] = []
+    for where, value, name in count_fields(obj, group, kind):
+        if not policy.is_gpu(name):
+            continue
+        try:
+            number = gpu_count(value)
+        except QuantityError as problem:
+            out.append(Violation(where, "invalid-quantity", f"{kind} {name}: {problem}", about(value)))
+            continue
+        if policy.per_container and number > policy.per_container:
+            out.append(Violation(where, "per-container-limit",
+                                 f"{kind}: {number} {name} is over the limit of {policy.per_container} per container",
+                                 str(number)))
     return out
 
 
