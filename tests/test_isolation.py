@@ -20,6 +20,9 @@ AKS = parse_policy("platform: aks")
 CLUSTER = parse_policy("cluster: {enabled: true}")
 INJECTING = parse_policy("cluster: {enabled: true}\nisolation: {runtimeClass: nvidia}")
 WITH_DEFAULT = parse_policy("cluster: {enabled: true}\naccelerator: {default: nvidia-l4}")
+CDI = parse_policy("isolation: {nvidiaRuntime: cdi}")
+CDI_INJECTING = parse_policy("isolation: {nvidiaRuntime: cdi, runtimeClass: nvidia}")
+TENANTS = parse_policy("isolation: {tenantNamespaces: [default]}")
 
 C0 = "spec.containers[0]"
 C1 = "spec.containers[1]"
@@ -43,6 +46,11 @@ PRIVILEGED = {"securityContext": {"privileged": True}}
 
 def host_path(path):
     return [{"name": "dev", "hostPath": {"path": path}}]
+
+
+def mounting(path, name="agent", **extra):
+    """A privileged container that mounts the ``host_path`` volume: only such a one can open a device through it."""
+    return cpu(name, volumeMounts=[{"name": "dev", "mountPath": "/host"}], **PRIVILEGED, **extra)
 
 
 def mount(path):
@@ -149,24 +157,39 @@ CASES = [
     ("privileged: false", pod(gpu(securityContext={"privileged": False})), DEFAULT, "default", set()),
     ("a privileged GPU container, trusted", pod(gpu(**PRIVILEGED)), TRUSTING, "gpu-operator", set()),
     # --- device nodes and device-list mounts
-    ("hostPath /dev/nvidia0", pod(cpu(), volumes=host_path("/dev/nvidia0")), DEFAULT, "default",
+    ("hostPath /dev/nvidia0", pod(mounting("/dev/nvidia0"), volumes=host_path("/dev/nvidia0")), DEFAULT, "default",
      {("spec.volumes[0].hostPath.path", "gpu-device-mount")}),
-    ("hostPath /dev/nvidiactl spelt oddly", pod(cpu(), volumes=host_path("//dev/./nvidiactl/")), DEFAULT, "default",
+    ("hostPath /dev/nvidiactl spelt oddly", pod(mounting("//dev/./nvidiactl/"), volumes=host_path("//dev/./nvidiactl/")), DEFAULT, "default",
      {("spec.volumes[0].hostPath.path", "gpu-device-mount")}),
-    ("hostPath /dev/dri", pod(cpu(), volumes=host_path("/dev/dri")), DEFAULT, "default",
+    ("hostPath /dev/dri", pod(mounting("/dev/dri"), volumes=host_path("/dev/dri")), DEFAULT, "default",
      {("spec.volumes[0].hostPath.path", "gpu-device-mount")}),
-    ("hostPath /dev/dri/renderD128", pod(cpu(), volumes=host_path("/dev/dri/renderD128")), DEFAULT, "default",
+    ("hostPath /dev/dri/renderD128", pod(mounting("/dev/dri/renderD128"), volumes=host_path("/dev/dri/renderD128")), DEFAULT, "default",
      {("spec.volumes[0].hostPath.path", "gpu-device-mount")}),
-    ("hostPath /dev/kfd", pod(cpu(), volumes=host_path("/dev/kfd")), DEFAULT, "default",
+    ("hostPath /dev/kfd", pod(mounting("/dev/kfd"), volumes=host_path("/dev/kfd")), DEFAULT, "default",
      {("spec.volumes[0].hostPath.path", "gpu-device-mount")}),
-    ("hostPath /dev holds them all", pod(cpu(), volumes=host_path("/dev")), DEFAULT, "default",
+    ("hostPath /dev holds them all", pod(mounting("/dev"), volumes=host_path("/dev")), DEFAULT, "default",
      {("spec.volumes[0].hostPath.path", "gpu-device-mount")}),
-    ("hostPath / holds them all", pod(cpu(), volumes=host_path("/")), DEFAULT, "default",
+    ("hostPath / holds them all", pod(mounting("/"), volumes=host_path("/")), DEFAULT, "default",
      {("spec.volumes[0].hostPath.path", "gpu-device-mount")}),
-    ("hostPath /dev/shm", pod(cpu(), volumes=host_path("/dev/shm")), DEFAULT, "default", set()),
-    ("hostPath /dev/drivers is not /dev/dri", pod(cpu(), volumes=host_path("/dev/drivers")), DEFAULT, "default", set()),
-    ("hostPath /var/log", pod(cpu(), volumes=host_path("/var/log")), DEFAULT, "default", set()),
-    ("a GPU container gets no extra devices by hostPath either", pod(gpu(), volumes=host_path("/dev/nvidia1")),
+    ("hostPath /dev/shm", pod(mounting("/dev/shm"), volumes=host_path("/dev/shm")), DEFAULT, "default", set()),
+    ("hostPath /dev/drivers is not /dev/dri", pod(mounting("/dev/drivers"), volumes=host_path("/dev/drivers")), DEFAULT, "default", set()),
+    ("hostPath /var/log", pod(mounting("/var/log"), volumes=host_path("/var/log")), DEFAULT, "default", set()),
+    ("a privileged GPU container opens every device by hostPath",
+     pod(gpu(volumeMounts=[{"name": "dev", "mountPath": "/host"}], **PRIVILEGED), volumes=host_path("/dev/nvidia1")),
+     DEFAULT, "default", {("spec.volumes[0].hostPath.path", "gpu-device-mount"),
+                          (f"{C0}.securityContext.privileged", "privileged-gpu")}),
+    # The device cgroup: a container that is not privileged sees the device nodes it mounts but cannot open them.
+    ("hostPath /dev mounted by a container that is not privileged",
+     pod(cpu(volumeMounts=[{"name": "dev", "mountPath": "/host"}]), volumes=host_path("/dev")), DEFAULT, "default",
+     set()),
+    ("hostPath / mounted read-only by a GPU container that is not privileged",
+     pod(gpu(volumeMounts=[{"name": "dev", "mountPath": "/host", "readOnly": True}]), volumes=host_path("/")),
+     DEFAULT, "default", set()),
+    ("hostPath /dev beside a privileged container that does not mount it",
+     pod(cpu(**PRIVILEGED), cpu("b", volumeMounts=[{"name": "dev", "mountPath": "/host"}]), volumes=host_path("/dev")),
+     DEFAULT, "default", set()),
+    ("hostPath / mounted by a privileged init container", pod(cpu(), initContainers=[mounting("/", "init")],
+                                                               volumes=host_path("/")),
      DEFAULT, "default", {("spec.volumes[0].hostPath.path", "gpu-device-mount")}),
     ("a mount into the device list directory",
      pod(cpu(volumeMounts=mount("/var/run/nvidia-container-devices/all"))), DEFAULT, "default",
@@ -210,6 +233,18 @@ CASES = [
     ("another runtime on a CPU pod", pod(cpu(), runtimeClassName="kata"), DEFAULT, "default", set()),
     ("runtimeClassName nvidia on a trusted CPU pod", pod(cpu(), runtimeClassName="nvidia"), TRUSTING, "gpu-operator",
      set()),
+    # --- isolation.nvidiaRuntime: cdi, the NVIDIA runtime reads the device variables only under its RuntimeClass
+    ("CDI mode: a CPU pod naming every GPU under the default runtime", pod(cpu(env=env())), CDI, "default", set()),
+    ("CDI mode: the same under runtimeClassName nvidia", pod(cpu(env=env()), runtimeClassName="nvidia"), CDI,
+     "default", {(E0, "visible-devices-without-gpu"), ("spec.runtimeClassName", "runtime-class-without-gpu")}),
+    ("CDI mode: a GPU pod's sidecar, the class injected by isolation.runtimeClass",
+     pod(gpu(), cpu("sidecar", env=env())), CDI_INJECTING, "default",
+     {(f"{C1}.env[0].value", "visible-devices-without-gpu")}),
+    ("CDI mode: an envFrom under another runtime", pod(cpu(envFrom=[{"configMapRef": {"name": "c"}}]),
+                                                      runtimeClassName="kata"), CDI, "default", set()),
+    ("CDI mode: an envFrom under the NVIDIA runtime", pod(cpu(envFrom=[{"configMapRef": {"name": "c"}}]),
+                                                         runtimeClassName="nvidia-cdi"), CDI, "default",
+     {(f"{C0}.envFrom[0]", "visible-devices-unread"), ("spec.runtimeClassName", "runtime-class-without-gpu")}),
 ]
 
 
@@ -272,12 +307,20 @@ def test_runtime_class_rules_are_cluster_rules():
 
 
 def test_the_messages_say_what_the_container_would_see_and_where():
-    answer = decide(pod(cpu("app", env=env())), "", "Pod", "default", DEFAULT)
+    answer = decide(pod(cpu("app", env=env())), "", "Pod", "default", TENANTS)
     assert not answer.allowed
     assert answer.message == (
         '1 GPU violation: spec.containers[0].env[0].value: container "app" uses no GPU but sets '
-        'NVIDIA_VISIBLE_DEVICES="all": the NVIDIA runtime would show it every GPU of its node, outside the '
-        "scheduler's accounting; remove it or set it to void"
+        'NVIDIA_VISIBLE_DEVICES="all", and the NVIDIA runtime reads it in every pod (isolation.nvidiaRuntime: '
+        "legacy): it would see every GPU of its node, outside the scheduler's accounting; remove it or set it to void"
+    )
+    answer = decide(pod(cpu("app", env=env(value="0")), runtimeClassName="nvidia"), "", "Pod", "default", CDI)
+    assert answer.allowed
+    assert answer.warnings[0] == (
+        'spec.containers[0].env[0].value: container "app" uses no GPU but sets NVIDIA_VISIBLE_DEVICES="0", and the '
+        "pod runs under runtimeClassName nvidia, whose NVIDIA runtime reads it (isolation.nvidiaRuntime: cdi): it "
+        "would see the GPUs it names, outside the scheduler's accounting; remove it or set it to void; warn: not a "
+        "tenant namespace (isolation.tenantNamespaces), and the pod asks for no GPU"
     )
     conflict = pod(gpu(), runtimeClassName="nvidia-h100", nodeSelector={"accelerator": "nvidia-l4"})
     answer = decide(conflict, "", "Pod", "default", CLUSTER, runtime_class_view(H100))
@@ -293,15 +336,22 @@ def test_defaults_deny_and_warn_as_documented():
     assert answer.allowed and len(answer.warnings) == 2
     answer = decide(pod(cpu(), runtimeClassName="nvidia"), "", "Pod", "default", DEFAULT)
     assert answer.allowed and answer.warnings
-    for bad in (pod(cpu(env=env())), pod(gpu(**PRIVILEGED)), pod(cpu(), volumes=host_path("/dev/nvidia0")),
+    # what opens GPUs is refused where the pod asks for GPUs, and, on a pod that asks for none, in the tenants'
+    # namespaces; elsewhere it is a warning that says so
+    assert not decide(pod(gpu(**PRIVILEGED)), "", "Pod", "default", DEFAULT).allowed
+    for bad in (pod(cpu(env=env())), pod(mounting("/dev/nvidia0"), volumes=host_path("/dev/nvidia0")),
                 pod(cpu(), annotations={"cdi.k8s.io/x": "y"})):
-        assert not decide(bad, "", "Pod", "default", DEFAULT).allowed
+        assert not decide(bad, "", "Pod", "default", TENANTS).allowed
+        softened = decide(bad, "", "Pod", "default", DEFAULT)
+        assert softened.allowed and softened.actions == ("warn",)
+        assert softened.warnings[0].endswith("; warn: not a tenant namespace (isolation.tenantNamespaces), and the "
+                                             "pod asks for no GPU")
 
 
 def test_an_update_keeps_an_old_isolation_problem_but_not_a_changed_one():
     old = pod(cpu("app", env=env(value="0")))
     relabelled = pod(cpu("app", env=env(value="0")))
     relabelled["metadata"]["labels"] = {"team": "a"}
-    assert decide(relabelled, "", "Pod", "default", DEFAULT, old=old).allowed
+    assert decide(relabelled, "", "Pod", "default", TENANTS, old=old).allowed
     widened = pod(cpu("app", env=env(value="all")))
-    assert not decide(widened, "", "Pod", "default", DEFAULT, old=old).allowed
+    assert not decide(widened, "", "Pod", "default", TENANTS, old=old).allowed

@@ -134,7 +134,7 @@ def test_a_pod_claim_is_the_last_resort_of_a_probe():
         rules = [rule for _, rule in probe.tries]
         assert "undeclared-claim" not in rules[:-1], (probe.policy, rules)
     [live] = [p for p in found if p.policy == "gpu-webhook-live-deny"]
-    assert [rule for _, rule in live.tries][-2:] == ["cdi-annotation", "undeclared-claim"]
+    assert [rule for _, rule in live.tries][-2:] == ["privileged-gpu", "undeclared-claim"]
 
 
 def test_with_the_cluster_checks_a_probe_refused_for_the_facts_moves_on_to_one_only_its_policy_refuses():

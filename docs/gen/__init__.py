@@ -361,7 +361,12 @@ def rules_table() -> str:
         for rule in catalog.in_section(section):
             page = rule.page.split("#", 1)[0]
             engine = "native + webhook" if rule.engine == "native" else "webhook"
-            lines.append(f"| `{rule.setting}` | `{rule.id}` | {rule.default} | {rule.refuses} | {engine} | "
+            refuses = rule.refuses
+            if rule.tenant:
+                # a tenant rule (docs/isolation.md): its denial of a pod that asks for no GPU holds in a tenant
+                # namespace only
+                refuses += "; on a pod that asks for no GPU, a denial is a warning outside `isolation.tenantNamespaces`"
+            lines.append(f"| `{rule.setting}` | `{rule.id}` | {rule.default} | {refuses} | {engine} | "
                          f"[{_PAGE_TITLES.get(page, page)}]({rule.page}) |")
     return "\n".join(lines) + "\n"
 
