@@ -654,13 +654,22 @@ def test_check_reads_runtime_classes_beside_the_nodes(tmp_path):
 @pytest.mark.process
 def test_check_says_which_cpu_container_would_see_every_gpu(tmp_path):
     leaky = pod(container("notebook", env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]), name="leaky")
-    result = gpu_webhook("check", write_manifests(tmp_path / "leaky.yaml", leaky))
+    manifests = write_manifests(tmp_path / "leaky.yaml", leaky)
+    said = ('container "notebook" uses no GPU but sets NVIDIA_VISIBLE_DEVICES="all", and the NVIDIA runtime reads it '
+            "in every pod (isolation.nvidiaRuntime: legacy): it would see every GPU of its node, outside the "
+            "scheduler's accounting; remove it or set it to void")
+    # a tenant's namespace: refused
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("isolation: {tenantNamespaces: [default]}\n")
+    result = gpu_webhook("check", "--policy", str(policy), manifests)
     assert result.returncode == 1
-    assert result.stdout == (
-        f"{tmp_path}/leaky.yaml:9:7: Pod default/leaky: spec.containers[0].env[0].value: container \"notebook\" uses "
-        'no GPU but sets NVIDIA_VISIBLE_DEVICES="all": the NVIDIA runtime would show it every GPU of its node, outside '
-        "the scheduler's accounting; remove it or set it to void\n"
-    )
+    assert result.stdout == f"{tmp_path}/leaky.yaml:9:7: Pod default/leaky: spec.containers[0].env[0].value: {said}\n"
+    # no tenant namespace named: a warning that says why it is not a denial
+    result = gpu_webhook("check", manifests)
+    assert result.returncode == 0
+    assert result.stdout == (f"{tmp_path}/leaky.yaml:9:7: Pod default/leaky: spec.containers[0].env[0].value: "
+                             f"warning: {said}; warn: not a tenant namespace (isolation.tenantNamespaces), and the pod "
+                             "asks for no GPU\n")
 
 
 DRA_STATE = [

@@ -53,6 +53,11 @@ def mounting(path, name="agent", **extra):
     return cpu(name, volumeMounts=[{"name": "dev", "mountPath": "/host"}], **PRIVILEGED, **extra)
 
 
+def mounted_path(path):
+    """A pod whose privileged container mounts the host's ``path``."""
+    return pod(mounting(path), volumes=host_path(path))
+
+
 def mount(path):
     return [{"name": "v", "mountPath": path}]
 
@@ -157,23 +162,23 @@ CASES = [
     ("privileged: false", pod(gpu(securityContext={"privileged": False})), DEFAULT, "default", set()),
     ("a privileged GPU container, trusted", pod(gpu(**PRIVILEGED)), TRUSTING, "gpu-operator", set()),
     # --- device nodes and device-list mounts
-    ("hostPath /dev/nvidia0", pod(mounting("/dev/nvidia0"), volumes=host_path("/dev/nvidia0")), DEFAULT, "default",
+    ("hostPath /dev/nvidia0", mounted_path("/dev/nvidia0"), DEFAULT, "default",
      {("spec.volumes[0].hostPath.path", "gpu-device-mount")}),
-    ("hostPath /dev/nvidiactl spelt oddly", pod(mounting("//dev/./nvidiactl/"), volumes=host_path("//dev/./nvidiactl/")), DEFAULT, "default",
+    ("hostPath /dev/nvidiactl spelt oddly", mounted_path("//dev/./nvidiactl/"), DEFAULT, "default",
      {("spec.volumes[0].hostPath.path", "gpu-device-mount")}),
-    ("hostPath /dev/dri", pod(mounting("/dev/dri"), volumes=host_path("/dev/dri")), DEFAULT, "default",
+    ("hostPath /dev/dri", mounted_path("/dev/dri"), DEFAULT, "default",
      {("spec.volumes[0].hostPath.path", "gpu-device-mount")}),
-    ("hostPath /dev/dri/renderD128", pod(mounting("/dev/dri/renderD128"), volumes=host_path("/dev/dri/renderD128")), DEFAULT, "default",
+    ("hostPath /dev/dri/renderD128", mounted_path("/dev/dri/renderD128"), DEFAULT, "default",
      {("spec.volumes[0].hostPath.path", "gpu-device-mount")}),
-    ("hostPath /dev/kfd", pod(mounting("/dev/kfd"), volumes=host_path("/dev/kfd")), DEFAULT, "default",
+    ("hostPath /dev/kfd", mounted_path("/dev/kfd"), DEFAULT, "default",
      {("spec.volumes[0].hostPath.path", "gpu-device-mount")}),
-    ("hostPath /dev holds them all", pod(mounting("/dev"), volumes=host_path("/dev")), DEFAULT, "default",
+    ("hostPath /dev holds them all", mounted_path("/dev"), DEFAULT, "default",
      {("spec.volumes[0].hostPath.path", "gpu-device-mount")}),
-    ("hostPath / holds them all", pod(mounting("/"), volumes=host_path("/")), DEFAULT, "default",
+    ("hostPath / holds them all", mounted_path("/"), DEFAULT, "default",
      {("spec.volumes[0].hostPath.path", "gpu-device-mount")}),
-    ("hostPath /dev/shm", pod(mounting("/dev/shm"), volumes=host_path("/dev/shm")), DEFAULT, "default", set()),
-    ("hostPath /dev/drivers is not /dev/dri", pod(mounting("/dev/drivers"), volumes=host_path("/dev/drivers")), DEFAULT, "default", set()),
-    ("hostPath /var/log", pod(mounting("/var/log"), volumes=host_path("/var/log")), DEFAULT, "default", set()),
+    ("hostPath /dev/shm", mounted_path("/dev/shm"), DEFAULT, "default", set()),
+    ("hostPath /dev/drivers is not /dev/dri", mounted_path("/dev/drivers"), DEFAULT, "default", set()),
+    ("hostPath /var/log", mounted_path("/var/log"), DEFAULT, "default", set()),
     ("a privileged GPU container opens every device by hostPath",
      pod(gpu(volumeMounts=[{"name": "dev", "mountPath": "/host"}], **PRIVILEGED), volumes=host_path("/dev/nvidia1")),
      DEFAULT, "default", {("spec.volumes[0].hostPath.path", "gpu-device-mount"),
@@ -339,7 +344,7 @@ def test_defaults_deny_and_warn_as_documented():
     # what opens GPUs is refused where the pod asks for GPUs, and, on a pod that asks for none, in the tenants'
     # namespaces; elsewhere it is a warning that says so
     assert not decide(pod(gpu(**PRIVILEGED)), "", "Pod", "default", DEFAULT).allowed
-    for bad in (pod(cpu(env=env())), pod(mounting("/dev/nvidia0"), volumes=host_path("/dev/nvidia0")),
+    for bad in (pod(cpu(env=env())), mounted_path("/dev/nvidia0"),
                 pod(cpu(), annotations={"cdi.k8s.io/x": "y"})):
         assert not decide(bad, "", "Pod", "default", TENANTS).allowed
         softened = decide(bad, "", "Pod", "default", DEFAULT)

@@ -27,6 +27,8 @@ HIDDEN, INJECTED, MISMATCHED = "iso-shared", "iso-k3s", "iso-h100"
 POLICY = {
     "cluster": {"enabled": True},
     "accelerator": {"default": "nvidia-l4"},
+    # the tenants' namespaces: here a tenant rule refuses a pod that asks for no GPU
+    "isolation": {"tenantNamespaces": ["default"]},
     "namespaces": {
         HIDDEN: {"isolation": {"hideGpus": "void"}},
         INJECTED: {"isolation": {"runtimeClass": "nvidia"}},
@@ -78,9 +80,9 @@ def test_a_cpu_pod_with_nvidia_visible_devices_all_is_refused_with_its_field_pat
     assert refused.returncode != 0
     assert refused.stderr.strip() == (
         f'Error from server (Forbidden): error when creating "STDIN": {OUR_DENIAL}1 GPU violation: '
-        'spec.containers[0].env[0].value: container "app" uses no GPU but sets NVIDIA_VISIBLE_DEVICES="all": '
-        "the NVIDIA runtime would show it every GPU of its node, outside the scheduler's accounting; remove it "
-        "or set it to void"
+        'spec.containers[0].env[0].value: container "app" uses no GPU but sets NVIDIA_VISIBLE_DEVICES="all", and '
+        "the NVIDIA runtime reads it in every pod (isolation.nvidiaRuntime: legacy): it would see every GPU of its "
+        "node, outside the scheduler's accounting; remove it or set it to void"
     )
     deployment = workload("Deployment", leaky(), name="leaky-deploy")
     deployment["spec"]["selector"] = {"matchLabels": {"app": "leaky"}}
