@@ -126,6 +126,23 @@ def test_the_audit_finds_what_validate_would_refuse_with_exact_paths(kube: FakeK
                               "action": "deny", "message": "pod asks for 5 nvidia.com/gpu, over the limit of 4 per pod"}
 
 
+def test_the_audit_says_when_a_denial_is_softened_outside_a_tenant_namespace() -> None:
+    """The node agent's shape, a CPU pod naming every GPU, in a namespace no list names: a warning that says why it is
+    not a denial; in a tenant's namespace, a denial."""
+    fake = FakeKube()
+    leaky = pod(container("agent", env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]), name="agent")
+    fake.add("", "pods", placed(leaky, "monitoring"), placed({**leaky, "metadata": {"name": "tenant"}}, "team-a"))
+    found = list(Audit(fake, parse_policy("isolation: {tenantNamespaces: [team-*]}")).findings())
+    assert records(found) == {
+        ("Pod", "monitoring", "agent", "spec.containers[0].env[0].value", "visible-devices-without-gpu", "warn"),
+        ("Pod", "team-a", "tenant", "spec.containers[0].env[0].value", "visible-devices-without-gpu", "deny"),
+    }
+    said = {f.namespace: f.record()["message"] for f in found}
+    assert said["monitoring"].endswith("; warn: not a tenant namespace (isolation.tenantNamespaces), and the pod "
+                                       "asks for no GPU")
+    assert "tenant namespace" not in said["team-a"]
+
+
 def test_namespace_selector_and_exclusions_narrow_the_lists(kube: FakeKube) -> None:
     kube.add("", "pods", placed({**over_cap("labelled"), "metadata": {"name": "labelled", "labels": {"team": "x"}}},
                                 "team-a"))

@@ -282,12 +282,11 @@ class Audit:
         answer = decide(obj, resource.group, resource.kind, namespace, self.policies, view)
         if not answer.violations:
             return []
-        policy = self.policies.for_namespace(namespace)
         name, uid = str(metadata.get("name") or ""), str(metadata.get("uid") or "")
+        # each violation's action as decide judged it (a tenant rule's denial may be softened there)
         return [
-            Finding(resource.api_version, resource.kind, namespace, name, uid, str(v.path), v.rule,
-                    policy.action(v.rule), v.message)
-            for v in answer.violations
+            Finding(resource.api_version, resource.kind, namespace, name, uid, str(v.path), v.rule, action, v.message)
+            for v, action in zip(answer.violations, answer.actions, strict=True)
         ]
 
 
