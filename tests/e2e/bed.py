@@ -43,10 +43,12 @@ def apply(cluster: ControlPlane, documents: list[dict]) -> None:
                     check=True)
 
 
-def register_webhook(cluster: ControlPlane, server: WebhookProcess, **values) -> list[dict]:
+def register_webhook(cluster: ControlPlane, server: WebhookProcess, probe: dict | None = None, **values) -> list[dict]:
+    """The chart's webhook configurations for ``values``, applied, once the webhook refuses ``probe`` (by default a
+    pod of 5 GPUs, which a policy with a cap or the cluster checks refuses)."""
     documents = render_webhook_configurations(cluster, server.address, server.ca, **values)
     apply(cluster, documents)
-    wait_until_called(cluster)
+    wait_until_called(cluster, probe=probe)
     return documents
 
 
@@ -55,11 +57,11 @@ def unregister_webhook(cluster: ControlPlane) -> None:
         cluster.kubectl("delete", kind, "-l", f"app.kubernetes.io/instance={RELEASE}", "--ignore-not-found")
 
 
-def wait_until_called(cluster: ControlPlane, timeout: float = 30) -> None:
+def wait_until_called(cluster: ControlPlane, timeout: float = 30, probe: dict | None = None) -> None:
     """The apiserver picks configurations up asynchronously; wait until a bad GPU pod is refused by us."""
-    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
-             "spec": {"containers": [{"name": "c", "image": "busybox",
-                                      "resources": {"limits": {"nvidia.com/gpu": 5}}}]}}
+    probe = probe or {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
+                      "spec": {"containers": [{"name": "c", "image": "busybox",
+                                               "resources": {"limits": {"nvidia.com/gpu": 5}}}]}}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         result = cluster.kubectl("create", "--dry-run=server", "-f", "-", stdin=json.dumps(probe))

@@ -61,7 +61,11 @@ def serving(cluster, tmp, policy: dict | None):
         args = ["--policy", str(tmp / "policy.yaml")]
     server = start_webhook(tmp, *args, certs=make_certs(tmp / "tls", "127.0.0.1"))
     try:
-        register_webhook(cluster, server, **({"policy": policy} if policy is not None else {}))
+        # a privileged GPU pod: refused by every policy here, in every namespace
+        probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"}, "spec": {"containers": [
+            {"name": "c", "image": "busybox", "securityContext": {"privileged": True},
+             "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+        register_webhook(cluster, server, probe=probe, **({"policy": policy} if policy is not None else {}))
     except BaseException:
         server.stop()
         raise
@@ -87,7 +91,7 @@ def test_no_agent_is_refused_and_the_tenants_shapes_are_warned_or_refused(namesp
                 wrong.append(f"{case.name}: not refused by the webhook: {said[:300]}")
             if not named and not (admitted and NOT_TENANT in said):
                 wrong.append(f"{case.name}: admitted={admitted}, not warned as softened: {said[:300]}")
-        assert len(looked_at()) == 23 and len(shapes()) == 5
+        assert len(looked_at()) == 25 and len(shapes()) == 5
         assert wrong == [], "\n".join(wrong)
         assert all(c.namespace == TENANT for c in shapes())
     finally:

@@ -173,8 +173,11 @@ REACHING = [
                                     tolerations=[{"key": GPU, "operator": "Exists"}]),
      "spec.containers[0].securityContext.privileged: container \"app\" is privileged and its pod tolerates the "
      "nvidia.com/gpu taint"),
-    ("host-device", pod(CPU, name="hostdev", volumes=[{"name": "d", "hostPath": {"path": "/dev/nvidia0"}}]),
-     "spec.volumes[0].hostPath.path: hostPath \"/dev/nvidia0\" exposes the node's GPU devices"),
+    ("host-device", pod({**CPU, "securityContext": {"privileged": True},
+                         "volumeMounts": [{"name": "d", "mountPath": "/host/nvidia0"}]},
+                        name="hostdev", volumes=[{"name": "d", "hostPath": {"path": "/dev/nvidia0"}}]),
+     "spec.volumes[0].hostPath.path: hostPath \"/dev/nvidia0\" is mounted by a privileged container, which can open "
+     "the node's GPU devices"),
     ("device-list-mount",
      pod({**CPU, "volumeMounts": [{"name": "e", "mountPath": "/var/run/nvidia-container-devices/all"}]},
          name="devlist", volumes=[{"name": "e", "emptyDir": {}}]),
