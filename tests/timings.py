@@ -150,7 +150,7 @@ class TimingReport:
         finally:
             self.timings.collection = time.perf_counter() - start
 
-    @pytest.hookimpl(trylast=True)  # after --durations and -ra: the tier line is the run's last but pytest's own
+    @pytest.hookimpl(trylast=True)  # after --durations' table (-ra's short summary comes after this)
     def pytest_terminal_summary(self, terminalreporter, config: pytest.Config) -> None:
         if config.option.collectonly:
             return
