@@ -5,6 +5,7 @@ depends on how fast this machine is."""
 from __future__ import annotations
 
 import re
+import textwrap
 
 import pytest
 
@@ -43,6 +44,13 @@ pytestmark = pytest.mark.chart
 def test_chart():
     pass
 """
+
+
+@pytest.fixture(autouse=True)
+def bare(monkeypatch):
+    """Inner sessions without the installed plugins (hypothesis alone takes seconds to import), so that these stay
+    fast tests: only pytest's own and the one under test, given with ``-p``."""
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
 
 
 def tier_counts(line: str) -> dict[str, int]:
@@ -89,22 +97,33 @@ def test_collect_only_prints_no_report(pytester: pytest.Pytester):
     assert not [line for line in result.outlines if line.startswith(TIER_LINE_PREFIX) or "time per module" in line]
 
 
+BURN = "while time.process_time() < {start} + 0.3:\n    pass\n"
+CHILD = "import time\n" + BURN.format(start="0")
+
+
 @pytest.mark.process
-def test_the_cpu_of_a_child_the_test_waited_for_counts_toward_its_module(pytester: pytest.Pytester):
+def test_cpu_counts_toward_the_module_that_spent_it_in_pytest_or_in_a_child(pytester: pytest.Pytester):
+    """Each inner test spends 0.3 s of CPU (process time, however long that takes on a busy machine): one in the
+    pytest process, one in a child it waits for."""
     pytester.makeini(INI)
-    pytester.makepyfile(test_child="""
+    pytester.makepyfile(test_own=f"""
+import time
+
+def test_spends_cpu_here():
+    start = time.process_time()
+{textwrap.indent(BURN.format(start="start"), "    ")}
+""", test_child=f"""
 import subprocess, sys
 
 def test_spends_cpu_in_a_child():
-    subprocess.run([sys.executable, "-c", "sum(range(3_000_000))"], check=True)
-
-def test_spends_none():
-    pass
+    subprocess.run([sys.executable, "-c", {CHILD!r}], check=True)
 """)
     result = pytester.runpytest("-p", "tests.timings")
     result.assert_outcomes(passed=2)
     rows = table_rows(result.outlines)
-    assert float(rows["test_child.py"][6]) > 0, rows  # cpu kids
+    cpu, kids = 5, 6  # the columns after the name: tests, setup, call, teardown, wall, cpu, cpu kids, waiting
+    assert float(rows["test_own.py"][cpu]) >= 0.3 and float(rows["test_own.py"][kids]) == 0, rows
+    assert float(rows["test_child.py"][kids]) >= 0.3, rows
 
 
 def filled() -> Timings:
