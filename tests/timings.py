@@ -12,9 +12,10 @@ It reports; it asserts nothing. What the figures mean:
 - a phase's time is the module's whose test ran it: a session fixture started in a test's setup counts toward that
   test's module, and so does its teardown after the session's last test;
 - CPU is ``getrusage``: the pytest process's own (every thread), and that of its children that ended and were
-  waited for during the phase (``subprocess.run``, a server stopped in a teardown). A child still running, or one
-  that nobody waits for (a bed's daemon that its cgroup kills, reparented to init), is not counted: its CPU shows as
-  waiting;
+  waited for during the phase (``subprocess.run``, a server stopped in a teardown), with their descendants that
+  they waited for. A child still running counts when it is waited for (a session bed's daemons: in the teardown
+  that stops them); a process that nobody in its parent chain waits for (a container, its shim reparented to
+  init) is never counted: its CPU shows as waiting;
 - waiting is wall minus both CPU times, at least 0: sleeps, polls, network and disk, programs that are not counted,
   and the run queue of a busy machine. Children run beside pytest, so this is a lower bound.
 """
