@@ -7,6 +7,10 @@ from tests.tiers import no_processes, tier_markers
 
 TESTS = Path(__file__).resolve().parent
 
+# pytester: tests/test_timings.py runs small sessions of its own. tests.timings: the end-of-run report of where the
+# time went, per module and per tier (tests/README.md).
+pytest_plugins = ["pytester", "tests.timings"]
+
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers
 def pytest_collection_modifyitems(items):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import queue
 import time
+from collections import Counter
 
 import jsonschema
 import pytest
@@ -232,9 +233,11 @@ class FakeSource:
         self.by_path = {kind.path: [o for o in objects if o["kind"] == kind.kind] for kind in KINDS}
         self.forbidden, self.unserved = set(forbidden), set(unserved)
         self.events = {kind.path: queue.Queue() for kind in KINDS}
+        self.lists: Counter[str] = Counter()  # lists asked for, by kind name
 
     def list(self, path):
         name = next(k.name for k in KINDS if k.path == path)
+        self.lists[name] += 1
         if name in self.unserved:
             raise NotServed()
         if name in self.forbidden:
@@ -269,7 +272,9 @@ def test_an_unserved_dra_api_and_a_forbidden_kind_leave_their_sections_out_logge
         # A node event: made again from the informer's index.
         source.events["/api/v1/nodes"].put({"type": "DELETED", "object": node("l4-b")})
         wait_for(lambda: facts.facts(CLUSTER_ON, 1.0)["models"]["nvidia-l4"]["nodes"] == 1)
-        time.sleep(0.3)  # the forbidden kind is retried meanwhile: the summary says so once
+        # The forbidden kind is retried meanwhile (its informer backs off 0.5 s first): the summary says so once.
+        tried = source.lists["runtimeclasses"]
+        wait_for(lambda: source.lists["runtimeclasses"] > tried)
         facts.facts(CLUSTER_ON, 2.0)
     finally:
         facts.stop()

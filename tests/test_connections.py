@@ -114,7 +114,10 @@ def test_at_the_cap_the_oldest_connection_without_a_request_is_evicted(tls):
             reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context,
                                                           server_hostname="127.0.0.1")
             idle.append((reader, writer))
-        await asyncio.sleep(0.1)
+        for _ in range(100):  # until the server holds all four (the cap), at most 10 s
+            if len(front.connections) >= 4:
+                break
+            await asyncio.sleep(0.1)
         evicted_before = front.evicted
         head = await request(port, context)  # a fifth connection at a cap of four
         first_closed = await asyncio.wait_for(idle[0][0].read(), 2)

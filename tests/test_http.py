@@ -157,7 +157,10 @@ def test_one_json_log_line_per_decision_without_the_object(webhook):
     review = admission_review(pod(container(requests={GPU: 1}, env=secret_env), name="logged-pod"))
     review["request"]["uid"] = "log-test-uid"
     webhook.post("/validate", review)
-    time.sleep(0.2)
+    # The server writes the line after it answered: read until it is there (a busy machine takes a moment).
+    deadline = time.monotonic() + 10
+    while not any("log-test-uid" in line for line in webhook.log_lines()) and time.monotonic() < deadline:
+        time.sleep(0.1)
     lines = [json.loads(line) for line in webhook.log_lines() if "log-test-uid" in line]
     assert len(lines) == 1
     line = lines[0]

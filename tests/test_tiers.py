@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiers import no_processes, tier_markers
+from tests import tiers
+from tests.tiers import no_processes, tier_markers, tier_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,6 +36,29 @@ TIERS = [
 @pytest.mark.parametrize(("parts", "fixtures", "markers", "added"), [c[1:] for c in TIERS], ids=[c[0] for c in TIERS])
 def test_each_test_gets_the_markers_of_its_tier(parts, fixtures, markers, added):
     assert tier_markers(parts, fixtures, markers) == added
+
+
+# (markers a test carries, the tier its time counts toward in the end-of-run report)
+COUNTED_TOWARD = [
+    (["e2e", "slow", "node"], "node"),
+    (["e2e", "bench"], "e2e"),
+    (["hardening", "slow"], "hardening"),
+    (["bench", "slow"], "bench"),
+    (["chart", "process"], "chart"),
+    (["slow", "process"], "slow"),
+    (["process", "parametrize"], "process"),
+    (["fast"], "fast"),
+    ([], "fast"),
+]
+
+
+@pytest.mark.parametrize(("markers", "tier"), COUNTED_TOWARD, ids=[" ".join(m) or "none" for m, _ in COUNTED_TOWARD])
+def test_a_tests_time_counts_toward_its_heaviest_tier(markers, tier):
+    assert tier_of(markers) == tier
+
+
+def test_the_report_knows_every_tier_marker():
+    assert set(tiers.TIERS) == {*tiers.NOT_FAST, "fast"}
 
 
 def test_a_fast_test_that_starts_a_process_fails_and_says_to_mark_it():

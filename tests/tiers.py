@@ -22,6 +22,10 @@ DIRECTORY_MARKERS = {"e2e": "e2e", "chart": "chart", "hardening": "hardening", "
 NODE_BED_FIXTURE = "node_bed"
 # A test with any of these is not in the fast tier.
 NOT_FAST = ("e2e", "node", "chart", "hardening", "image", "bench", "slow", "process")
+# The tiers, heaviest first: what each needs to run (the node bed needs the control plane too; a directory's tier
+# before the markers a module adds), then ``fast``. A test carries several markers; the end-of-run timing report
+# (tests/timings.py) counts its time toward the first tier of this order it carries, so every test counts once.
+TIERS = ("node", "e2e", "hardening", "image", "bench", "chart", "slow", "process", "fast")
 
 
 def tier_markers(parts: tuple[str, ...], fixtures: Iterable[str], markers: Iterable[str]) -> list[str]:
@@ -37,6 +41,13 @@ def tier_markers(parts: tuple[str, ...], fixtures: Iterable[str], markers: Itera
     if not have.union(add).intersection(NOT_FAST):
         add.append("fast")
     return add
+
+
+def tier_of(markers: Iterable[str]) -> str:
+    """The one tier a test with ``markers`` counts toward: the heaviest of :data:`TIERS` it carries, ``fast`` when
+    it carries none (a session without tests/conftest.py's markers)."""
+    have = set(markers)
+    return next((tier for tier in TIERS if tier in have), "fast")
 
 
 # Programs a fast test may start: celeval is the apiserver's CEL as a pure function (tests/celeval), the one way the

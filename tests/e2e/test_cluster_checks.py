@@ -66,8 +66,11 @@ def test_the_webhook_keeps_deciding_from_its_index_when_the_apiserver_is_gone(cl
     apiserver = next(p for p in cluster.processes if p.name == "kube-apiserver")
     apiserver.stop()
     try:
-        time.sleep(3)  # the watch notices, backs off, and the staleness gauge flips
-        assert aware_webhook.metric("gpu_webhook_node_index_stale") == 1
+        # The watch notices, backs off, and the staleness gauge flips (its reporter runs once a second).
+        deadline = time.monotonic() + 30
+        while aware_webhook.metric("gpu_webhook_node_index_stale") != 1:
+            assert time.monotonic() < deadline, "the staleness gauge did not flip after the apiserver stopped"
+            time.sleep(0.1)
         assert aware_webhook.request("GET", "/readyz").status == 200
         ok = pod(container(limits={GPU: 4}), name="fits", nodeSelector={"accelerator": "nvidia-l4"})
         assert aware_webhook.post("/validate", admission_review(ok)).json()["response"]["allowed"] is True

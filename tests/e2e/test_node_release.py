@@ -58,6 +58,11 @@ POLICY = {"accelerator": {"allowed": ["nvidia-tesla-p100", "nvidia-tesla-k80", "
                           "default": "nvidia-tesla-k80"},
           "limits": {"perContainer": 4, "perPod": 4}}
 
+# How long a poll waits for the release's pods to follow a change (an edit of GPUPolicy/default, a new Node)
+# before it fails: not a figure asserted (those are printed, FIGURES), so a bound a loaded 2-core machine, running
+# the whole suite beside other jobs, meets too; an idle one takes a few seconds.
+CONVERGE = 120
+
 # What the module measured, printed at its end.
 FIGURES: dict[str, object] = {}
 
@@ -82,13 +87,15 @@ def _dry_run(bed: NodeBed, document: dict) -> subprocess.CompletedProcess:
     return bed.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", stdin=json.dumps(document))
 
 
-def _settle(bed: NodeBed, timeout: float = 90) -> list[dict]:
+def _settle(bed: NodeBed, timeout: float = 180) -> list[dict]:
     """Wait until the release runs exactly its two pods, Ready, none terminating; return them.
 
     Old pods keep answering on the apiserver's kept-alive connections until they exit: their preStop sleep, the
     drain, then until each connection has carried one more request (answered with ``Connection: close``) or the
     server's graceful timeout ends. Each round sends a GPU pod (dry run) so that connections get used; an idle
     one the apiserver does not pick (its pool reuses the most recent first) keeps its pod for about 26 s.
+    The old pods are gone 16-41 s after ``helm upgrade`` on an idle machine (tests/e2e/README.md); ``timeout``
+    leaves room for a machine running the whole suite beside other jobs (the time is a figure, not asserted).
     """
     probe = pod(container("cuda", limits={"nvidia.com/gpu": "1"}), name="settle")
 
@@ -245,20 +252,21 @@ def release(node_bed: NodeBed, webhook_image: str, tmp_path_factory):
         bed.kubectl("delete", "node", FAKE_NODE, "--ignore-not-found")
         start = time.monotonic()
         if installed:
-            uninstall = bed.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout=90s")
+            uninstall = bed.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout=180s")
             forget_policy_crd(bed.kubectl)
             if uninstall.returncode:
                 problems.append(f"helm uninstall: {uninstall.stderr}")
             FIGURES["helm uninstall --wait (s)"] = round(time.monotonic() - start, 1)
         # The pods stop gracefully (preStop, drain, idle connections: about 26 s). Deleting the namespace while
         # they do costs more: its controller rechecks after the pods' whole grace period (30 s) and then some.
+        # The bounds here are 5-6 times what an idle machine takes (32-33 s for the whole teardown).
         try:
-            until("the release's pods gone", lambda: not _pods(bed), 90, interval=0.5)
+            until("the release's pods gone", lambda: not _pods(bed), 180, interval=0.5)
         except TimeoutError as exc:
             problems.append(str(exc))
         FIGURES["pods gone after helm uninstall (s)"] = round(time.monotonic() - start, 1)
         for args in (("namespace", NAMESPACE), ("-f", str(CRD))):
-            deleted = bed.kubectl("delete", *args, "--ignore-not-found", "--wait=true", "--timeout=90s", timeout=120)
+            deleted = bed.kubectl("delete", *args, "--ignore-not-found", "--wait=true", "--timeout=180s", timeout=210)
             if deleted.returncode:
                 problems.append(f"kubectl delete {' '.join(args)}: {deleted.stderr}")
         FIGURES["teardown: uninstall, namespace and CRD deleted (s)"] = round(time.monotonic() - start, 1)
@@ -582,6 +590,10 @@ def test_the_container_logs_only_json_lines(node_bed, release):
     assert all(json.loads(line)["event"] for line in shown.stdout.splitlines())
 
 
+# pytest-timeout counts fixtures too: this test is the module's last, so the release's teardown (~33 s idle) is in
+# its time besides its own ~60 s. Every wait in either has a bound of its own and says what it waited for; this
+# only stops a hang, and leaves room for a loaded machine.
+@pytest.mark.timeout(900)
 def test_cluster_checks_follow_the_nodes_with_the_charts_token_and_rbac(node_bed, release):
     l4 = pod(container("cuda", limits={"nvidia.com/gpu": "1"}), name="l4-pod",
              nodeSelector={"accelerator": "nvidia-l4"})
@@ -601,9 +613,15 @@ def test_cluster_checks_follow_the_nodes_with_the_charts_token_and_rbac(node_bed
 
         # The new pods start on GPUPolicy/default as it was (cluster checks off); the post-upgrade hook then writes
         # the new spec, and each pod's view follows that edit.
-        until(f"{p['metadata']['name']} listing the nodes", nodes_listed, 30, interval=0.5)
-    refused = until("the pod asking for an absent accelerator refused",
-                    lambda: (r := _dry_run(node_bed, l4)).returncode != 0 and r, 30, interval=0.5)
+        until(f"{p['metadata']['name']} listing the nodes", nodes_listed, CONVERGE, interval=0.5)
+
+    def decided() -> subprocess.CompletedProcess | None:
+        """A refusal by the webhook, None while it admits (a worker whose view has not loaded yet checks nothing)
+        or while the apiserver could not call it in time (a busy machine: timeoutSeconds is 5)."""
+        r = _dry_run(node_bed, l4)
+        return r if r.returncode and "failed calling webhook" not in r.stderr else None
+
+    refused = until("the pod asking for an absent accelerator refused", decided, CONVERGE, interval=0.5)
     assert "no node has accelerator=nvidia-l4" in refused.stderr, refused.stderr
     try:
         node_bed.kubectl("create", "-f", "-", check=True, stdin=json.dumps({
@@ -622,9 +640,15 @@ def test_cluster_checks_follow_the_nodes_with_the_charts_token_and_rbac(node_bed
             node_bed.kubectl("patch", "node", FAKE_NODE, "--type=merge", "-p", json.dumps({"spec": {"taints": kept}}),
                              check=True)
         admitted = until("the pod asking for nvidia-l4 admitted", lambda: _dry_run(node_bed, l4).returncode == 0
-                         and time.monotonic(), 30, interval=0.2)
+                         and time.monotonic(), CONVERGE, interval=0.2)
         FIGURES["Node created -> pod admitted (s)"] = round(admitted - created, 1)
-        for _ in range(4):  # every pod follows the watch
+        # Every pod follows the watch. Each of the 4 workers (2 pods x 2) has its own watch and rebuilds its view
+        # on a thread of its own: the first admission says that one worker saw the Node, not that all did, and on
+        # a busy machine another may take a few seconds more. Four in a row once they all caught up, then four
+        # more, each admitted.
+        until("four admissions in a row of the pod asking for nvidia-l4",
+              lambda: all(_dry_run(node_bed, l4).returncode == 0 for _ in range(4)), CONVERGE, interval=0.2)
+        for _ in range(4):
             assert _dry_run(node_bed, l4).returncode == 0
 
         # The status writer (one per pod, the Lease holder writes) keeps the cluster's facts in GPUPolicy/default:
@@ -633,7 +657,7 @@ def test_cluster_checks_follow_the_nodes_with_the_charts_token_and_rbac(node_bed
             cluster = (node_bed.kubectl_json("get", "gpupolicy", "default").get("status") or {}).get("cluster") or {}
             return cluster if "nvidia-l4" in (cluster.get("models") or {}) else None
 
-        summary = until("status.cluster naming nvidia-l4", summarized, 40, interval=0.5)
+        summary = until("status.cluster naming nvidia-l4", summarized, CONVERGE, interval=0.5)
         FIGURES["Node created -> status.cluster (s)"] = round(time.monotonic() - created, 1)
         assert summary["models"]["nvidia-l4"] == {"nodes": 1, "largest": {"nvidia.com/gpu": 4}}, summary
         assert summary["nodeLabel"] == "accelerator" and summary["extendedResources"]["nvidia.com/gpu"] >= 4, summary
