@@ -543,7 +543,7 @@ def _check(args: argparse.Namespace) -> int:
         policies = check.with_cluster_checks(policies)
     return check.run(
         args.paths, policies, args.namespace, output=args.output, recursive=args.recursive, cluster_state=state,
-        fail_on=args.fail_on, skip_others=args.skip_non_kubernetes, docs_url=docs_url or "",
+        fail_on=args.fail_on, skip_others=args.skip_non_kubernetes, docs_url=docs_url or "", policy_file=args.policy,
     )
 
 
