@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 import yaml
@@ -233,3 +234,16 @@ def test_a_gpupolicy_on_stdin_is_checked_and_an_unknown_version_is_named(cli):
     assert code == 2
     assert err[0] == "<stdin>:1:1: GPUPolicy default: apiVersion: gpu-webhook.io/v1beta1: the CRD serves " \
                      "gpu-webhook.io/v1alpha1 only"
+
+
+def test_the_cli_page_shows_what_check_prints_for_an_invalid_gpupolicy(cli, tmp_path, monkeypatch):
+    page = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text(encoding="utf-8")
+    part = page.split("- **GPUPolicy objects.**", 1)[1]
+    shown = part.split("```console\n", 1)[1].split("```", 1)[0]
+    lines = [line.strip() for line in shown.splitlines() if line.strip()]
+    assert lines[0] == "$ gpu-webhook check -R manifests/"
+    (tmp_path / "manifests").mkdir()
+    (tmp_path / "manifests" / "gpupolicy.yaml").write_text(INVALID)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli("check", "-R", "manifests/")
+    assert (code, out, err) == (2, "", lines[1:])

@@ -182,7 +182,11 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     lint.set_defaults(subparser=lint)
-    lint.add_argument("--policy", help="policy YAML file (default: built-in defaults)")
+    lint.add_argument(
+        "--policy",
+        help="policy YAML file, or a GPUPolicy alone in one (default: built-in defaults); a GPUPolicy among the PATHs "
+        "is checked as a policy, not used as this one",
+    )
     lint.add_argument(
         "--namespace", default="default", type=check.namespace_arg,
         help="namespace for objects that name none (default: default)",
