@@ -247,3 +247,20 @@ def test_the_cli_page_shows_what_check_prints_for_an_invalid_gpupolicy(cli, tmp_
     monkeypatch.chdir(tmp_path)
     code, out, err = cli("check", "-R", "manifests/")
     assert (code, out, err) == (2, "", lines[1:])
+
+
+def test_a_gpupolicy_in_a_list_is_checked_at_its_place_in_the_list(cli, tmp_path):
+    """What `kubectl get gpupolicy -o yaml` writes: a List, which --policy does not read."""
+    spec = yaml.safe_load(INVALID)
+    listed = {"apiVersion": "v1", "kind": "List", "items": [yaml.safe_load(VALID), spec]}
+    path = tmp_path / "saved.yaml"
+    path.write_text(yaml.safe_dump(listed, sort_keys=False))
+    code, _, err = cli("check", str(path))
+    text = path.read_text().splitlines()
+    line = next(i for i, written in enumerate(text, 1) if "perContainer: -2" in written)
+    assert code == 2
+    assert err[0] == f"{path}:{line}:{text[line - 1].index('perContainer') + 1}: GPUPolicy default: " \
+                     "spec.limits.perContainer: -2 is less than the minimum of 0"
+    assert err[2].endswith("GPUPolicy default: a valid policy, not applied to the other objects: to check them with "
+                           "it, give --policy a file that holds it alone")
+    assert err[-1] == "1 GPUPolicy valid; 0 objects checked, 0 denied, 0 warned"

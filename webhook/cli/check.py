@@ -214,7 +214,7 @@ class _Run:
         source = STDIN if path == "-" else path
         reading = Reading(self.skip_others)
         problems = self.tally.problems
-        policies: list[Checked] = []  # valid GPUPolicy objects, reported at the end of their file
+        policies: list[tuple[Checked, bool]] = []  # valid GPUPolicy objects, whole documents?, reported at the end
         read = 0  # the objects of the file, GPUPolicy objects included
         self.writer.begin(source)
         try:
@@ -227,7 +227,7 @@ class _Run:
                     read += 1
                     if entry.request is None and policycheck.is_gpupolicy(entry.obj):
                         if (policy := self.policy_object(source, entry)) is not None:
-                            policies.append(policy if entry.base == () else dataclasses.replace(policy, looked=False))
+                            policies.append((policy, entry.base == ()))
                         continue
                     target = target_namespace(entry, self.namespace)
                     if self.policies.excludes(target):
@@ -239,8 +239,8 @@ class _Run:
                     self.writer.object(source, checked)
         except OSError as exc:
             self.problem(source, f"cannot read: {exc}")
-        for policy in policies:
-            checked = self.policy_note(source, policy, alone=read == 1 and policy.looked and source != STDIN)
+        for policy, whole in policies:
+            checked = self.policy_note(source, policy, alone=read == 1 and whole and source != STDIN)
             self.tally.add(checked)
             self.writer.object(source, checked)
         self.skipped += reading.skipped
