@@ -261,8 +261,8 @@ EMPTY_LIST = '{"apiVersion":"v1","items":[],"kind":"List","metadata":{"resourceV
 EMPTY_ANSWERS = {  # the output format -> what it writes for no objects
     "text": lambda out: out == "",
     "jsonl": lambda out: out == "",
-    "json": lambda out: json.loads(out) == {"findings": [], "problems": [], "summary": {
-        "objects": 0, "nothingToCheck": 0, "excluded": 0,
+    "json": lambda out: json.loads(out) == {"findings": [], "problems": [], "policies": [], "summary": {
+        "objects": 0, "nothingToCheck": 0, "excluded": 0, "policies": 0,
         "denied": 0, "warned": 0, "denials": 0, "warnings": 0, "problems": 0, "failOn": "deny",
         "exitCode": 0}},
     "junit": lambda out: 'tests="0" failures="0" errors="0"' in out and "<testcase" not in out,
@@ -413,7 +413,8 @@ def test_check_json_is_one_document_with_the_findings_the_problems_and_a_summary
     assert json.loads(out) == {
         "findings": [{"file": str(path), **BAD_RECORD}],
         "problems": [{"file": str(path), "problem": err[0].removeprefix(f"{path}: ")}],
-        "summary": {"objects": 2, "nothingToCheck": 0, "excluded": 0,
+        "policies": [],
+        "summary": {"objects": 2, "nothingToCheck": 0, "excluded": 0, "policies": 0,
                     "denied": 1, "warned": 0, "denials": 1, "warnings": 0, "problems": 1,
                     "failOn": "deny", "exitCode": 2},
     }

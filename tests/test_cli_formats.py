@@ -202,7 +202,7 @@ def test_the_json_summary_says_what_it_counts(cli, tmp_path):  # noqa: F811
     code, out, err = cli("check", "-o", "json", "--fail-on", "warning", str(path))
     summary = json.loads(out)["summary"]
     assert code == 1 and err == ["3 objects checked, 1 denied, 2 warned"]
-    assert summary == {"objects": 3, "nothingToCheck": 0, "excluded": 0,
+    assert summary == {"objects": 3, "nothingToCheck": 0, "excluded": 0, "policies": 0,
                        "denied": 1, "warned": 2, "denials": 1, "warnings": 2, "problems": 0,
                        "failOn": "warning", "exitCode": 1}
 

@@ -6,6 +6,8 @@ CEL rules included."""
 
 from __future__ import annotations
 
+import copy
+import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 import yaml
 
 from tests.policy_corpus import INVALID, valid
-from webhook.core import gpupolicy
+from webhook.core import catalog, gpupolicy, policykeys
 from webhook.core.policycrd import (
     MAX_ITEMS,
     MAX_NAMESPACES,
@@ -187,3 +189,87 @@ def test_load_policy_reads_a_gpupolicy_file(tmp_path):
     path = tmp_path / "gpupolicy.yaml"
     path.write_text(GPUPOLICY + "  limits: {perContainer: 2}\n")
     assert load_policy(path).default.per_container == 2
+
+
+# --- descriptions: what kubectl explain prints ----------------------------------------------------------------
+
+
+def _properties(node: Mapping[str, Any], path: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Every property under ``node``, at every depth: through lists' items and maps' values."""
+    for name, sub in node.get("properties", {}).items():
+        yield f"{path}.{name}", sub
+        yield from _properties(sub, f"{path}.{name}")
+    if isinstance(node.get("items"), Mapping):
+        yield from _properties(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), Mapping):
+        yield from _properties(node["additionalProperties"], f"{path}[*]")
+
+
+def _spec_of_the_crd() -> Mapping[str, Any]:
+    [version] = crd()["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+def test_every_property_under_spec_of_the_rendered_crd_has_a_description():
+    """The CRD as `admission-policies --crd` writes it: YAML, read back."""
+    written = yaml.safe_load(yaml.safe_dump(crd(), sort_keys=False))
+    [version] = written["spec"]["versions"]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    found = list(_properties(spec))
+    assert len(found) >= 120  # every key of the policy, a namespace's overrides included
+    assert [path for path, node in found if not str(node.get("description", "")).strip()] == []
+    assert spec["description"]
+
+
+def test_a_key_added_to_the_schema_without_words_is_named():
+    """What a new key of policyschema.SCHEMA meets until it has its words in policykeys.WHAT."""
+    schema = copy.deepcopy(SCHEMA)
+    schema["properties"]["isolation"]["properties"]["tenantNamespaces"] = {"type": "array", "items": {"type": "string"}}
+    schema["properties"]["gpuTaints"]["items"]["properties"]["operator"] = {"type": "string"}
+    assert policykeys.undescribed(schema) == ["gpuTaints[].operator", "isolation.tenantNamespaces"]
+    assert policykeys.undescribed() == []
+    described = spec_schema(schema)["properties"]["isolation"]["properties"]
+    assert "description" not in described["tenantNamespaces"] and described["trusted"]["description"]
+
+
+def test_every_entry_of_the_words_names_a_key_of_the_schema():
+    assert policykeys.unused() == []
+    assert set(policykeys.WHAT) <= set(policykeys.key_paths())
+
+
+def test_a_setting_names_its_rule_what_it_refuses_and_its_default():
+    schema = _spec_of_the_crd()
+    for section in catalog.SECTIONS:
+        for rule in catalog.in_section(section):
+            words = schema["properties"][section]["properties"][rule.key]["description"]
+            assert f"`{rule.id}`" in words and rule.refuses in words, rule.id
+            assert words.endswith(f"Default: {rule.default}."), rule.id
+            in_namespace = schema["properties"]["namespaces"]["additionalProperties"]["properties"]
+            if section != "dra":
+                words = in_namespace[section]["properties"][rule.key]["description"]
+                assert f"`{rule.id}`" in words and words.endswith("Default: the policy's."), rule.id
+
+
+def test_every_key_with_a_default_says_it():
+    schema = _spec_of_the_crd()
+    limits = schema["properties"]["limits"]["properties"]
+    assert "(rule `per-container-limit`)" in limits["perContainer"]["description"]
+    assert limits["perContainer"]["description"].endswith("0: no cap. Default: 0.")
+    assert schema["properties"]["isolation"]["properties"]["trusted"]["properties"]["namespaces"][
+        "description"].endswith("Default: [].")
+    for path in policykeys.key_paths():
+        value = policykeys.default(path)
+        if value is not None:
+            assert policykeys.description(path).endswith(f"Default: {policykeys.shown(value)}."), path
+
+
+# The whole CRD as JSON: what a client-side apply stores in the last-applied-configuration annotation (all of an
+# object's annotations: at most 262144 bytes) and what a Helm release secret carries (about 1 MiB, with every
+# other object of the chart). 43870 bytes when the descriptions came in; a quarter of the annotations' limit is
+# the bound.
+CRD_BYTES = 65536
+
+
+def test_the_crd_fits_a_client_side_apply_with_room_to_spare():
+    size = len(json.dumps(crd(annotations={"helm.sh/resource-policy": "keep"}), separators=(",", ":")))
+    assert 40_000 < size <= CRD_BYTES

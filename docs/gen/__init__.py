@@ -383,6 +383,64 @@ def engines_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _flow(value: Any) -> str:
+    """A scalar or a list as YAML on one line: ``[a, b]``, ``"off"``, ``""``, ``false``."""
+    if isinstance(value, str):
+        plain = yaml.safe_dump(value, default_style=None).removesuffix("\n...\n").strip()
+        return plain if plain == value else json.dumps(value)
+    return yaml.safe_dump(value, default_flow_style=True, width=1 << 16).removesuffix("...\n").strip()
+
+
+def _defaults_yaml(mapping: Any, indent: str = "", prefix: str = "") -> list[str]:
+    """The built-in defaults as YAML: mappings as blocks, each rule's setting with its rule id in a comment, a
+    list too long for one line as a block."""
+    from webhook.core import catalog
+
+    ids = {rule.setting: rule.id for rule in catalog.RULES.values() if rule.setting}
+    lines = []
+    for key, value in mapping.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            lines += [f"{indent}{key}:", *_defaults_yaml(value, indent + "  ", f"{path}.")]
+            continue
+        line = f"{indent}{key}: {_flow(value)}"
+        if isinstance(value, list) and len(line) > 100:
+            lines += [f"{indent}{key}:", *(f"{indent}  - {_flow(item)}" for item in value)]
+            continue
+        lines.append(f"{line:<40}  # {ids[path]}" if path in ids else line)
+    return lines
+
+
+def policy_reference() -> str:
+    """The built-in defaults as a policy file, then every key with its default and what it does: the words of
+    ``webhook.core.policykeys``, which the CRD's descriptions (``kubectl explain``) carry too."""
+    from webhook.core import catalog, policykeys
+    from webhook.core.policyschema import DEFAULTS
+
+    settings = {rule.setting for rule in catalog.RULES.values() if rule.setting}
+    lines = [
+        f"<!-- Made by `{REGENERATE}` from webhook.core.policykeys, the words the CRD's descriptions carry too: edit "
+        "that module, not this block. -->",
+        "",
+        '```yaml title="the defaults"',
+        *_defaults_yaml(DEFAULTS),
+        "```",
+        "",
+        "| key | default | what it does |",
+        "|---|---|---|",
+    ]
+    for path in policykeys.key_paths():
+        if path in settings or path.startswith(policykeys.IN_NAMESPACE):
+            continue
+        words = policykeys.what(path) or ""
+        if path in catalog.SECTIONS:
+            words += " Each rule's key, id and default: [Every rule](#every-rule)."
+        value = policykeys.default(path)
+        default = "–" if value is None else f"`{policykeys.shown(value)}`"
+        lines.append(f"| `{path}` | {default} | {_escape(words)} |")
+    return "\n".join(lines) + "\n"
+
+
 def versions_table() -> str:
     """For the default policy: what each Kubernetes version serves, the engine of each half, what it leaves to the
     webhook (``gpu-webhook admission-policies --versions``)."""
@@ -403,6 +461,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "hardening-readme": copy_of("tests/hardening/README.md"),
     "rules": rules_table,
     "rule-engines": engines_table,
+    "policy-reference": policy_reference,
     "versions": versions_table,
 }
 

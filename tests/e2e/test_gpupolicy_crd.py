@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.policy_corpus import INVALID, valid
-from webhook.core import gpupolicy
+from webhook.core import gpupolicy, policykeys
 from webhook.core.policycrd import MAX_ACCELERATORS, MAX_ITEMS, MAX_NAMESPACES, as_spec, crd
 from webhook.core.policyfile import parse_policy
 from webhook.core.policyschema import DEFAULTS
@@ -144,3 +144,26 @@ def test_the_status_takes_the_cluster_facts_as_the_writer_patches_them_and_refus
     over = {"runtimeClasses": {f"rc-{i:03d}": {} for i in range(MAX_RUNTIME_CLASSES + 1)}}
     done = patch(over)
     assert done.returncode != 0 and "runtimeClasses" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("path", ["limits.perContainer", "isolation.trusted", "checks.privilegedGpu"])
+def test_kubectl_explain_prints_each_keys_description(installed, path):
+    """The words of webhook.core.policykeys, as the apiserver publishes the CRD's OpenAPI to kubectl explain."""
+    field = f"gpupolicy.spec.{path}"
+    words = " ".join(policykeys.description(path).split())
+    deadline = time.monotonic() + 60
+    while True:  # the apiserver publishes a new CRD's OpenAPI a moment after it is Established
+        done = installed.kubectl("explain", field)
+        shown = " ".join(done.stdout.split())
+        if done.returncode == 0 and words in shown or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert done.returncode == 0, done.stderr
+    assert "DESCRIPTION:" in done.stdout and words in shown, done.stdout
+
+
+def test_the_crd_fits_a_client_side_apply(installed):
+    """kubectl apply without --server-side keeps the whole object in its last-applied annotation; the apiserver
+    refuses annotations over 256 KiB."""
+    done = installed.kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(crd()))
+    assert done.returncode == 0, done.stderr

@@ -9,12 +9,18 @@ AdmissionReview is decided as ``/validate`` decides it: its ``request.object``, 
 
 Every violation is reported at the line and column of its field (the YAML node or JSON key of its field path,
 or of the closest ancestor that exists when the field is missing).
+
+A GPUPolicy among the inputs is a policy, not a workload: it is checked as the apiserver and the webhook would
+check it (``webhook.core.policycheck``), each problem an input problem at its field (exit 2), and a valid one is
+counted apart with a note that ``--policy`` checks the workloads with it. It never becomes the policy of the run
+by itself: the policy in force is ``--policy``'s, or the defaults, whatever files a directory holds.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +28,7 @@ from typing import IO, Any, TextIO
 
 from webhook.cli import formats
 from webhook.cli.formats import Checked, Finding, Tally
+from webhook.core import gpupolicy, policycheck
 from webhook.core.clusterview import ClusterView
 from webhook.core.podspecs import as_mapping, group_of
 from webhook.core.policy import PolicySet
@@ -140,15 +147,52 @@ class _Run:
     err: TextIO
     cluster_state: list[Mapping[str, Any]] | None
     skip_others: bool
+    policy_file: str | None = None  # --policy
     tally: Tally = field(default_factory=Tally)
     skipped: int = 0  # documents that are not Kubernetes objects
     templates: int = 0  # Helm chart templates
     excluded: set[str] = field(default_factory=set)  # the excludeNamespaces objects were skipped in
 
-    def problem(self, source: str, problem: str) -> None:
-        print(f"{source}: {problem}", file=self.err)
+    def problem(self, source: str, problem: str, line: int = 0, column: int = 0) -> None:
+        where = f"{source}:{line}:{column}" if line else source
+        print(f"{where}: {problem}", file=self.err)
         self.tally.problems += 1
-        self.writer.problem(source, problem)
+        self.writer.problem(source, problem, line, column)
+
+    def policy_object(self, source: str, entry: Item) -> Checked | None:
+        """A GPUPolicy: each problem at its field, or, valid, the object to report once its file is read."""
+        name = policycheck.name_of(entry.obj)
+        found = policycheck.problems(entry.obj)
+        placed = sorted((entry.position_at(problem.at), problem.message) for problem in found)
+        for (line, column), message in placed:  # in the order of the file
+            self.problem(source, f"{gpupolicy.KIND} {name}: {message}", line, column)
+        if found:
+            return None
+        line, column = entry.position_at(())
+        return Checked(gpupolicy.KIND, name, "", line, policy=True, column=column)
+
+    def policy_note(self, source: str, policy: Checked, alone: bool) -> Checked:
+        """A valid GPUPolicy with what to do with it (``alone``: the only document of its file), said on stderr."""
+        if self._is_policy_file(source):
+            note = "a valid policy: the one these objects are checked with (--policy)"
+        elif alone:
+            note = f"a valid policy, not applied to the other objects: to check them with it, give --policy {source}"
+        else:
+            note = ("a valid policy, not applied to the other objects: to check them with it, give --policy a file "
+                    "that holds it alone")
+        if policy.name != gpupolicy.NAME:
+            note += f" (in a cluster only the one named {gpupolicy.NAME!r} is enforced)"
+        where = f"{source}:{policy.line}:{policy.column}" if policy.line else source
+        print(f"{where}: {policy.label}: {note}", file=self.err)
+        return dataclasses.replace(policy, note=note)
+
+    def _is_policy_file(self, source: str) -> bool:
+        if self.policy_file is None or source == STDIN:
+            return False
+        try:
+            return os.path.samefile(source, self.policy_file)
+        except OSError:
+            return False
 
     def view(self, stream: IO[bytes], source: str) -> ClusterView | None:
         """The claims of the input in the cluster view (the saved cluster's, or one of their own)."""
@@ -170,6 +214,8 @@ class _Run:
         source = STDIN if path == "-" else path
         reading = Reading(self.skip_others)
         problems = self.tally.problems
+        policies: list[tuple[Checked, bool]] = []  # valid GPUPolicy objects, whole documents?, reported at the end
+        read = 0  # the objects of the file, GPUPolicy objects included
         self.writer.begin(source)
         try:
             with Opened(path) as stream:
@@ -177,6 +223,11 @@ class _Run:
                 for entry in read_items(stream, source, reading):
                     if isinstance(entry, str):
                         self.problem(source, entry)
+                        continue
+                    read += 1
+                    if entry.request is None and policycheck.is_gpupolicy(entry.obj):
+                        if (policy := self.policy_object(source, entry)) is not None:
+                            policies.append((policy, entry.base == ()))
                         continue
                     target = target_namespace(entry, self.namespace)
                     if self.policies.excludes(target):
@@ -188,6 +239,10 @@ class _Run:
                     self.writer.object(source, checked)
         except OSError as exc:
             self.problem(source, f"cannot read: {exc}")
+        for policy, whole in policies:
+            checked = self.policy_note(source, policy, alone=read == 1 and whole and source != STDIN)
+            self.tally.add(checked)
+            self.writer.object(source, checked)
         self.skipped += reading.skipped
         lenient = self.skip_others and (path != "-" or reading.skipped)
         if self.tally.problems == problems and not reading.kubernetes and not lenient:
@@ -221,18 +276,20 @@ def run(
     fail_on: str = "deny",
     skip_others: bool = False,
     docs_url: str = "",
+    policy_file: str | None = None,
 ) -> int:
     """Check every file, object by object as it is read; write what was found on ``out`` in the ``output``
     format (:mod:`webhook.cli.formats`) as it is found, each input problem and a summary on ``err``.
     ``cluster_state`` holds Nodes, ResourceSlices, DeviceClasses, ... (from
     :func:`webhook.manifests.inputs.read_cluster_state`) for the cluster-aware checks. ``skip_others`` skips
     documents that are not meant as Kubernetes objects and Helm chart templates instead of refusing them.
-    ``docs_url`` is where the documentation site is published (SARIF links each rule's page there). The
+    ``docs_url`` is where the documentation site is published (SARIF links each rule's page there);
+    ``policy_file`` is the file ``policies`` were read from (``--policy``), named when a GPUPolicy input is it. The
     exit code: 2 when an input could not be read, else 1 when a violation is denied (or with
     ``fail_on="warning"``, warned about), else 0."""
     out, err = out or sys.stdout, err or sys.stderr
     writes = formats.writer(output, out, fail_on, docs_url)
-    checking = _Run(policies, namespace, writes, err, cluster_state, skip_others)
+    checking = _Run(policies, namespace, writes, err, cluster_state, skip_others, policy_file)
     for path in paths:
         files, problem = input_files(path, recursive)
         if problem:

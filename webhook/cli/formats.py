@@ -87,6 +87,9 @@ class Checked:
     line: int  # where the object starts; 0: not known
     findings: tuple[Finding, ...] = ()
     looked: bool = True  # the rules had something to read in it (a pod spec, a resource block, device requests)
+    policy: bool = False  # a valid GPUPolicy: a policy, not a workload to decide on
+    column: int = 0  # where the object starts, its column; 0: not known
+    note: str = ""  # what to do with it (a GPUPolicy: check the workloads with it)
 
     @property
     def label(self) -> str:
@@ -99,6 +102,7 @@ class Tally:
     the violations by action, and the input problems."""
 
     objects: int = 0
+    policies: int = 0  # valid GPUPolicy objects (counted apart from objects: a policy is not decided on)
     nothing: int = 0  # objects with nothing to check: no pod spec, resource block or GPU quantity (a ConfigMap)
     excluded: int = 0  # objects in excludeNamespaces, not checked (counted apart from objects)
     denied: int = 0
@@ -108,6 +112,9 @@ class Tally:
     problems: int = 0
 
     def add(self, checked: Checked) -> None:
+        if checked.policy:
+            self.policies += 1
+            return
         self.objects += 1
         self.nothing += not checked.looked and not checked.findings
         denials = sum(f.action == "deny" for f in checked.findings)
@@ -126,6 +133,7 @@ class Tally:
 
     def summary(self) -> dict[str, int]:
         return {"objects": self.objects, "nothingToCheck": self.nothing, "excluded": self.excluded,
+                "policies": self.policies,
                 "denied": self.denied, "warned": self.warned, "denials": self.denials, "warnings": self.warnings,
                 "problems": self.problems}
 
@@ -136,6 +144,9 @@ class Tally:
         text = f"{looked} object{'' if looked == 1 else 's'} checked, {self.denied} denied, {self.warned} warned"
         if self.nothing:
             text = f"{self.nothing} object{'' if self.nothing == 1 else 's'} with nothing to check; {text}"
+        if self.policies:
+            text = f"{self.policies} GPUPolicy valid; {text}" if self.policies == 1 else \
+                f"{self.policies} GPUPolicies valid; {text}"
         return text
 
 
@@ -154,8 +165,8 @@ class Writer:
     def begin(self, source: str) -> None:
         pass
 
-    def problem(self, source: str, problem: str) -> None:
-        pass
+    def problem(self, source: str, problem: str, line: int = 0, column: int = 0) -> None:
+        """An input problem; ``line`` and ``column`` say where when it is one field's (an invalid GPUPolicy)."""
 
     def object(self, source: str, checked: Checked) -> None:
         pass
@@ -183,18 +194,26 @@ class JsonDocument(Writer):
     def __init__(self, out: TextIO, fail_on: str = "deny"):
         super().__init__(out, fail_on)
         self.findings: list[dict[str, str | int]] = []
-        self.problems: list[dict[str, str]] = []
+        self.problems: list[dict[str, str | int]] = []
+        self.policies: list[dict[str, str | int]] = []
 
-    def problem(self, source: str, problem: str) -> None:
-        self.problems.append({"file": source, "problem": problem})
+    def problem(self, source: str, problem: str, line: int = 0, column: int = 0) -> None:
+        entry: dict[str, str | int] = {"file": source, "problem": problem}
+        if line:
+            entry.update(line=line, column=column)
+        self.problems.append(entry)
 
     def object(self, source: str, checked: Checked) -> None:
+        if checked.policy:
+            self.policies.append({"file": source, "line": checked.line, "column": checked.column,
+                                  "kind": checked.kind, "name": checked.name, "note": checked.note})
         self.findings.extend(f.record() for f in checked.findings)
 
     def finish(self, tally: Tally, status: int) -> None:
         document = {
             "findings": self.findings,
             "problems": self.problems,
+            "policies": self.policies,
             "summary": {**tally.summary(), "failOn": self.fail_on, "exitCode": status},
         }
         self.out.write(json.dumps(document, indent=2) + "\n")
@@ -231,14 +250,14 @@ class JUnit(Writer):
         self.body = _spool()  # the testsuites done
         self.totals = {"tests": 0, "failures": 0, "errors": 0}
         self.cases: IO[str] | None = None  # the testcases of the file being read
-        self.problems: list[str] = []
+        self.problems: list[tuple[str, int, int]] = []
         self.counts = dict(self.totals)
 
     def begin(self, source: str) -> None:
         self.cases, self.problems, self.counts = _spool(), [], {"tests": 0, "failures": 0, "errors": 0}
 
-    def problem(self, source: str, problem: str) -> None:
-        self.problems.append(problem)
+    def problem(self, source: str, problem: str, line: int = 0, column: int = 0) -> None:
+        self.problems.append((problem, line, column))
 
     def object(self, source: str, checked: Checked) -> None:
         assert self.cases is not None
@@ -255,6 +274,8 @@ class JUnit(Writer):
                 notes.append(f"warning ({finding.rule}) at {finding.path}: {finding.message}")
         if any(fails(f, self.fail_on) for f in checked.findings):
             self.counts["failures"] += 1
+        if checked.note:
+            notes.append(checked.note)
         if notes:
             ET.SubElement(case, "system-out").text = xml_text("\n".join(notes))
         self._case(self.cases, case)
@@ -267,10 +288,11 @@ class JUnit(Writer):
     def end(self, source: str) -> None:
         assert self.cases is not None
         problems = _spool()
-        for problem in self.problems:
+        for problem, line, column in self.problems:
             case = ET.Element("testcase", name=xml_text(problem), classname=xml_text(source))
             error = ET.SubElement(case, "error", type="unreadable-input", message=xml_text(problem))
-            error.text = xml_text(f"{source}: {problem}")
+            where = f"{source}:{line}:{column}" if line else source
+            error.text = xml_text(f"{where}: {problem}")
             self._case(problems, case)
             self.counts["tests"] += 1
             self.counts["errors"] += 1
@@ -352,13 +374,22 @@ class Sarif(Writer):
         self.results: list[dict[str, Any]] = []
         self.notifications: list[dict[str, Any]] = []
 
-    def problem(self, source: str, problem: str) -> None:
-        notification: dict[str, Any] = {"level": "error", "message": {"text": f"{source}: {problem}"}}
+    def problem(self, source: str, problem: str, line: int = 0, column: int = 0) -> None:
+        self._notify("error", source, problem, line, column)
+
+    def _notify(self, level: str, source: str, text: str, line: int, column: int) -> None:
+        where = f"{source}:{line}:{column}" if line else source
+        notification: dict[str, Any] = {"level": level, "message": {"text": f"{where}: {text}"}}
         if source != STDIN:
-            notification["locations"] = [{"physicalLocation": {"artifactLocation": {"uri": artifact_uri(source)}}}]
+            physical: dict[str, Any] = {"artifactLocation": {"uri": artifact_uri(source)}}
+            if line:
+                physical["region"] = {"startLine": line, **({"startColumn": column} if column else {})}
+            notification["locations"] = [{"physicalLocation": physical}]
         self.notifications.append(notification)
 
     def object(self, source: str, checked: Checked) -> None:
+        if checked.policy:
+            self._notify("note", source, f"{checked.label}: {checked.note}", checked.line, checked.column)
         self.results.extend(self._result(f) for f in checked.findings)
 
     def finish(self, tally: Tally, status: int) -> None:

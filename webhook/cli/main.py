@@ -182,7 +182,11 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     lint.set_defaults(subparser=lint)
-    lint.add_argument("--policy", help="policy YAML file (default: built-in defaults)")
+    lint.add_argument(
+        "--policy",
+        help="policy YAML file, or a GPUPolicy alone in one (default: built-in defaults); a GPUPolicy among the PATHs "
+        "is checked as a policy, not used as this one",
+    )
     lint.add_argument(
         "--namespace", default="default", type=check.namespace_arg,
         help="namespace for objects that name none (default: default)",
@@ -543,7 +547,7 @@ def _check(args: argparse.Namespace) -> int:
         policies = check.with_cluster_checks(policies)
     return check.run(
         args.paths, policies, args.namespace, output=args.output, recursive=args.recursive, cluster_state=state,
-        fail_on=args.fail_on, skip_others=args.skip_non_kubernetes, docs_url=docs_url or "",
+        fail_on=args.fail_on, skip_others=args.skip_non_kubernetes, docs_url=docs_url or "", policy_file=args.policy,
     )
 
 

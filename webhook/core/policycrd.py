@@ -12,6 +12,8 @@ wants a CRD's schema:
   (``x-kubernetes-validations``) with the words ``gpu-webhook`` says for the same problem.
 - Every list has ``maxItems``, every map ``maxProperties``, every free string ``maxLength`` (:data:`BOUNDS`): the
   apiserver estimates each CEL rule's cost from them, and a policy stays far below an object's size limit.
+- Every key has a ``description`` (what ``kubectl explain`` prints): the words of ``webhook.core.policykeys``, the
+  ones docs/rules.md's key table shows.
 
 What the schema cannot say the webhook still refuses when it loads the object, as it refuses a file.
 """
@@ -22,7 +24,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from webhook.core import clustersummary, gpupolicy
+from webhook.core import clustersummary, gpupolicy, policykeys
 from webhook.core.policyschema import SCHEMA
 
 # The bounds, chosen for the largest platform we know of with headroom: a list (resource patterns, taints,
@@ -235,9 +237,28 @@ def chart_helper() -> str:
     return "\n".join(body) + "\n"
 
 
+def _described(node: dict[str, Any], prefix: str = "") -> None:
+    """Each key under ``node`` given its description first (``webhook.core.policykeys``), at every depth: a list's
+    items are ``[]`` of its path, a map's values ``*``."""
+    properties = node.get("properties", {})
+    for name, sub in properties.items():
+        path = f"{prefix}{name}"
+        words = policykeys.description(path)
+        properties[name] = {"description": words, **sub} if words else sub
+        _described(properties[name], f"{path}.")
+        items, suffix = properties[name], ""
+        while isinstance(items.get("items"), dict):
+            items, suffix = items["items"], suffix + "[]"
+            _described(items, f"{path}{suffix}.")
+        if isinstance(properties[name].get("additionalProperties"), dict):
+            _described(properties[name]["additionalProperties"], f"{path}.*.")
+
+
 def spec_schema(schema: Mapping[str, Any] = SCHEMA) -> dict[str, Any]:
-    """The OpenAPI v3 schema of a GPUPolicy's ``spec``: the policy's schema, structural and bounded."""
-    return _structural(schema, ())
+    """The OpenAPI v3 schema of a GPUPolicy's ``spec``: the policy's schema, structural, bounded and described."""
+    out = _structural(schema, ())
+    _described(out)
+    return out
 
 
 _CONDITION = {
@@ -288,6 +309,13 @@ PRINTER_COLUMNS = [
 ]
 
 
+SPEC = ("The policy, in the policy file's format key for key. Every key is optional: one not written has its "
+        "default. A bare off is read as false: write \"off\".")
+STATUS = ("What the webhook made of the spec: whether it accepted it (condition Accepted), the generation each engine "
+          "enforces, the state of the native admission policies (condition NativePolicies), which engine carries "
+          "each rule, and the cluster's facts.")
+
+
 def crd(annotations: Mapping[str, str] | None = None, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The CustomResourceDefinition ``gpupolicies.gpu-webhook.io``."""
     metadata: dict[str, Any] = {"name": f"{gpupolicy.PLURAL}.{gpupolicy.GROUP}"}
@@ -320,8 +348,8 @@ def crd(annotations: Mapping[str, str] | None = None, labels: Mapping[str, str] 
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},
                         "metadata": {"type": "object"},
-                        "spec": spec_schema(),
-                        "status": copy.deepcopy(STATUS_SCHEMA),
+                        "spec": {"description": SPEC, **spec_schema()},
+                        "status": {"description": STATUS, **copy.deepcopy(STATUS_SCHEMA)},
                     },
                 }},
             }],

@@ -261,15 +261,21 @@ def _place(path: KeyPath) -> tuple[tuple[int, int, str], ...]:
     return tuple(place)
 
 
-def _all_problems(document: object, *, schema_checked: bool = False) -> list[str]:
-    """Every problem of a decoded policy document, each naming its key, in the order of their keys: the
-    schema's (unless ``schema_checked``) and every check after it, on the policy and on each namespace."""
+def problems_at(document: object, *, schema_checked: bool = False) -> list[tuple[KeyPath, str]]:
+    """Every problem of a decoded policy document with the path of its key (an unknown key's: the mapping that
+    holds it), in the order of their keys: the schema's (unless ``schema_checked``) and every check after it, on
+    the policy and on each namespace."""
     problems = [] if schema_checked else _schema_problems(document)
     if isinstance(document, Mapping):
         problems += _key_problems(document)
         problems += _resource_problems(document.get("resources"))
         problems += _accelerator_problems(document)
-    return [problem for _, problem in sorted(problems, key=lambda found: _place(found[0]))]
+    return sorted(problems, key=lambda found: _place(found[0]))
+
+
+def _all_problems(document: object, *, schema_checked: bool = False) -> list[str]:
+    """Every problem of a decoded policy document, each naming its key, in the order of their keys."""
+    return [problem for _, problem in problems_at(document, schema_checked=schema_checked)]
 
 
 def build_policy(document: object, source: str = "policy", *, schema_checked: bool = False,
@@ -281,12 +287,12 @@ def build_policy(document: object, source: str = "policy", *, schema_checked: bo
         document = {}
     problems = _all_problems(document, schema_checked=schema_checked)
     if problems:
-        raise PolicyError(source, [_within(problem, within) for problem in problems])
+        raise PolicyError(source, [named_within(problem, within) for problem in problems])
     assert isinstance(document, Mapping)
     return resolve(document)
 
 
-def _within(problem: str, prefix: str) -> str:
+def named_within(problem: str, prefix: str) -> str:
     """A problem naming its key under ``prefix``: ``limits.perPod: ...`` as ``spec.limits.perPod: ...``."""
     if not prefix:
         return problem

@@ -65,9 +65,14 @@ class Item:
     def position(self, path: str) -> tuple[int, int]:
         """(line, column) of a field of the object, or of its closest ancestor that exists; column 0 when the
         object's position is not known."""
+        return self.position_at(steps(path))
+
+    def position_at(self, keys: Sequence[str]) -> tuple[int, int]:
+        """(line, column) of the field at ``keys`` (``spec``, ``limits``, ``perPod``) in the object, as
+        :meth:`position`."""
         if self.locator is None:
             return self.line, 0
-        return self.locator.at(self.base + steps(path))
+        return self.locator.at(self.base + tuple(keys))
 
 
 @dataclass
