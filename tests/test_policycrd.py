@@ -224,12 +224,12 @@ def test_every_property_under_spec_of_the_rendered_crd_has_a_description():
 def test_a_key_added_to_the_schema_without_words_is_named():
     """What a new key of policyschema.SCHEMA meets until it has its words in policykeys.WHAT."""
     schema = copy.deepcopy(SCHEMA)
-    schema["properties"]["isolation"]["properties"]["tenantNamespaces"] = {"type": "array", "items": {"type": "string"}}
+    schema["properties"]["isolation"]["properties"]["madeUpNamespaces"] = {"type": "array", "items": {"type": "string"}}
     schema["properties"]["gpuTaints"]["items"]["properties"]["operator"] = {"type": "string"}
-    assert policykeys.undescribed(schema) == ["gpuTaints[].operator", "isolation.tenantNamespaces"]
+    assert policykeys.undescribed(schema) == ["gpuTaints[].operator", "isolation.madeUpNamespaces"]
     assert policykeys.undescribed() == []
     described = spec_schema(schema)["properties"]["isolation"]["properties"]
-    assert "description" not in described["tenantNamespaces"] and described["trusted"]["description"]
+    assert "description" not in described["madeUpNamespaces"] and described["trusted"]["description"]
 
 
 def test_every_entry_of_the_words_names_a_key_of_the_schema():

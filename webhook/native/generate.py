@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -43,23 +43,12 @@ from webhook import __version__
 from webhook.core import gpupolicy
 from webhook.core.policy import PolicySet
 from webhook.core.policycrd import as_spec
-from webhook.native import celtext, claims, cluster, kinds, mutations, params, reads
+from webhook.native import celtext, claims, cluster, kinds, mutations, params, reads, tenants
 from webhook.native.celtext import boolean, every_policy, layout, lit
-from webhook.native.findings import (
-    OLD_ROOTS,
-    SEPARATOR,
-    Dialect,
-    Each,
-    Finding,
-    hits,
-    joined,
-    new_words,
-    variable,
-)
+from webhook.native.findings import OLD_ROOTS, SEPARATOR, Dialect, Finding, hits, joined, new_words, variable
 from webhook.native.rules import BUILDERS, matters, native_rules, setting, webhook_rules
 from webhook.native.snippets import Ctx, Shape
 from webhook.native.target import DEFAULT, LIBRARIES, Target, every_version
-from webhook.rules.admission import NOT_TENANT
 
 NAME = "gpu-webhook"
 RULES_ANNOTATION = "gpu-webhook.io/rules"
@@ -132,46 +121,6 @@ def _gate(ctx: Ctx, rule: str, action: str) -> str:
     return ctx.ns(lambda p: boolean(setting(p, rule) == action), live=params.gate(rule, action))
 
 
-def _tenant(ctx: Ctx) -> str:
-    """``PolicySet.is_tenant`` of the request's namespace: read live, or the policy's patterns written in."""
-    if ctx.live:
-        return f"variables.{params.TENANT_VARIABLE}"
-    patterns = ctx.policies.tenant_namespaces
-    if "*" in patterns:
-        return "true"
-    names = [p for p in patterns if not p.endswith("*")]
-    tests = ([f"request.namespace in {celtext.lits(names)}"] if names else []) + [
-        f"request.namespace.startsWith({lit(p[:-1])})" for p in patterns if p.endswith("*")]
-    return "(" + " || ".join(tests) + ")" if tests else "false"
-
-
-def _or(a: str, b: str) -> str:
-    if "true" in (a, b):
-        return "true"
-    return b if a == "false" else a if b == "false" else f"({a} || {b})"
-
-
-def _tenant_split(f: Finding, action: str, denied: str, tenant: str) -> Finding:
-    """A tenant rule's finding in the ``action`` policy (``admission.judge``): its denial holds where the pod asks
-    for a GPU or the namespace is a tenant's; elsewhere it is a warning that says why. ``denied``: the rule is deny
-    in the request's namespace."""
-    first, rest = f.loops[0], f.loops[1:]
-    strict = "pod.holds" if tenant == "false" else f"(pod.holds || {tenant})"
-    if action == "deny":
-        where, message = _and_where(first.where, strict), f.message
-    elif denied == "false":
-        return f
-    else:
-        where = _and_where(first.where, f"(!{denied} || !{strict})" if denied != "true" else f"!{strict}")
-        suffix = lit("; " + NOT_TENANT)
-        message = f"{f.message} + {suffix}" if denied == "true" else f"{f.message} + ({denied} ? {suffix} : '')"
-    return replace(f, loops=(Each(first.var, first.over, where, first.index), *rest), message=message)
-
-
-def _and_where(a: str, b: str) -> str:
-    return b if not a else f"{a} && {b}"
-
-
 @dataclass
 class RuleCel:
     rule: str
@@ -187,15 +136,10 @@ def _rules(ctx: Ctx, family: Family, action: str, target: Target, only: Sequence
     for rule in native_rules():
         if target.lacks(BUILDERS[rule.id].needs) or rule.id in skip or (only is not None and rule.id not in only):
             continue
-        gate = _gate(ctx, rule.id, action)
-        denied = _gate(ctx, rule.id, "deny") if rule.tenant else "false"
-        if rule.tenant and action == "warn":
-            gate = _or(gate, denied)  # a softened denial is a warning
+        gate, soften = tenants.gate(ctx, rule, action, _gate)
         if gate == "false":
             continue
-        findings = _findings(ctx, family, rule.id)
-        if rule.tenant and family is not CLAIMS:
-            findings = [_tenant_split(f, action, denied, _tenant(ctx)) for f in findings]
+        findings = soften(_findings(ctx, family, rule.id)) if family is not CLAIMS else _findings(ctx, family, rule.id)
         if not findings:
             continue
         root = findings[0].loops[0].over
