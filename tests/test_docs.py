@@ -288,3 +288,24 @@ def test_the_history_check_finds_each_phrase_and_nothing_else(sentence, hit):
     page = ROOT / "docs" / "example.md"
     found = history_in(page, f"# Title\n\n{sentence}\n\n```sh\necho now\n```\n")
     assert found == ([f"docs/example.md:3: {hit}"] if hit else [])
+
+
+def test_what_it_writes_shows_the_rules_and_failure_policies_the_generator_writes():
+    """docs/native-policies.md "What it writes": its policy, generated inline, gives the objects it shows, each
+    with the rules (``gpu-webhook.io/rules``) and failurePolicy shown."""
+    from webhook.core.policyfile import parse_policy
+    from webhook.native.generate import generate
+
+    page = (gen.DOCS / "native-policies.md").read_text(encoding="utf-8")
+    part = page.split("\n## What it writes\n", 1)[1].split("\n## ", 1)[0]
+    policy, shown = re.findall(r"```yaml\n(.*?)```", part, re.DOTALL)[:2]
+    assert "and `nativePolicies: {params: inline}`" in part
+    objects = generate(parse_policy(policy + "nativePolicies: {params: inline}\n")).objects
+    written = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    stated = re.findall(r"^kind: (\w+)\nmetadata:\n  name: (\S+)\n(?:.*\n)*?    gpu-webhook\.io/rules: (\S+)\n"
+                        r"spec:\n  failurePolicy: (\w+)", shown, re.MULTILINE)
+    assert len(stated) >= 2, shown[:300]
+    for kind, name, rules, failure in stated:
+        obj = written[(kind, name)]
+        assert (obj["metadata"]["annotations"]["gpu-webhook.io/rules"], obj["spec"]["failurePolicy"]) == (
+            rules, failure), name
