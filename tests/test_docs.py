@@ -237,3 +237,75 @@ def test_the_rule_tables_are_the_rule_catalog():
         assert f"| `{rule.id}` |" in rules_page, rule.id
         if rule.setting:
             assert f"| `{rule.setting}` | `{rule.id}` | {rule.default} |" in rules_page, rule.id
+
+
+# --- no history in user docs --------------------------------------------------------------------------------
+
+# What a reader of the docs is told is how things are. Sentences about how they were (a key "now" read by every
+# engine, the "old name" of an option, figures of a "previous generation") belong in CHANGELOG.md, which is history
+# by nature and not checked. Word boundaries: "known" or "snow" are no match; "no longer fits" would be, and is
+# written another way.
+HISTORY = re.compile(
+    r"\b(?:now|no longer|used to|formerly|old name|previously|today(?:'s)?|any ?more|in the past"
+    r"|(?:upgrading|upgrade) to this release|earlier (?:runs|releases|versions)"
+    r"|previous (?:generation|release|version|live)|before the generator was written)\b",
+    re.IGNORECASE,
+)
+
+
+def user_docs() -> list[Path]:
+    return [ROOT / "README.md", ROOT / "charts" / "gpu-webhook" / "README.md", *gen.pages()]
+
+
+def history_in(path: Path, text: str) -> list[str]:
+    """``file:line: "the words"`` for every history phrase of ``text`` outside code blocks."""
+    found, fenced = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        prose = re.sub(r"`[^`]*`", "", line)
+        found += [f"{path.relative_to(ROOT)}:{number}: {m.group(0)!r}" for m in HISTORY.finditer(prose)]
+    return found
+
+
+def test_user_docs_tell_how_things_are_not_how_they_were():
+    found = [hit for path in user_docs() for hit in history_in(path, path.read_text(encoding="utf-8"))]
+    assert not found, "history in user docs (say how it is, or move it to CHANGELOG.md):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("sentence, hit", [
+    ("`excludeNamespaces` is now a key every engine reads.", "'now'"),
+    ("The generated policies are no longer sent every pod.", "'no longer'"),
+    ("`--nodes` is its old name.", "'old name'"),
+    ("Upgrading to this release: set it to `[]`.", "'Upgrading to this release'"),
+    ("It used to replace the default.", "'used to'"),
+    ("A known issue; `now` in a code span; snow.", None),
+])
+def test_the_history_check_finds_each_phrase_and_nothing_else(sentence, hit):
+    page = ROOT / "docs" / "example.md"
+    found = history_in(page, f"# Title\n\n{sentence}\n\n```sh\necho now\n```\n")
+    assert found == ([f"docs/example.md:3: {hit}"] if hit else [])
+
+
+def test_what_it_writes_shows_the_rules_and_failure_policies_the_generator_writes():
+    """docs/native-policies.md "What it writes": its policy, generated inline, gives the objects it shows, each
+    with the rules (``gpu-webhook.io/rules``) and failurePolicy shown."""
+    from webhook.core.policyfile import parse_policy
+    from webhook.native.generate import generate
+
+    page = (gen.DOCS / "native-policies.md").read_text(encoding="utf-8")
+    part = page.split("\n## What it writes\n", 1)[1].split("\n## ", 1)[0]
+    policy, shown = re.findall(r"```yaml\n(.*?)```", part, re.DOTALL)[:2]
+    assert "and `nativePolicies: {params: inline}`" in part
+    objects = generate(parse_policy(policy + "nativePolicies: {params: inline}\n")).objects
+    written = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    stated = re.findall(r"^kind: (\w+)\nmetadata:\n  name: (\S+)\n(?:.*\n)*?    gpu-webhook\.io/rules: (\S+)\n"
+                        r"spec:\n  failurePolicy: (\w+)", shown, re.MULTILINE)
+    assert len(stated) >= 2, shown[:300]
+    for kind, name, rules, failure in stated:
+        obj = written[(kind, name)]
+        assert (obj["metadata"]["annotations"]["gpu-webhook.io/rules"], obj["spec"]["failurePolicy"]) == (
+            rules, failure), name

@@ -450,6 +450,57 @@ def versions_table() -> str:
     return table(parse_policy("{}"))
 
 
+def _names(values: list[str] | tuple[str, ...]) -> str:
+    return ", ".join(f"`{v}`" for v in values) if values else "none"
+
+
+def defaults_table() -> str:
+    """The defaults a platform engineer meets on day one, read from the code: the namespaces each engine leaves
+    alone or trusts (the policy's DEFAULTS), how the native policies read the policy, and the Kubernetes versions
+    (the generator's range, the chart's kubeVersion)."""
+    from webhook.core.policyschema import DEFAULTS
+    from webhook.native import target
+
+    isolation = DEFAULTS["isolation"]
+    native = DEFAULTS["nativePolicies"]
+    rows = [
+        ("`excludeNamespaces`", "namespaces no engine looks at (the chart's webhooks, the native policies, "
+         "`check`)", _names(DEFAULTS["excludeNamespaces"])),
+        ("`nativePolicies.excludeNamespaces`", "namespaces the native policies also leave alone",
+         _names(native["excludeNamespaces"])),
+        ("`webhook.excludeNamespaces` (chart value)", "namespaces the chart's webhooks also leave alone, besides "
+         "the release's own namespace", _names(_lookup(yaml.safe_load((ROOT / VALUES).read_text(
+             encoding="utf-8")), ["webhook", "excludeNamespaces"]))),
+        ("`isolation.platformNamespaces`", "namespaces the isolation rules trust as the platform's",
+         _names(isolation["platformNamespaces"])),
+        ("`isolation.trusted.namespaces`", "more namespaces the isolation rules trust", _names(
+            isolation["trusted"]["namespaces"])),
+        ("`isolation.trusted.serviceAccounts`", "service accounts the isolation rules trust",
+         _names(isolation["trusted"]["serviceAccounts"])),
+    ]
+    if "tenantNamespaces" in isolation:
+        rows.append(("`isolation.tenantNamespaces`", "namespaces where the rules about pods without GPUs deny "
+                     "instead of warn", _names(isolation["tenantNamespaces"])))
+    if "nvidiaRuntime" in isolation:
+        rows.append(("`isolation.nvidiaRuntime`", "when the NVIDIA runtime reads `NVIDIA_VISIBLE_DEVICES`",
+                     f"`{isolation['nvidiaRuntime']}`"))
+    chart = yaml.safe_load((ROOT / "charts" / "gpu-webhook" / "Chart.yaml").read_text(encoding="utf-8"))
+
+    def first(version: str) -> int:
+        return min(m for m in range(target.OLDEST, target.NEWEST + 1) if target._could_serve(m, version))
+    rows += [
+        ("`nativePolicies.params`", "how the native policies read GPUPolicy/default", f"`{native['params']}`"),
+        ("Kubernetes (chart)", "the chart's `kubeVersion`", f"`{chart['kubeVersion']}`"),
+        ("Kubernetes (native policies)", "the versions `admission-policies` generates for; newer ones get the "
+         "newest's policies", f"1.{target.OLDEST} to 1.{target.NEWEST}"),
+        ("MutatingAdmissionPolicy", "where the mutation is native (elsewhere the webhook keeps it)",
+         f"`v1` from 1.{first('v1')}; `v1beta1` from 1.{first('v1beta1')} when the cluster turns it on"),
+    ]
+    lines = ["| key | what | default |", "|---|---|---|"]
+    lines += [f"| {key} | {what} | {value} |" for key, what, value in rows]
+    return "\n".join(lines) + "\n"
+
+
 # --- the registry -------------------------------------------------------------------------------------------
 
 BLOCKS: dict[str, Callable[[], str]] = {
@@ -463,6 +514,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "rule-engines": engines_table,
     "policy-reference": policy_reference,
     "versions": versions_table,
+    "defaults": defaults_table,
 }
 
 # Blocks that are still written by hand, and why (none now).

@@ -195,7 +195,7 @@ def _parser() -> argparse.ArgumentParser:
         "--cluster-state", "--nodes", dest="cluster_state", action="append", metavar="FILE",
         help="Nodes, ResourceSlices, DeviceClasses, ResourceClaims, ResourceClaimTemplates and RuntimeClasses "
         f"({inputs.SAVE_CLUSTER_STATE}); turns the cluster-aware checks on and runs them against these; repeatable "
-        "(--nodes is the old name)",
+        "(--nodes is the same option)",
     )
     lint.add_argument(
         "-o", "--output", choices=formats.OUTPUTS, default="text",
@@ -260,7 +260,7 @@ def _parser() -> argparse.ArgumentParser:
     native.add_argument("--policy", help="policy YAML file (default: built-in defaults)")
     native.add_argument(
         "--apply", action="store_true",
-        help="server-side apply them (field manager gpu-webhook) and delete the labelled ones no longer generated",
+        help="server-side apply them (field manager gpu-webhook) and delete the labelled ones it did not generate",
     )
     native.add_argument("--delete", action="store_true", help="delete every object this command labelled, and exit")
     native.add_argument(

@@ -315,7 +315,7 @@ def _validating_policy(name: str, policies: PolicySet, family: Family, action: s
     spec: dict[str, Any] = {
         # A deny policy that cannot evaluate refuses, as the webhook's failurePolicy Fail does; warnings never
         # stop an object. One that reads GPUPolicy/default ignores: the apiserver resolves params before
-        # matchConditions, so while it cannot (the CRD just installed, ~30 s after each restart of an apiserver)
+        # matchConditions, so while it cannot (the CRD just installed; up to ~30 s after an apiserver starts, on 1.37)
         # Fail would refuse every pod it matches, CPU pods too; the seed's hard rules, without params, still fail
         # closed.
         "failurePolicy": "Fail" if action == "deny" and mode != LIVE else "Ignore",
