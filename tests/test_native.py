@@ -470,7 +470,8 @@ def test_each_policy_asks_first_whether_anything_in_a_pod_can_make_its_rules_fir
         assert read in deny, read
     # The warn policy's rules read other things: an envFrom, a zero count, a node name, GPU tolerations.
     assert "container.envFrom" in warn and "pod.spec.nodeName" in warn and "pod.spec.tolerations" in warn
-    assert "container.securityContext.privileged" not in warn
+    # and the tenant rules' softened denials: a privileged pod that asks for no GPU, outside a tenant's namespace
+    assert "container.securityContext.privileged" in warn
     # Custom kinds and claims have no matchConditions: CEL cannot tell without reading their templates.
     assert "matchConditions" not in names["ValidatingAdmissionPolicy/gpu-webhook-custom-deny"]["spec"]
     mutating = names["MutatingAdmissionPolicy/gpu-webhook"]["spec"]["matchConditions"][0]["expression"]

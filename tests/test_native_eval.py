@@ -229,8 +229,9 @@ SPLIT = pytest.mark.xfail(strict=True, raises=AssertionError,
     pytest.param(as_pytorchjob, 2, id="custom kind: two deny policies", marks=SPLIT),
 ])
 def test_an_object_several_live_deny_rules_refuse_is_told_every_violation(kind, holders):
-    """``limits.perContainer: 2``, a container asking 4 GPUs that mounts ``/dev/nvidia0`` from the node, and an init
-    container asking 4: per-container-limit, init-container-gpus and gpu-device-mount, which the catalog puts far
+    """``limits.perContainer: 2``, a privileged container asking 4 GPUs that mounts ``/dev/nvidia0`` from the node
+    (only a privileged container can open a device through a hostPath), and an init container asking 4:
+    per-container-limit, init-container-gpus and gpu-device-mount (and privileged-gpu), which the catalog puts far
     apart. The webhook's denial lists them all; the apiserver's (as celeval dispatches, the first refusal) only the
     first denying policy's, all of them where one policy holds the three rules."""
     import yaml
@@ -239,7 +240,8 @@ def test_an_object_several_live_deny_rules_refuse_is_told_every_violation(kind, 
     document["limits"]["perContainer"] = 2
     policies = parse_policy(yaml.safe_dump(document))
     target = for_version("1.37")
-    mounts = gpu(4, "a", volumeMounts=[{"name": "dev", "mountPath": "/dev/nvidia0"}])
+    mounts = gpu(4, "a", volumeMounts=[{"name": "dev", "mountPath": "/dev/nvidia0"}],
+                 securityContext={"privileged": True})
     obj = kind("peaks", spec(mounts, initContainers=[gpu(4, "warm")],
                              volumes=[{"name": "dev", "hostPath": {"path": "/dev/nvidia0"}}]), {})
     generated = generate(policies, target)
