@@ -2,7 +2,8 @@
 platform's node agents in with no refusal and no warning, and the DaemonSet controller's pods of them are
 admitted: a GPU Operator-shaped set of operands in ``gpu-operator``, the NVIDIA device plugin's static DaemonSets
 (in its own namespace and in kube-system) and a calico-node-shaped DaemonSet in ``calico-system``. A tenant's
-copy of calico-node is still refused. The manifests are tests/day_one.py's.
+copy of calico-node is warned about, saying why it is not refused, and a privileged GPU pod is refused. The
+manifests are tests/day_one.py's.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tests.day_one import TENANT, Case, calico_node, device_plugin, operands, te
 from tests.e2e.bed import CHART, forget_policy_crd
 from tests.e2e.node import NodeBed, until
 from tests.manifests import tls_secret
+from webhook.rules.admission import NOT_TENANT
 from webhook.serving import certs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -81,8 +83,8 @@ def release(node_bed: NodeBed, webhook_image: str, tmp_path_factory):
             template = case.obj["spec"].get("template", {}).get("spec", {}) if case.kind != "Pod" else {}
             if template.get("serviceAccountName"):
                 bed.kubectl("create", "serviceaccount", template["serviceAccountName"], "-n", case.namespace)
-        refused = tenants()[0]
-        until("the webhook refusing a tenant's privileged agent",
+        refused = next(c for c in tenants() if c.name == "tenant/device-hostpath")  # refused in any namespace
+        until("the webhook refusing a privileged GPU pod",
               lambda: "denied the request" in apply(bed, refused, dry_run=True)[1] or None, 60, interval=0.5,
               diagnose=lambda: apply(bed, refused, dry_run=True)[1])
         yield bed
@@ -119,11 +121,20 @@ def agents_admitted(bed: NodeBed, mode: str) -> None:
         assert not [m for m in failed_creates(bed, namespace) if "gpu-webhook" in m or "AdmissionPolicy" in m]
 
 
+def tenants_agent_warned(bed: NodeBed) -> None:
+    """A tenant's copy of calico-node, at the chart's defaults: admitted with a warning that says why it is not
+    refused (no tenant namespace is named); a privileged GPU pod is refused wherever it is."""
+    agent = tenants()[0]
+    code, said = apply(bed, agent, dry_run=True)
+    assert code == 0 and "tolerates every taint" in said and NOT_TENANT in said, said
+    gpu_pod = next(c for c in tenants() if c.name == "tenant/device-hostpath")
+    code, said = apply(bed, gpu_pod, dry_run=True)
+    assert code != 0 and "is privileged and holds a GPU" in said, said
+
+
 def test_webhook_only_admits_the_platforms_agents_and_their_pods(release):
     agents_admitted(release, "webhook-only")
-    refused = tenants()[0]
-    code, said = apply(release, refused, dry_run=True)
-    assert code != 0 and "tolerates every taint" in said and "denied the request" in said
+    tenants_agent_warned(release)
 
 
 def test_hybrid_mode_admits_them_too(release):
@@ -137,6 +148,4 @@ def test_hybrid_mode_admits_them_too(release):
         bed.kubectl("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", "--wait=true",
                     "--timeout=60s")
     agents_admitted(bed, "hybrid")
-    refused = tenants()[0]
-    code, said = apply(bed, refused, dry_run=True)
-    assert code != 0 and "tolerates every taint" in said
+    tenants_agent_warned(bed)
