@@ -140,6 +140,8 @@ def walk(node_bed: NodeBed, webhook_image: str, tmp_path_factory) -> Iterator[Wa
     walking = Walk(bed, cwd, env, values)
     try:
         for namespace in (NAMESPACE, AGENTS, TENANT):
+            # another module of the bed may have left the namespace being deleted (team-a is common): wait it out
+            bed.kubectl("wait", "--for=delete", f"namespace/{namespace}", "--timeout=180s")
             bed.kubectl("create", "namespace", namespace, check=True)
         bed.kubectl("create", "-f", "-", check=True, stdin=json.dumps(
             tls_secret(f"{FULLNAME}-tls", NAMESPACE, bundle.cert_pem, bundle.key_pem)))
