@@ -20,6 +20,12 @@ order, with what the page says about it checked after each.
 
 The manifests and the table of which test runs which command are tests/day_one_page.py's; the unit tier holds the
 page to that table (tests/test_day_one_page.py). The tests share the release and run in file order.
+
+Not collected yet (its name does not start with ``test_``): on the node bed (v1.37.2) its first run failed. Step 2
+found the privileged node exporter admitted with no warning at all, which is not understood yet, and step 4's
+``helm rollback gpu-webhook 1`` failed in the post-rollback GPUPolicy hook ("spec in body must be of type object:
+null"), which left the release busy for steps 5 and 6. Rename it ``test_node_day_one_page.py`` (and add it back to
+tests/test_tiers.py's NODE_BED_MODULES) once both are understood and fixed.
 """
 
 from __future__ import annotations
