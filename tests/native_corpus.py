@@ -132,7 +132,10 @@ def pod_specs() -> list[tuple[str, dict, dict]]:
                                 tolerations=[{"operator": "Exists"}]))
     for i, path in enumerate(["/dev/nvidia0", "/dev/../dev/nvidia0", "//dev", "/dev/dri/card0", "/var/lib/data",
                               "/home/user/../../dev/kfd", "/dev/nvidia-caps/", "/opt/dev/nvidia0", "/"]):
-        add(f"host-path-{i}", spec(ctr("b", volumeMounts=[{"name": "h", "mountPath": "/h"}]),
+        # mounted by a privileged GPU container: only a privileged one can open a device through a hostPath, and
+        # one that asks for a GPU is refused in any namespace (the apiserver refuses the '..' paths itself)
+        add(f"host-path-{i}", spec(gpu(1, "b", securityContext={"privileged": True},
+                                       volumeMounts=[{"name": "h", "mountPath": "/h"}]),
                                    volumes=[{"name": "h", "hostPath": {"path": path}}]))
     device_list = [{"name": "e", "mountPath": "/var/run/nvidia-container-devices/all"}]
     add("device-list-mount", spec(gpu(1, volumeMounts=device_list),
