@@ -121,5 +121,13 @@ def test_a_fresh_install_renders_the_policy_from_values(helm, clean):
         helm("rollback", release, "1", "-n", NAMESPACE)
         spec, same_uid, configmap = the_policy(cluster, release)
         assert (spec, same_uid, configmap) == (as_spec(POLICY), uid, POLICY)
+        # Back to the chart's default, an empty policy: Helm's server-side apply of `spec: {}` drops every field it
+        # set, which left spec null (refused: "must be of type object") until the CRD gave spec a default of {}.
+        helm("upgrade", release, str(CHART), "-n", NAMESPACE, "--reset-values", *BASE)
+        assert the_policy(cluster, release)[:2] == ({}, uid)
+        helm("rollback", release, "1", "-n", NAMESPACE)
+        assert the_policy(cluster, release)[0] == as_spec(POLICY)
+        helm("rollback", release, "4", "-n", NAMESPACE)
+        assert the_policy(cluster, release)[:2] == ({}, uid)
     finally:
         helm("uninstall", release, "-n", NAMESPACE, check=False)

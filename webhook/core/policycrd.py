@@ -348,7 +348,7 @@ def crd(annotations: Mapping[str, str] | None = None, labels: Mapping[str, str] 
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},
                         "metadata": {"type": "object"},
-                        "spec": {"description": SPEC, **spec_schema()},
+                        "spec": {"description": SPEC, **spec_schema(), "default": {}},
                         "status": {"description": STATUS, **copy.deepcopy(STATUS_SCHEMA)},
                     },
                 }},
