@@ -37,7 +37,7 @@ def admit(objects: list[dict[str, Any]], obj: dict[str, Any], repeat: int) -> di
     from tests.celeval import Request, binary
 
     request = dict(Request(obj, "bench").to_json(), id="pod")
-    document = {"compatibility": "", "repeat": repeat, "objects": objects, "requests": [request]}
+    document = {"compatibility": "", "repeat": repeat, "objects": objects, "requests": [request], "cost": True}
     done = subprocess.run([str(binary())], input=json.dumps(document), capture_output=True, text=True, timeout=600,
                           check=False)
     if done.returncode:

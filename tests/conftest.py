@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from tests.server import start_webhook
-from tests.tiers import no_processes, tier_markers
+from tests.tiers import no_processes, run_order, tier_markers, xdist_group
 
 TESTS = Path(__file__).resolve().parent
 
@@ -23,6 +23,9 @@ def pytest_collection_modifyitems(items):
         have = [mark.name for mark in item.iter_markers()]
         for name in tier_markers(path.relative_to(TESTS).parts, getattr(item, "fixturenames", ()), have):
             item.add_marker(name)
+        markers = [mark.name for mark in item.iter_markers()]
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item.nodeid.split("::", 1)[0], markers)))
+    items.sort(key=lambda item: run_order(mark.name for mark in item.iter_markers()))
 
 
 def _in_process(item):

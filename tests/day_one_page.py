@@ -4,7 +4,7 @@ The page's ``sh`` blocks are read section by section. ``RUN_BY`` names, for ever
 runs it as written (from the repository's root, with the bed's kubeconfig and the page's release ``gpu-webhook`` in
 ``gpu-system``): tests/test_day_one_page.py holds the page to this table, so a command added to the page without a
 test that runs it, or a test left running a command the page no longer shows, fails there; the e2e walkthrough
-(tests/e2e/node_day_one_page_walk.py, not yet collected) asserts at its end that it ran every command of the table.
+(tests/e2e/test_node_day_one_page.py) asserts at its end that it ran every command of the table.
 
 Manifests the page's commands are run on: a node-exporter-shaped DaemonSet in ``monitoring`` (privileged, the host's
 root mounted, every taint tolerated: what the isolation rules look at) and a tenant's Deployment in ``team-a`` whose
@@ -22,7 +22,7 @@ PAGE = ROOT / "docs" / "day-one.md"
 RELEASE, NAMESPACE = "gpu-webhook", "gpu-system"
 AGENTS, TENANT = "monitoring", "team-a"
 
-E2E = "tests/e2e/node_day_one_page_walk.py"  # not collected yet: see its docstring
+E2E = "tests/e2e/test_node_day_one_page.py"
 UNIT = "tests/test_day_one_page.py"
 POLICIES = ("validatingadmissionpolicies,validatingadmissionpolicybindings,mutatingadmissionpolicies,"
             "mutatingadmissionpolicybindings")

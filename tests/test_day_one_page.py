@@ -1,6 +1,6 @@
 """docs/day-one.md: every command of the page is run by a test (``tests.day_one_page.RUN_BY`` names it), and the
 offline ones run here as written. The cluster ones run on the node bed, in the page's order
-(tests/e2e/node_day_one_page_walk.py, not yet collected)."""
+(tests/e2e/test_node_day_one_page.py)."""
 
 from __future__ import annotations
 

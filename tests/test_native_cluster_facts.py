@@ -48,6 +48,9 @@ from webhook.native.generate import RULES_ANNOTATION, generate
 from webhook.native.target import for_version
 from webhook.rules import admission
 
+# The apiserver's CEL compiles the generated policies for every test here: seconds each, minutes in all.
+pytestmark = pytest.mark.slow
+
 POLICIES = parse_policy(POLICY + "cluster: {enabled: true}\n")
 GPU = "nvidia.com/gpu"
 WRITTEN = datetime.datetime(2026, 12, 6, 12, 0, 0, tzinfo=datetime.UTC)

@@ -38,6 +38,9 @@ from webhook.native.generate import RULES_ANNOTATION, generate
 from webhook.native.target import Target, every_version, for_version
 from webhook.rules import admission
 
+# The apiserver's CEL compiles the generated policies for every test here: seconds each, minutes in all.
+pytestmark = pytest.mark.slow
+
 BUILTIN = ("Pod", "Deployment", "CronJob")
 MAP_BETA = "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy"
 POLICIES = parse_policy(POLICY)
@@ -102,7 +105,6 @@ def test_the_apiservers_cel_decides_every_object_as_the_webhook_does(corpus_answ
     assert len(cases) >= 400 and found.admitted >= 100 and found.refused >= 150 and found.warned >= 30, summary
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("target", every_version(), ids=lambda t: f"{t.version}-{t.mutating or 'nomap'}")
 def test_every_target_compiles(target):
     objects = generate(POLICIES, target).objects
@@ -194,7 +196,7 @@ def test_an_ordinary_gpu_pod_skips_the_validating_policies_and_a_bad_one_stays_w
     requests = [Request(good, "default"), Request(bad, "default"), Request(cpu, "default")]
     builtin = [o for o in validating(target, parse_policy("{}")) if o["metadata"]["name"].startswith(
         ("gpu-webhook-live-", "gpu-webhook-seed-", "default"))]
-    ok, refused, plain = evaluate(builtin, requests, compatibility(target)).answers
+    ok, refused, plain = evaluate(builtin, requests, compatibility(target), cost=True).answers
     assert ok.allowed and ok.cost == {} and plain.cost == {}
     assert not refused.allowed and "2M" in refused.message
     # The count is the seed's (invalid-quantity); the policies that read GPUPolicy/default skip the pod.
@@ -207,7 +209,6 @@ def test_forty_containers_stay_within_the_budget_in_every_family(newest):
         assert all(d["evaluation"] != "error" for d in answer.decisions), answer.decisions
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("version", ["1.31", "1.32", "1.33", "1.34", "1.35", "1.36"])
 def test_every_version_between_decides_the_corpus_as_the_webhook_does(version):
     """The versions between the oldest and the newest (the fast tier runs those two): each one's CEL environment."""

@@ -96,7 +96,7 @@ def collected(*args: str) -> list[str]:
 
 # The modules whose tests run on the node bed (tests/e2e/node.py), besides the control plane.
 NODE_BED_MODULES = {"test_node.py", "test_node_cert_manager.py", "test_node_chart.py", "test_node_day_one.py",
-                    "test_node_hybrid.py",
+                    "test_node_day_one_page.py", "test_node_hybrid.py",
                     "test_node_hybrid_nomap.py", "test_node_release.py", "test_node_upgrade.py", "test_node_alerts.py"}
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from tests.tiers import TIERS
 from tests.timings import TIER_LINE_PREFIX, Timings
+from tests.tools import ROOT
 
 MARKERS = "\n".join(f"    {tier}: the {tier} tier" for tier in TIERS if tier != "fast")
 INI = f"[pytest]\nmarkers =\n{MARKERS}\n"
@@ -53,6 +54,15 @@ def bare(monkeypatch):
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
 
 
+def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, workers: tuple[str, ...]) -> pytest.RunResult:
+    """The inner session with the timing plugin: in this process, or with xdist's workers as a process of its own
+    (its workers import tests.timings from the repository)."""
+    if not workers:
+        return pytester.runpytest("-p", "tests.timings")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    return pytester.runpytest_subprocess("-p", "tests.timings", *workers)
+
+
 def tier_counts(line: str) -> dict[str, int]:
     return {tier: int(count) for tier, count in re.findall(r"(\w+) \d+\.\d+s \((\d+)\)", line)}
 
@@ -70,11 +80,20 @@ def table_rows(lines: list[str]) -> dict[str, list[str]]:
     raise AssertionError(f"no total row in {lines[start:]}")
 
 
-def test_a_run_ends_with_the_modules_table_and_one_tier_line(pytester: pytest.Pytester):
+# The inner session alone, and on two pytest-xdist workers (as the suite runs), where the controller prints the
+# report from what the workers' reports carry.
+XDIST = pytest.mark.parametrize("workers", [
+    pytest.param((), id="serial"),
+    pytest.param(("-p", "xdist.plugin", "-n", "2"), id="xdist", marks=pytest.mark.process),  # the workers
+])
+
+
+@XDIST
+def test_a_run_ends_with_the_modules_table_and_one_tier_line(pytester: pytest.Pytester, monkeypatch, workers):
     pytester.makeini(INI)
     pytester.makepyfile(test_a=MODULE_A, test_b=MODULE_B)
-    result = pytester.runpytest("-p", "tests.timings")
-    result.assert_outcomes(passed=4, skipped=1)
+    result = run(pytester, monkeypatch, workers)
+    assert result.ret == pytest.ExitCode.OK, result.outlines  # 4 passed and 1 skipped: the table counts them
     lines = result.outlines
     rows = table_rows(lines)
     assert {name: figures[0] for name, figures in rows.items()} == {"test_a.py": "4", "test_b.py": "1", "total": "5"}
@@ -102,7 +121,9 @@ CHILD = "import time\n" + BURN.format(start="0")
 
 
 @pytest.mark.process
-def test_cpu_counts_toward_the_module_that_spent_it_in_pytest_or_in_a_child(pytester: pytest.Pytester):
+@XDIST
+def test_cpu_counts_toward_the_module_that_spent_it_in_pytest_or_in_a_child(pytester: pytest.Pytester, monkeypatch,
+                                                                           workers):
     """Each inner test spends 0.3 s of CPU (process time, however long that takes on a busy machine): one in the
     pytest process, one in a child it waits for."""
     pytester.makeini(INI)
@@ -118,8 +139,8 @@ import subprocess, sys
 def test_spends_cpu_in_a_child():
     subprocess.run([sys.executable, "-c", {CHILD!r}], check=True)
 """)
-    result = pytester.runpytest("-p", "tests.timings")
-    result.assert_outcomes(passed=2)
+    result = run(pytester, monkeypatch, workers)
+    assert result.ret == pytest.ExitCode.OK, result.outlines
     rows = table_rows(result.outlines)
     cpu, kids = 5, 6  # the columns after the name: tests, setup, call, teardown, wall, cpu, cpu kids, waiting
     assert float(rows["test_own.py"][cpu]) >= 0.3 and float(rows["test_own.py"][kids]) == 0, rows

@@ -43,6 +43,23 @@ def tier_markers(parts: tuple[str, ...], fixtures: Iterable[str], markers: Itera
     return add
 
 
+# pytest-xdist (``--dist loadgroup``): the group of tests that run on one worker, one after another. The node bed is
+# one per run (its tests share it, in file order); every other module is its own group, so that a module's fixtures
+# (a matrix bed, a webhook server) start once.
+NODE_BED_GROUP = "node-bed"
+
+
+def xdist_group(module: str, markers: Iterable[str]) -> str:
+    """The xdist group of a test of ``module`` (its path under the root) that carries ``markers``."""
+    return NODE_BED_GROUP if "node" in set(markers) else module
+
+
+def run_order(markers: Iterable[str]) -> int:
+    """Where a test's tier comes in the run: the heaviest first (:data:`TIERS`), so that with several workers the
+    longest groups start at once and the short ones fill in around them. A stable sort keeps each module's order."""
+    return TIERS.index(tier_of(markers))
+
+
 def tier_of(markers: Iterable[str]) -> str:
     """The one tier a test with ``markers`` counts toward: the heaviest of :data:`TIERS` it carries, ``fast`` when
     it carries none (a session without tests/conftest.py's markers)."""

@@ -33,6 +33,7 @@ from tests.tiers import TIERS, tier_of
 
 PHASES = ("setup", "call", "teardown")
 TIER_LINE_PREFIX = "[ci] tiers:"
+CPU_ATTRIBUTE, TIER_ATTRIBUTE = "gpu_webhook_cpu", "gpu_webhook_tier"  # on each phase's report (xdist sends them)
 
 
 def cpu_times() -> tuple[float, float]:
@@ -136,11 +137,23 @@ class TimingReport:
     def pytest_runtest_teardown(self, item: pytest.Item) -> Generator[None, object, object]:
         return (yield from self._measure(item, "teardown"))
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Generator[
+            None, pytest.TestReport, pytest.TestReport]:
+        """The phase's CPU and the test's tier travel on its report: with pytest-xdist, the report is what reaches the
+        controller, which prints the tables (a worker's own are never shown)."""
+        report = yield
+        own, children = self._cpu.pop((item.nodeid, call.when), (0.0, 0.0))
+        setattr(report, CPU_ATTRIBUTE, [own, children])
+        setattr(report, TIER_ATTRIBUTE, self._tier.get(item.nodeid, "fast"))
+        return report
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when not in PHASES:
             return
-        own, children = self._cpu.pop((report.nodeid, report.when), (0.0, 0.0))
-        self.timings.add(report.nodeid, self._tier.get(report.nodeid, "fast"), report.when, report.duration,
+        own, children = getattr(report, CPU_ATTRIBUTE, (0.0, 0.0))
+        # xdist's loadgroup appends "@<group>" to a test's id: the module is the part before "::" either way.
+        self.timings.add(report.nodeid, getattr(report, TIER_ATTRIBUTE, "fast"), report.when, report.duration,
                          own, children)
 
     @pytest.hookimpl(wrapper=True)

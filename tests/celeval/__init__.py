@@ -76,12 +76,14 @@ class Evaluation:
 
 
 def evaluate(objects: Sequence[Mapping[str, Any]], requests: Sequence[Request], compatibility: str = "",
-             timeout: float = 120, param_kinds: Sequence[Mapping[str, str]] = ()) -> Evaluation:
+             timeout: float = 120, param_kinds: Sequence[Mapping[str, str]] = (), cost: bool = False) -> Evaluation:
     """Every request through the policies, as an apiserver whose new expressions get the CEL environment of
     ``compatibility`` (its minor minus one; the library's default when empty) would admit it. ``objects`` may
     hold params (any object outside admissionregistration.k8s.io); ``param_kinds`` declares the scope of a param
-    kind without objects ({"apiVersion", "kind", "scope": "Namespaced" or "Cluster"})."""
-    document = {"compatibility": compatibility, "objects": list(objects), "paramKinds": list(param_kinds),
+    kind without objects ({"apiVersion", "kind", "scope": "Namespaced" or "Cluster"}). ``cost``: each answer's
+    ``cost`` holds the CEL cost per policy, which takes celeval a second evaluation of each policy (left empty
+    otherwise)."""
+    document = {"compatibility": compatibility, "objects": list(objects), "paramKinds": list(param_kinds), "cost": cost,
                 "requests": [dict(r.to_json(), id=r.id or str(n)) for n, r in enumerate(requests)]}
     done = subprocess.run([str(binary())], input=json.dumps(document), capture_output=True, text=True,
                           timeout=timeout, check=False)

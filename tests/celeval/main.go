@@ -11,13 +11,14 @@
 //	               "object": {...}, "oldObject": {...} or null,
 //	               "paramsUnavailable": true | "unsynced" | "unknown"}],   // optional, overrides the top-level one
 //	 "paramKinds": [{"apiVersion": "example.com/v1", "kind": "Limits", "scope": "Namespaced" | "Cluster"}],
-//	 "paramsUnavailable": true | "unsynced" | "unknown"}               // optional, every request
+//	 "paramsUnavailable": true | "unsynced" | "unknown",               // optional, every request
+//	 "cost": true}                        // optional: read each policy's CEL cost (a second evaluation)
 //
 // and writes one JSON document: each expression that does not compile in that environment, and per request
 // what the apiserver's admission would do with it: the MutatingAdmissionPolicies first (reinvocation aside), then
 // the ValidatingAdmissionPolicies on the mutated object, each through its bindings (resource rules, operations,
 // and a namespaceSelector read against the namespace's kubernetes.io/metadata.name label), with the messages,
-// warnings and CEL cost the apiserver would have.
+// warnings and (when asked) the CEL cost the apiserver would have.
 //
 // Params, as the apiserver's dispatchers collect them (k8s.io/apiserver generic.CollectParams): the objects of
 // "objects" outside admissionregistration.k8s.io are the cluster's other objects; those whose apiVersion and kind
@@ -77,6 +78,7 @@ type input struct {
 	Requests      []request                `json:"requests"`
 	ParamKinds    []paramKindScope         `json:"paramKinds"`        // the scope of a param kind without objects
 	Unavailable   unavailable              `json:"paramsUnavailable"` // the param informers' trouble, every request
+	Cost          bool                     `json:"cost"`              // read each policy's CEL cost (evaluates again)
 }
 
 type paramKindScope struct {
@@ -191,6 +193,7 @@ func run(in io.Reader, out io.Writer) error {
 		return err
 	}
 	set.unavailable = doc.Unavailable
+	readCost = doc.Cost
 	res := output{Compatibility: fmt.Sprintf("%d.%d", compat.Major(), compat.Minor()), CompileErrors: set.errors,
 		Results: []result{}}
 	for _, r := range doc.Requests {
@@ -464,29 +467,51 @@ func compileVAP(p *admissionregistrationv1.ValidatingAdmissionPolicy, envs *envi
 	opts := plugincel.OptionalVariableDeclarations{HasParams: p.Spec.ParamKind != nil}
 	c := compiler(envs)
 	compileVariables(c, p.Name, p.Spec.Variables, opts, errs)
-	var matcher matchconditions.Matcher
-	if len(p.Spec.MatchConditions) > 0 {
-		accessors := make([]plugincel.ExpressionAccessor, len(p.Spec.MatchConditions))
-		for i := range p.Spec.MatchConditions {
-			accessors[i] = (*matchconditions.MatchCondition)(&p.Spec.MatchConditions[i])
-			check(c, p.Name, fmt.Sprintf("matchConditions[%d]", i), accessors[i], opts, errs)
-		}
-		matcher = matchconditions.NewMatcher(c.CompileCondition(accessors, opts, mode), p.Spec.FailurePolicy,
-			"policy", "validate", p.Name)
-	}
+	matcher := compileMatcher(c, p.Name, p.Spec.MatchConditions, p.Spec.FailurePolicy, "validate", opts, errs)
 	validations := make([]plugincel.ExpressionAccessor, len(p.Spec.Validations))
 	messages := make([]plugincel.ExpressionAccessor, len(p.Spec.Validations))
 	for i, v := range p.Spec.Validations {
 		validations[i] = &validating.ValidationCondition{Expression: v.Expression, Message: v.Message, Reason: v.Reason}
-		check(c, p.Name, fmt.Sprintf("validations[%d].expression", i), validations[i], opts, errs)
 		if v.MessageExpression != "" {
 			messages[i] = &validating.MessageExpressionCondition{MessageExpression: v.MessageExpression}
-			check(c, p.Name, fmt.Sprintf("validations[%d].messageExpression", i), messages[i], opts, errs)
 		}
 	}
-	validator := validating.NewValidator(c.CompileCondition(validations, opts, mode), matcher,
-		c.CompileCondition(nil, opts, mode), c.CompileCondition(messages, opts, mode), p.Spec.FailurePolicy, nil)
-	return vap{p, validator, c.CompileCondition(validations, opts, mode), c.CompileCondition(messages, opts, mode)}
+	// Each list compiled once, shared by the validator and the cost reading; an expression is compiled alone
+	// again only when its list has errors, to name it.
+	validationsEval := c.CompileCondition(validations, opts, mode)
+	messagesEval := c.CompileCondition(messages, opts, mode)
+	if len(validationsEval.CompilationErrors())+len(messagesEval.CompilationErrors()) > 0 {
+		for i := range p.Spec.Validations {
+			check(c, p.Name, fmt.Sprintf("validations[%d].expression", i), validations[i], opts, errs)
+			if messages[i] != nil {
+				check(c, p.Name, fmt.Sprintf("validations[%d].messageExpression", i), messages[i], opts, errs)
+			}
+		}
+	}
+	validator := validating.NewValidator(validationsEval, matcher, c.CompileCondition(nil, opts, mode), messagesEval,
+		p.Spec.FailurePolicy, nil)
+	return vap{p, validator, validationsEval, messagesEval}
+}
+
+// compileMatcher: the policy's matchConditions compiled once (nil when it has none); each alone again only when
+// they have errors, to name the one that failed.
+func compileMatcher(c *plugincel.CompositedCompiler, policy string, conditions []admissionregistrationv1.MatchCondition,
+	failurePolicy *admissionregistrationv1.FailurePolicyType, kind string, opts plugincel.OptionalVariableDeclarations,
+	errs *[]compileError) matchconditions.Matcher {
+	if len(conditions) == 0 {
+		return nil
+	}
+	accessors := make([]plugincel.ExpressionAccessor, len(conditions))
+	for i := range conditions {
+		accessors[i] = (*matchconditions.MatchCondition)(&conditions[i])
+	}
+	compiled := c.CompileCondition(accessors, opts, mode)
+	if len(compiled.CompilationErrors()) > 0 {
+		for i := range accessors {
+			check(c, policy, fmt.Sprintf("matchConditions[%d]", i), accessors[i], opts, errs)
+		}
+	}
+	return matchconditions.NewMatcher(compiled, failurePolicy, "policy", kind, policy)
 }
 
 func compileMAP(p *admissionregistrationv1.MutatingAdmissionPolicy, envs *environment.EnvSet,
@@ -495,15 +520,7 @@ func compileMAP(p *admissionregistrationv1.MutatingAdmissionPolicy, envs *enviro
 	c := compiler(envs)
 	compileVariables(c, p.Name, p.Spec.Variables, opts, errs)
 	out := mapolicy{policy: p, compiler: c}
-	if len(p.Spec.MatchConditions) > 0 {
-		accessors := make([]plugincel.ExpressionAccessor, len(p.Spec.MatchConditions))
-		for i := range p.Spec.MatchConditions {
-			accessors[i] = (*matchconditions.MatchCondition)(&p.Spec.MatchConditions[i])
-			check(c, p.Name, fmt.Sprintf("matchConditions[%d]", i), accessors[i], opts, errs)
-		}
-		out.matcher = matchconditions.NewMatcher(c.CompileCondition(accessors, opts, mode), p.Spec.FailurePolicy,
-			"policy", "mutate", p.Name)
-	}
+	out.matcher = compileMatcher(c, p.Name, p.Spec.MatchConditions, p.Spec.FailurePolicy, "mutate", opts, errs)
 	patchOpts := opts
 	patchOpts.HasPatchTypes = true
 	for i, m := range p.Spec.Mutations {
@@ -632,8 +649,9 @@ func namespaceObject(r request) *corev1.Namespace {
 	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.Namespace, Labels: namespaceLabels(r.Namespace)}}
 }
 
-// timing: admissions being timed skip the second evaluation that reads their CEL cost.
-var timing bool
+// readCost: the input asked for each policy's CEL cost, which takes a second evaluation; timing: admissions being
+// timed skip that evaluation.
+var readCost, timing bool
 
 var objectInterfaces = admission.NewObjectInterfacesFromScheme(runtime.NewScheme())
 
@@ -803,7 +821,7 @@ func (s *policySet) admit(r request) result {
 			va := attributes(r, obj, r.OldObject)
 			for _, p := range params {
 				got := v.validator.Validate(ctx, gvr, va, p.typed, ns, celconfig.RuntimeCELCostBudget, nil)
-				if len(got.Decisions) > 0 && !timing { // matchConditions let it through
+				if len(got.Decisions) > 0 && readCost && !timing { // matchConditions let it through
 					res.Cost[v.policy.Name] += v.cost(ctx, gvr, va, ns, p.typed)
 				}
 				for _, d := range got.Decisions {

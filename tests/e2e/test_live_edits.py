@@ -41,7 +41,7 @@ from tests.e2e.native_bed import (
     BEDS,
     NativeBed,
     action_of,
-    ask,
+    ask_all,
     differential,
     family,
     foreign_sources,
@@ -150,7 +150,7 @@ def until_enforced(live: Live, new: PolicySet, timeout: float = 60) -> tuple[flo
     assert changed, "the edit changes no verdict of the corpus"
     start = time.monotonic()
     while True:
-        answers = [ask(bed.api, c) for c in changed]
+        answers = ask_all(bed.api, changed)
         found = compare(new, bed.generated, changed, [seen(c, a) for c, a in zip(changed, answers, strict=True)])
         split_denials(bed, new, changed, answers, found)
         if not found:
