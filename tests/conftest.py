@@ -1,9 +1,10 @@
 from pathlib import Path
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from tests.server import start_webhook
-from tests.tiers import no_processes, run_order, tier_markers, xdist_group
+from tests.tiers import no_processes, run_order, tier_markers, xdist_scope
 
 TESTS = Path(__file__).resolve().parent
 
@@ -23,9 +24,23 @@ def pytest_collection_modifyitems(items):
         have = [mark.name for mark in item.iter_markers()]
         for name in tier_markers(path.relative_to(TESTS).parts, getattr(item, "fixturenames", ()), have):
             item.add_marker(name)
-        markers = [mark.name for mark in item.iter_markers()]
-        item.add_marker(pytest.mark.xdist_group(xdist_group(item.nodeid.split("::", 1)[0], markers)))
     items.sort(key=lambda item: run_order(mark.name for mark in item.iter_markers()))
+
+
+class BedScheduling(LoadScopeScheduling):
+    """xdist's ``--dist loadscope`` with the scopes of ``tests.tiers.xdist_scope``: the node bed's modules are one
+    scope, every other module its own. (``loadgroup``'s markers do not group here: xdist 3.8 writes the group into
+    ``Item._nodeid``, which pytest 9 no longer reads.)"""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return xdist_scope(nodeid)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """The suite's scheduler on workers (``-n``, ``--dist loadscope``: pyproject.toml's addopts)."""
+    if config.getvalue("dist") == "loadscope":
+        return BedScheduling(config, log)
+    return None
 
 
 def _in_process(item):

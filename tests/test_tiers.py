@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests import tiers
-from tests.tiers import no_processes, tier_markers, tier_of
+from tests.tiers import NODE_BED_MODULES, NODE_BED_SCOPE, no_processes, tier_markers, tier_of, xdist_scope
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -94,12 +94,6 @@ def collected(*args: str) -> list[str]:
     return [line for line in result.stdout.splitlines() if "::" in line]
 
 
-# The modules whose tests run on the node bed (tests/e2e/node.py), besides the control plane.
-NODE_BED_MODULES = {"test_node.py", "test_node_cert_manager.py", "test_node_chart.py", "test_node_day_one.py",
-                    "test_node_day_one_page.py", "test_node_hybrid.py",
-                    "test_node_hybrid_nomap.py", "test_node_release.py", "test_node_upgrade.py", "test_node_alerts.py"}
-
-
 def module_of(test_id: str) -> str:
     return test_id.split("::")[0].rsplit("/", 1)[-1]
 
@@ -113,3 +107,11 @@ def test_every_test_under_e2e_is_marked_e2e():
 def test_the_node_marker_picks_exactly_the_tests_on_the_node_bed():
     assert {module_of(test) for test in collected("-m", "node", "tests/e2e")} == NODE_BED_MODULES
     assert [test for test in collected("-m", "not node", "tests/e2e") if module_of(test) in NODE_BED_MODULES] == []
+
+
+def test_the_node_beds_modules_are_one_xdist_scope_and_every_other_module_its_own():
+    assert xdist_scope("tests/e2e/test_node_release.py::test_x[a::b]") == NODE_BED_SCOPE
+    assert xdist_scope("tests/e2e/test_node_alerts.py::test_y") == NODE_BED_SCOPE
+    assert xdist_scope("tests/e2e/test_node_build.py::test_z") == "tests/e2e/test_node_build.py"  # no bed
+    assert xdist_scope("tests/e2e/test_helm.py::Test::test_w") == "tests/e2e/test_helm.py"
+    assert xdist_scope("tests/test_node.py::test_v") == "tests/test_node.py"

@@ -43,15 +43,22 @@ def tier_markers(parts: tuple[str, ...], fixtures: Iterable[str], markers: Itera
     return add
 
 
-# pytest-xdist (``--dist loadgroup``): the group of tests that run on one worker, one after another. The node bed is
-# one per run (its tests share it, in file order); every other module is its own group, so that a module's fixtures
-# (a matrix bed, a webhook server) start once.
-NODE_BED_GROUP = "node-bed"
+# The modules whose tests run on the node bed (tests/e2e/node.py; the ``node_bed`` fixture): tests/test_tiers.py
+# holds this list to the fixture, test by test.
+NODE_BED_MODULES = frozenset({
+    "test_node.py", "test_node_alerts.py", "test_node_cert_manager.py", "test_node_chart.py", "test_node_day_one.py",
+    "test_node_day_one_page.py", "test_node_hybrid.py", "test_node_hybrid_nomap.py", "test_node_release.py",
+    "test_node_upgrade.py",
+})
+NODE_BED_SCOPE = "tests/e2e/node-bed"
 
 
-def xdist_group(module: str, markers: Iterable[str]) -> str:
-    """The xdist group of a test of ``module`` (its path under the root) that carries ``markers``."""
-    return NODE_BED_GROUP if "node" in set(markers) else module
+def xdist_scope(nodeid: str) -> str:
+    """The tests pytest-xdist runs on one worker, one after another (tests/conftest.py's scheduler): the node bed's
+    (one bed per run, its modules in file order), or else the test's module (its fixtures start once)."""
+    module = nodeid.split("::", 1)[0]
+    directory, _, name = module.rpartition("/")
+    return NODE_BED_SCOPE if directory == "tests/e2e" and name in NODE_BED_MODULES else module
 
 
 def run_order(markers: Iterable[str]) -> int:
