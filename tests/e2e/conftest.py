@@ -159,9 +159,41 @@ def node_bed():
         logs = bed.logs()
         problems = bed.stop()
         pytest.fail(f"the node bed did not start: {exc}\n{logs}\nteardown: {problems}", pytrace=False)
+    RUNNING_NODE_BEDS.append(bed)
     yield bed
-    problems = bed.stop()
-    assert not problems, f"the node bed left things behind: {problems}"
+    if bed in RUNNING_NODE_BEDS:  # not stopped yet after the node bed's last test (pytest_runtest_teardown below)
+        RUNNING_NODE_BEDS.remove(bed)
+        problems = bed.stop()
+        assert not problems, f"the node bed left things behind: {problems}"
+
+
+# The node bed while it runs. Its tests run one after another (tests/conftest.py sorts them first; with workers they
+# are one scope): once the last of them is torn down, the bed is stopped then, not at the end of the session, where
+# its daemons (the controller manager alone takes half a core) would slow every later test.
+RUNNING_NODE_BEDS: list = []
+STOPPED_NODE_BEDS: list = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A node bed test after the bed was stopped (its tests were not run one after another) fails, saying why."""
+    if STOPPED_NODE_BEDS and "node_bed" in getattr(item, "fixturenames", ()):
+        pytest.fail("the node bed was stopped after the node tests before this one: run them one after another "
+                    "(tests/conftest.py's order)", pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After a node bed test whose next test does not use the bed (and after pytest tore down its module's
+    fixtures), stop the bed; a problem fails that test's teardown."""
+    result = yield
+    uses = lambda it: it is not None and "node_bed" in getattr(it, "fixturenames", ())  # noqa: E731
+    if RUNNING_NODE_BEDS and uses(item) and not uses(nextitem):
+        bed = RUNNING_NODE_BEDS.pop()
+        STOPPED_NODE_BEDS.append(bed)
+        problems = bed.stop()
+        assert not problems, f"the node bed left things behind: {problems}"
+    return result
 
 
 @pytest.fixture(scope="session")

@@ -169,8 +169,9 @@ def walk(node_bed: NodeBed, webhook_image: str, tmp_path_factory) -> Iterator[Wa
                     "--ignore-not-found")
         bed.kubectl("delete", "clusterroles,clusterrolebindings", "-l", HOOK_ROLES, "--ignore-not-found")
         forget_policy_crd(bed.kubectl)
-        for namespace in (AGENTS, TENANT, NAMESPACE):
-            bed.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=false")
+        # Gone before the bed's next module, which may create the same namespace (the chart's gpu-system).
+        bed.kubectl("delete", "namespace", AGENTS, TENANT, NAMESPACE, "--ignore-not-found", "--wait=true",
+                    "--timeout=180s", timeout=200)
 
 
 def test_1_audit_before_install(walk):
