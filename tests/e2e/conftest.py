@@ -174,10 +174,14 @@ RUNNING_NODE_BEDS: list = []
 STOPPED_NODE_BEDS: list = []
 
 
+def _uses_node_bed(item: pytest.Item | None) -> bool:
+    return item is not None and "node_bed" in getattr(item, "fixturenames", ())
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A node bed test after the bed was stopped (its tests were not run one after another) fails, saying why."""
-    if STOPPED_NODE_BEDS and "node_bed" in getattr(item, "fixturenames", ()):
+    if STOPPED_NODE_BEDS and _uses_node_bed(item):
         pytest.fail("the node bed was stopped after the node tests before this one: run them one after another "
                     "(tests/conftest.py's order)", pytrace=False)
 
@@ -187,8 +191,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     """After a node bed test whose next test does not use the bed (and after pytest tore down its module's
     fixtures), stop the bed; a problem fails that test's teardown."""
     result = yield
-    uses = lambda it: it is not None and "node_bed" in getattr(it, "fixturenames", ())  # noqa: E731
-    if RUNNING_NODE_BEDS and uses(item) and not uses(nextitem):
+    if RUNNING_NODE_BEDS and _uses_node_bed(item) and not _uses_node_bed(nextitem):
         bed = RUNNING_NODE_BEDS.pop()
         STOPPED_NODE_BEDS.append(bed)
         problems = bed.stop()
