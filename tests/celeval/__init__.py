@@ -76,7 +76,7 @@ class Evaluation:
 
 
 def evaluate(objects: Sequence[Mapping[str, Any]], requests: Sequence[Request], compatibility: str = "",
-             timeout: float = 120, param_kinds: Sequence[Mapping[str, str]] = (), cost: bool = False) -> Evaluation:
+             timeout: float = 240, param_kinds: Sequence[Mapping[str, str]] = (), cost: bool = False) -> Evaluation:
     """Every request through the policies, as an apiserver whose new expressions get the CEL environment of
     ``compatibility`` (its minor minus one; the library's default when empty) would admit it. ``objects`` may
     hold params (any object outside admissionregistration.k8s.io); ``param_kinds`` declares the scope of a param
