@@ -152,7 +152,6 @@ class TimingReport:
         if report.when not in PHASES:
             return
         own, children = getattr(report, CPU_ATTRIBUTE, (0.0, 0.0))
-        # xdist's loadgroup appends "@<group>" to a test's id: the module is the part before "::" either way.
         self.timings.add(report.nodeid, getattr(report, TIER_ATTRIBUTE, "fast"), report.when, report.duration,
                          own, children)
 
